@@ -1,0 +1,99 @@
+"""Backends: how text is produced and scored. Build one from a ``BackendConfig`` with ``make_backend``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from captionrl.backends.base import Backend, ChatRequest, ChoiceResult, Generation, Message
+from captionrl.config import help_field
+from captionrl.errors import ConfigError
+from captionrl.registry import Registry
+
+BACKENDS: Registry[Any] = Registry("backend.kind")
+
+
+@dataclass
+class BackendConfig:
+    """Which model serves a role (policy sampler, verifier, judge, teacher...) and how to reach it."""
+
+    kind: str = help_field("hf", "hf (in-process transformers), openai (any OpenAI-compatible server) or vllm (in-process vllm.LLM)")
+    model: str = help_field("embedded", "hf: 'embedded', an HF folder, a .gguf file or a hub id; openai/vllm: the served model name")
+    base_url: str | None = help_field(None, "openai: server URL, e.g. http://127.0.0.1:8000/v1")
+    api_key_env: str = help_field("OPENAI_API_KEY", "openai: environment variable holding the API key (optional for local servers)")
+    device: str = help_field("cpu", "hf: cpu, cuda, cuda:N or auto")
+    dtype: str = help_field("float32", "hf: float32, bfloat16 (faster on CPUs with AVX512-BF16), float16 or auto")
+    batch_size: int = help_field(8, "hf: requests per forward pass")
+    concurrency: int = help_field(8, "openai: requests in flight at once")
+    timeout_s: float = help_field(120.0, "openai: seconds before a request is abandoned and retried")
+    max_retries: int = help_field(3, "openai: retries on 429/5xx/connection errors (exponential backoff)")
+    loglikelihood_api: str = help_field("echo", "openai: how to get prompt log-probs: echo (completions echo+logprobs) or prompt_logprobs (vLLM)")
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("hf", "openai", "vllm"):
+            from captionrl.registry import suggest
+
+            raise ConfigError("backend.kind", self.kind, "unknown backend", suggest(self.kind, ["hf", "openai", "vllm"]))
+        if self.kind == "openai" and not self.base_url:
+            raise ConfigError(
+                "backend.base_url", self.base_url, "an openai backend needs the server's URL",
+                "set base_url: http://HOST:PORT/v1 (start the server first, e.g. vllm serve MODEL)",
+            )
+        if self.batch_size < 1:
+            raise ConfigError("backend.batch_size", self.batch_size, "must be >= 1", "set batch_size: 8")
+        if self.concurrency < 1:
+            raise ConfigError("backend.concurrency", self.concurrency, "must be >= 1", "set concurrency: 8")
+        if self.loglikelihood_api not in ("echo", "prompt_logprobs"):
+            raise ConfigError("backend.loglikelihood_api", self.loglikelihood_api, "unknown API",
+                              "use echo or prompt_logprobs")
+
+
+@BACKENDS.register("hf")
+def _make_hf(cfg: BackendConfig) -> Backend:
+    from captionrl.backends.hf import HFBackend
+
+    return HFBackend(cfg.model, device=cfg.device, dtype=cfg.dtype, batch_size=cfg.batch_size)
+
+
+@BACKENDS.register("openai")
+def _make_openai(cfg: BackendConfig) -> Backend:
+    from captionrl.backends.openai_http import OpenAIBackend
+
+    return OpenAIBackend.from_config(cfg)
+
+
+@BACKENDS.register("vllm")
+def _make_vllm(cfg: BackendConfig) -> Backend:
+    from captionrl.backends.vllm_offline import VLLMBackend
+
+    return VLLMBackend(cfg.model)
+
+
+_CACHE: dict[tuple, Backend] = {}
+
+
+def make_backend(cfg: BackendConfig | dict[str, Any], *, shared: bool = True) -> Backend:
+    """Build the backend a config describes; identical configs share one instance (one model load)."""
+    if isinstance(cfg, dict):
+        from captionrl.config import from_dict
+
+        cfg = from_dict(BackendConfig, cfg, prefix="backend.")
+    key = tuple(sorted(vars(cfg).items()))
+    if shared and key in _CACHE:
+        return _CACHE[key]
+    backend = BACKENDS.get(cfg.kind)(cfg)
+    if shared:
+        _CACHE[key] = backend
+    return backend
+
+
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "BackendConfig",
+    "ChatRequest",
+    "ChoiceResult",
+    "Generation",
+    "Message",
+    "make_backend",
+]

@@ -1,0 +1,146 @@
+"""The backend protocol: how text is produced and scored, nothing else.
+
+Every judge, verifier, teacher and evaluator talks to models only through these three calls, so the same
+judge runs in-process (``hf``), against any OpenAI-compatible server (``openai``) or on ``vllm.LLM``.
+
+- ``generate``: chat requests in, texts out (batch in, batch out).
+- ``choose``: the probability of each answer option (letters A..K) for the *first* token of the reply,
+  from one forward pass; backends fall back to generate-and-parse only when they cannot read
+  probabilities, and ``ChoiceResult.method`` records which path was used.
+- ``loglikelihood``: summed log-probability of a continuation given a raw-text context.
+
+Failures of a single request never raise: the result carries ``error`` and ``None`` values, so judges
+can mark the sample unscored. Misuse (bad arguments, a server that lacks a needed feature) raises.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from captionrl.errors import ModelCallsForbiddenError
+
+Message = dict[str, Any]
+"""A chat message: ``{"role": ..., "content": str | list[content parts]}`` (OpenAI format)."""
+
+FORBID_ENV = "CAPTIONRL_FORBID_MODEL_CALLS"
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """One chat-style generation request.
+
+    ``messages`` follow the OpenAI format; an image is a content part
+    ``{"type": "image", "image": <PIL.Image | path | bytes>}`` (``hf``) or ``image_url`` (``openai``);
+    backends convert between the two.
+    """
+
+    messages: Sequence[Message]
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Generation:
+    """A generated reply, or ``text=None`` with ``error`` set when the request failed."""
+
+    text: str | None
+    error: str | None = None
+    finish_reason: str | None = None
+    latency_s: float = 0.0
+    attempts: int = 1
+
+
+ChoiceMethod = Literal["logits", "top_logprobs", "generate"]
+
+
+@dataclass(frozen=True)
+class ChoiceResult:
+    """Probabilities over answer options for one multiple-choice prompt.
+
+    ``probs`` is normalised over the options (``None`` when the call failed). ``mass`` is the raw
+    probability the model put on the options before normalisation (1.0 on the generate path): a low mass
+    says the model mostly wanted to answer something else. ``choice`` is the argmax option.
+    """
+
+    probs: dict[str, float] | None
+    method: ChoiceMethod
+    mass: float | None = None
+    raw: str | None = None
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def choice(self) -> str | None:
+        if not self.probs:
+            return None
+        return max(self.probs, key=lambda k: self.probs[k])  # type: ignore[index]
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What every backend provides. ``name`` identifies the model in records."""
+
+    name: str
+
+    def generate(self, requests: Sequence[ChatRequest]) -> list[Generation]: ...
+
+    def choose(
+        self, prompts: Sequence[Sequence[Message]], options: Sequence[str]
+    ) -> list[ChoiceResult]: ...
+
+    def loglikelihood(self, pairs: Sequence[tuple[str, str]]) -> list[float | None]: ...
+
+
+def model_calls_forbidden() -> bool:
+    return os.environ.get(FORBID_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def check_model_calls_allowed(backend: str) -> None:
+    """Raise when the request switch forbids real model calls (set in unit tests that must not make them)."""
+    if model_calls_forbidden():
+        raise ModelCallsForbiddenError(
+            f"{FORBID_ENV} is set, so backend {backend!r} may not call a model. "
+            f"Unset {FORBID_ENV} (or set it to 0) to allow real model calls."
+        )
+
+
+def option_letters(k: int) -> list[str]:
+    """The first ``k`` capital letters: the option labels of a K-way question."""
+    if not 2 <= k <= 26:
+        from captionrl.errors import ConfigError
+
+        raise ConfigError("K", k, "must be between 2 and 26 (options are the letters A..Z)", "set K to 2..26")
+    return [chr(ord("A") + i) for i in range(k)]
+
+
+def normalise_option_probs(
+    raw: dict[str, float], options: Sequence[str]
+) -> tuple[dict[str, float] | None, float]:
+    """Normalise non-negative per-option probabilities; returns (probs, mass). ``None`` if mass is 0."""
+    mass = float(sum(raw.get(o, 0.0) for o in options))
+    if mass <= 0.0:
+        return None, 0.0
+    return {o: raw.get(o, 0.0) / mass for o in options}, mass
+
+
+def parse_choice(text: str, options: Sequence[str]) -> str | None:
+    """Parse an option from a generated answer ("B", "(B)", "Answer: B", "B. because...")."""
+    import re
+
+    if not text:
+        return None
+    opts = {o.upper(): o for o in options}
+    stripped = text.strip()
+    m = re.match(r"^\W*([A-Za-z])\b", stripped)
+    if m and m.group(1).upper() in opts:
+        return opts[m.group(1).upper()]
+    m = re.search(r"(?:answer|option|choice)\s*(?:is|:)?\s*\(?([A-Za-z])\b\)?", stripped, re.IGNORECASE)
+    if m and m.group(1).upper() in opts:
+        return opts[m.group(1).upper()]
+    return None

@@ -1,0 +1,90 @@
+"""``captionrl`` command line: a thin layer over configs, training and evaluation.
+
+Each subcommand lives in the module that does the work, which exposes ``add_arguments(parser)`` and
+``main(args) -> int``; this file only maps command names to modules, imported lazily so that
+``captionrl --help`` is instant and a missing optional dependency only breaks its own command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from captionrl.errors import CaptionRLError
+
+# (command words) -> (module, one-line help)
+COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
+    ("models",): ("captionrl.commands.models", "list backends and check that the embedded model loads"),
+    ("caption",): ("captionrl.commands.caption", "caption series (or images) with a captioner backend"),
+    ("candidates",): ("captionrl.domains.candidates", "mine distractor candidate sets for a corpus"),
+    ("eval", "identify"): ("captionrl.eval.identification", "caption->series and series->caption identification"),
+    ("eval", "bottleneck"): ("captionrl.eval.bottleneck", "caption-only forecasting and reconstruction"),
+    ("eval", "entail"): ("captionrl.eval.entailment", "fraction of reference captions a caption entails"),
+    ("eval", "spans"): ("captionrl.eval.spans", "span audit: green/blue/red/gray claims of captions"),
+    ("eval", "pairwise"): ("captionrl.eval.pairwise", "pairwise win rate, both orders"),
+    ("eval", "rank"): ("captionrl.eval.ranking", "blind ranking of five captions"),
+    ("eval", "qa"): ("captionrl.eval.qa", "caption-based multiple-choice QA"),
+    ("eval", "agreement"): ("captionrl.eval.agreement", "judge-human agreement (accuracy, Cohen's kappa)"),
+    ("eval", "hacking"): ("captionrl.eval.hacking", "reward-hacking probes for every reward"),
+    ("train", "lineup"): ("captionrl.train.lineup", "LineupRL: RLOO/GRPO with the identification reward"),
+    ("train", "rubicap"): ("captionrl.train.rubicap", "RubiCap: GRPO with rubric rewards"),
+    ("train", "moco"): ("captionrl.train.moco", "MoCo Rubric: GRPO with a momentum Generator-Judge"),
+    ("train", "moco-sft"): ("captionrl.train.sft", "shared multi-role SFT (Policy, Generator, Judge)"),
+    ("train", "sft"): ("captionrl.train.sft", "SFT distillation from a teacher's captions"),
+    ("rubrics", "build"): ("captionrl.judges.rubric", "teacher committee captions + rubric writer -> rubric store"),
+    ("report",): ("captionrl.eval.report", "gather results of several runs into the paper's tables"),
+}
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], argparse.ArgumentParser]]:
+    parser = argparse.ArgumentParser(prog="captionrl", description=__doc__.splitlines()[0])
+    from captionrl import __version__
+
+    parser.add_argument("--version", action="version", version=f"captionrl {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    groups: dict[str, argparse._SubParsersAction] = {}
+    leaves: dict[tuple[str, ...], argparse.ArgumentParser] = {}
+    for words, (_module, help_text) in COMMANDS.items():
+        if len(words) == 1:
+            leaves[words] = sub.add_parser(words[0], help=help_text, description=help_text)
+            continue
+        if words[0] not in groups:
+            grp = sub.add_parser(words[0], help=f"{words[0]} subcommands")
+            groups[words[0]] = grp.add_subparsers(dest="subcommand", metavar="SUBCOMMAND")
+        leaves[words] = groups[words[0]].add_parser(words[1], help=help_text, description=help_text)
+    return parser, leaves
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser, leaves = build_parser()
+    words = tuple(a for a in argv[:2] if not a.startswith("-"))
+    key = words[:2] if words[:2] in COMMANDS else words[:1]
+    if key not in COMMANDS:
+        parser.parse_args(argv)  # prints help or the "invalid choice" error
+        parser.print_help()
+        return 2
+    module_name = COMMANDS[key][0]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith("captionrl"):
+            print(f"captionrl {' '.join(key)}: not available in this version ({exc.name} missing)", file=sys.stderr)
+            return 2
+        raise
+    module.add_arguments(leaves[key])
+    args = parser.parse_args(argv)
+    try:
+        return int(module.main(args) or 0)
+    except CaptionRLError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: rerun the same command to resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,152 @@
+"""Configs are data: dataclasses with help text, loaded from YAML plus ``key=value`` overrides.
+
+Every field carries ``metadata={"help": ...}``; ``__post_init__`` of each config rejects inconsistent
+settings with a ``ConfigError`` that names field, value and fix. Validation happens on load, before any
+model is built, so a bad config fails in milliseconds. The resolved config is saved beside the outputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from captionrl.errors import ConfigError
+from captionrl.registry import suggest
+
+C = TypeVar("C")
+
+
+def help_field(default: Any = dataclasses.MISSING, help: str = "", **kw: Any) -> Any:
+    """A dataclass field with help text; mutable defaults are wrapped in a factory."""
+    if isinstance(default, (list, dict, set)):
+        value = default
+        return dataclasses.field(default_factory=lambda: copy_value(value), metadata={"help": help}, **kw)
+    return dataclasses.field(default=default, metadata={"help": help}, **kw)
+
+
+def copy_value(v: Any) -> Any:
+    import copy
+
+    return copy.deepcopy(v)
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``a.b=3`` -> ("a.b", 3); the value is parsed as YAML (numbers, booleans, lists, null)."""
+    if "=" not in text:
+        raise ConfigError("override", text, "is not of the form key=value", "write e.g. train.max_steps=10")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError("override", text, "has an empty key", "write e.g. train.max_steps=10")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    for text in overrides:
+        key, value = parse_override(text)
+        node = data
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError("override", text, f"{p!r} is not a section", "override a leaf field")
+        node[parts[-1]] = value
+    return data
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError("config", str(path), "file not found", "give the path of a YAML file, e.g. configs/lineup-cpu.yaml")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError("config", str(path), f"is not valid YAML ({exc})", "fix the YAML syntax") from exc
+    if not isinstance(data, dict):
+        raise ConfigError("config", str(path), "must hold a mapping at the top level", "write key: value lines")
+    return data
+
+
+def from_dict(cls: type[C], data: Mapping[str, Any], prefix: str = "") -> C:
+    """Build dataclass ``cls`` from a (nested) mapping; unknown keys fail with close matches."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(prefix or cls.__name__, data, "must be a mapping", "write key: value lines")
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if key not in fields:
+            raise ConfigError(name, value, "unknown setting", suggest(key, list(fields)))
+        kwargs[key] = _coerce(hints[key], value, name)
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(prefix.rstrip(".") or cls.__name__, dict(data), str(exc), "add the missing settings") from exc
+
+
+def _coerce(tp: Any, value: Any, name: str) -> Any:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        if isinstance(value, tp):
+            return value
+        return from_dict(tp, value or {}, prefix=name + ".")
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        if len(args) == 1:
+            return _coerce(args[0], value, name)
+        return value
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is int and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if tp in (int, float, str, bool) and not isinstance(value, tp):
+        if tp is str and isinstance(value, (int, float)):
+            return str(value)
+        raise ConfigError(name, value, f"must be {tp.__name__}", f"give a {tp.__name__} value")
+    if origin is list and isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def save_config(cfg: Any, path: str | Path) -> None:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def load_config(cls: type[C], path: str | Path | None = None, overrides: Sequence[str] = ()) -> C:
+    """YAML file (optional) + ``key=value`` overrides -> validated dataclass."""
+    data = load_yaml(path) if path else {}
+    return from_dict(cls, apply_overrides(data, overrides))
+
+
+def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(key, default, help) rows for ``captionrl config --help``-style listings."""
+    rows = []
+    for f in dataclasses.fields(cls):
+        key = prefix + f.name
+        if dataclasses.is_dataclass(f.type) if isinstance(f.type, type) else False:
+            rows.extend(describe(f.type, key + "."))  # type: ignore[arg-type]
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else "(required)"  # type: ignore[misc]
+        )
+        rows.append((key, repr(default), f.metadata.get("help", "")))
+    return rows

@@ -1,0 +1,1 @@
+"""Data domains: time series and images (loading, validation, rendering, candidate sets)."""

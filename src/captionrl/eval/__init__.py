@@ -1,0 +1,1 @@
+"""Evaluation protocols: one file each, ``run(config) -> Report`` (records, tables, plots)."""

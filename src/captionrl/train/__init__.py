@@ -1,0 +1,1 @@
+"""Training recipes on TRL. The only package that imports ``trl``."""
