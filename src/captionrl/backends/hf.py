@@ -339,7 +339,7 @@ class HFBackend:
         self._ensure_loaded()
         results: list[float | None] = [None] * len(pairs)
         by_ctx: dict[str, list[int]] = {}
-        for i, (ctx, cont) in enumerate(pairs):
+        for i, (ctx, _cont) in enumerate(pairs):
             by_ctx.setdefault(ctx, []).append(i)
         for ctx, idx in by_ctx.items():
             try:
