@@ -274,17 +274,20 @@ class HFBackend:
                     out.append(rows)
         return out
 
-    def _score_sequences(self, seqs: list[list[int]]) -> list[Any]:
-        """Log-prob rows for whole sequences: prefix-shared when they share enough, else plain batches."""
-        if not seqs:
-            return []
-        lcp = _common_prefix_len(seqs) if self.share_prefix and len(seqs) > 1 else 0
-        lcp = min(lcp, min(len(s) for s in seqs) - 1)
-        if lcp >= MIN_SHARED_PREFIX:
-            rows = self._suffix_logprobs(seqs[0][:lcp], [s[lcp:] for s in seqs])
-            return [(lcp, r) for r in rows]
-        # No useful shared prefix: score full sequences; row j predicts token j+1.
-        return [(1, r) for r in self._suffix_logprobs([], seqs)]
+    def _score_sequences(self, seqs: list[list[int]]) -> list[tuple[int, Any]]:
+        """(offset, log-prob rows) per sequence, sharing the prefix of each run of similar sequences.
+
+        Row ``len(seq) - offset`` of a result predicts the token after the sequence.
+        """
+        out: list[tuple[int, Any]] = []
+        for start, end, lcp in _prefix_runs(seqs) if self.share_prefix else [(0, len(seqs), 0)]:
+            run = seqs[start:end]
+            if lcp >= MIN_SHARED_PREFIX:
+                rows = self._suffix_logprobs(run[0][:lcp], [s[lcp:] for s in run])
+                out.extend((lcp, r) for r in rows)
+            else:  # no useful shared prefix: plain padded batches, row j predicts token j + 1
+                out.extend((1, r) for r in self._suffix_logprobs([], run))
+        return out
 
     # ------------------------------------------------------------------ choose
     def choose(self, prompts: Sequence[Sequence[Message]], options: Sequence[str]) -> list[ChoiceResult]:
@@ -292,20 +295,16 @@ class HFBackend:
         self._ensure_loaded()
         option_ids = self._option_token_ids(options)
         seqs = [self._encode(self.render_chat(p)) for p in prompts]
+        try:
+            scored = self._score_sequences(seqs)
+        except Exception as exc:
+            return [ChoiceResult(None, "logits", error=f"{type(exc).__name__}: {exc}") for _ in seqs]
         results: list[ChoiceResult] = []
-        for start in range(0, len(seqs), max(self.batch_size, 1) * 4):
-            block = seqs[start : start + self.batch_size * 4]
-            try:
-                scored = self._score_sequences(block)
-            except Exception as exc:
-                results.extend(ChoiceResult(None, "logits", error=f"{type(exc).__name__}: {exc}") for _ in block)
-                continue
-            for seq, (offset, rows) in zip(block, scored, strict=True):
-                last = rows[len(seq) - offset]  # the row predicting the first reply token
-                probs_all = last.exp()
-                raw = {o: float(sum(probs_all[t] for t in ids)) for o, ids in option_ids.items()}
-                probs, mass = normalise_option_probs(raw, options)
-                results.append(ChoiceResult(probs=probs, method="logits", mass=mass))
+        for seq, (offset, rows) in zip(seqs, scored, strict=True):
+            probs_all = rows[len(seq) - offset].exp()  # distribution of the first reply token
+            raw = {o: float(sum(probs_all[t] for t in ids)) for o, ids in option_ids.items()}
+            probs, mass = normalise_option_probs(raw, options)
+            results.append(ChoiceResult(probs=probs, method="logits", mass=mass))
         return results
 
     def _option_token_ids(self, options: Sequence[str]) -> dict[str, list[int]]:
@@ -375,15 +374,37 @@ class HFBackend:
 
 
 # ---------------------------------------------------------------------- helpers
-def _common_prefix_len(seqs: list[list[int]]) -> int:
-    first = seqs[0]
-    n = min(len(s) for s in seqs)
+def _common_prefix_len(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
     for j in range(n):
-        t = first[j]
-        for s in seqs[1:]:
-            if s[j] != t:
-                return j
+        if a[j] != b[j]:
+            return j
     return n
+
+
+def _prefix_runs(seqs: list[list[int]]) -> list[tuple[int, int, int]]:
+    """Split consecutive sequences into runs that share a long prefix: (start, end, shared length).
+
+    A sequence joins the current run while its common prefix with the run keeps at least 80% of the
+    run's shared length; so the G prompts of one candidate set form a run, and a new candidate set
+    (sharing only the chat header) starts another. The shared length leaves every suffix one token.
+    """
+    runs: list[tuple[int, int, int]] = []
+    start = 0
+    while start < len(seqs):
+        lcp = len(seqs[start]) - 1
+        end = start + 1
+        while end < len(seqs):
+            cand = min(_common_prefix_len(seqs[start], seqs[end]), len(seqs[end]) - 1)
+            if end == start + 1 and cand >= MIN_SHARED_PREFIX:
+                lcp = min(lcp, cand)
+            elif cand < max(MIN_SHARED_PREFIX, int(0.8 * lcp)):
+                break
+            lcp = min(lcp, cand)
+            end += 1
+        runs.append((start, end, lcp if end - start > 1 else 0))
+        start = end
+    return runs
 
 
 def _apply_stop(text: str, stop: tuple[str, ...]) -> str:
