@@ -1,0 +1,198 @@
+"""Identification evaluation (LineupRL Tables 1, 7, 8, 9): c->s and s->c under one or more verifiers.
+
+Input: captions of one or more captioners (``{id, series, caption}`` JSONL), or, out of the box, captions
+of the embedded corpus's test windows written by the deterministic describer and by the embedded model.
+Each item gets K-1 distractors mined from the pool (the captions file's own series unless ``--pool``
+names another source). Every judgment is a record; the table reports per verifier and their mean,
+caption length in characters, and the reward discrimination of Table 9, accuracy above chance
+``(acc - 1/K) / (1 - 1/K)``. Controls are always reported beside each captioner: the empty caption and
+shuffled captions (another item's caption) must score at chance.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from captionrl.backends import Backend
+from captionrl.config import help_field
+from captionrl.errors import ConfigError
+from captionrl.judges.identify import IdentificationJudge, IdentifyConfig
+from captionrl.records import RecordWriter, write_json
+from captionrl.types import Series
+
+
+@dataclass
+class IdentifyEvalConfig:
+    """Settings of ``captionrl eval identify``."""
+
+    modes: list[str] = help_field(["likelihood"], "verifier modes: likelihood and/or letter")
+    directions: list[str] = help_field(["c2s", "s2c"], "c2s (caption -> series) and/or s2c (series -> caption)")
+    ks: list[int] = help_field([4], "candidate-set sizes K; distractors of a smaller K are a prefix of a larger K's")
+    rule: str = help_field("nearest", "distractor rule: nearest (by summary statistics) or random (ablation)")
+    seed: int = help_field(0, "seed of distractor mining and shuffled-caption controls")
+    precision: int = help_field(2, "decimals when printing series to the verifier")
+    controls: bool = help_field(True, "also score the empty-caption and shuffled-caption controls")
+    batch_items: int = help_field(8, "items judged per verifier call (progress granularity)")
+
+    def __post_init__(self) -> None:
+        for k in self.ks:
+            if int(k) < 2:
+                raise ConfigError("ks", k, "K must be at least 2", "use e.g. --k 4")
+        for m in self.modes:
+            IdentifyConfig(mode=m)
+        for d in self.directions:
+            IdentifyConfig(direction=d)
+
+
+@dataclass
+class CaptionSet:
+    """The captions of one system (captioner or control) over the evaluation items."""
+
+    name: str
+    captions: dict[str, str]
+    control: bool = False
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def controls_for(system: CaptionSet, item_ids: Sequence[str], seed: int) -> list[CaptionSet]:
+    """The empty caption and shuffled captions (a derangement: no item keeps its own caption)."""
+    ids = list(item_ids)
+    rng = np.random.default_rng(seed)
+    perm = list(rng.permutation(len(ids)))
+    for i in range(len(ids)):  # turn the permutation into a derangement
+        if perm[i] == i:
+            j = (i + 1) % len(ids)
+            perm[i], perm[j] = perm[j], perm[i]
+    shuffled = {ids[i]: system.captions[ids[perm[i]]] for i in range(len(ids))}
+    return [
+        CaptionSet(f"{system.name}/empty", {i: "" for i in ids}, control=True),
+        CaptionSet(f"{system.name}/shuffled", shuffled, control=True, meta={"seed": seed}),
+    ]
+
+
+def above_chance(acc: float, k: int) -> float:
+    """Table 9's reward discrimination: 0 at chance, 1 when every question is answered right."""
+    return (acc - 1.0 / k) / (1.0 - 1.0 / k)
+
+
+def run_identification(
+    items: Sequence[Series],
+    systems: Sequence[CaptionSet],
+    distractors: Mapping[str, Sequence[str]],
+    pool: Mapping[str, Series],
+    verifiers: Mapping[str, Backend],
+    cfg: IdentifyEvalConfig,
+    out_dir: str | Path,
+) -> dict[str, Any]:
+    """Judge every (system, verifier, mode, direction, K, item); resumable; returns the summary.
+
+    ``distractors[item_id]`` lists at least max(K)-1 pool ids, nearest first.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    writer = RecordWriter(out / "records.jsonl")
+    all_systems = list(systems)
+    if cfg.controls:
+        for s in systems:
+            if not s.control:
+                all_systems.extend(controls_for(s, [it.id for it in items], cfg.seed))
+    jobs = [(s, v, m, d, k) for s in all_systems for v in verifiers for m in cfg.modes for d in cfg.directions for k in cfg.ks]
+    total = len(jobs) * len(items)
+    bar = tqdm(total=total, desc="identify", unit="judgment", initial=sum(
+        writer.has(_key(s.name, v, m, d, k, it.id)) for s, v, m, d, k in jobs for it in items))
+    for system, vname, mode, direction, k in jobs:
+        icfg = IdentifyConfig(mode=mode, direction=direction, k=int(k), precision=cfg.precision)
+        judge = IdentificationJudge(verifiers[vname], icfg)
+        todo = [it for it in items if not writer.has(_key(system.name, vname, mode, direction, k, it.id))]
+        if direction == "s2c" and any(d not in system.captions for it in todo for d in distractors[it.id][: k - 1]):
+            bar.update(len(todo))
+            continue  # distractors from an external pool have no captions: s2c is undefined
+        for start in range(0, len(todo), cfg.batch_items):
+            chunk = todo[start : start + cfg.batch_items]
+            captions = [system.captions[it.id] for it in chunk]
+            columns = {
+                "candidates": [[it.values.tolist(), *[pool[d].values.tolist() for d in distractors[it.id][: k - 1]]] for it in chunk],
+                "series": [it.values.tolist() for it in chunk],
+                "distractor_captions": [[system.captions.get(d, "") for d in distractors[it.id][: k - 1]] for it in chunk],
+            }
+            t0 = time.perf_counter()
+            judgments = judge.judge(captions, columns)
+            dt = (time.perf_counter() - t0) / len(chunk)
+            for it, cap, j in zip(chunk, captions, judgments, strict=True):
+                writer.write({
+                    "key": _key(system.name, vname, mode, direction, k, it.id),
+                    "system": system.name, "control": system.control, "verifier": vname, "mode": mode,
+                    "direction": direction, "k": int(k), "item_id": it.id, "caption": cap,
+                    "candidate_ids": [it.id, *distractors[it.id][: k - 1]], "seconds": round(dt, 4),
+                    **j.to_record(),
+                })
+            bar.update(len(chunk))
+    bar.close()
+    writer.close()
+    summary = summarise(writer.records(), [s.name for s in all_systems], list(verifiers), cfg)
+    write_json(out / "summary.json", summary)
+    (out / "table.md").write_text(markdown_table(summary))
+    return summary
+
+
+def _key(system: str, verifier: str, mode: str, direction: str, k: int, item: str) -> str:
+    return f"{system}|{verifier}|{mode}|{direction}|K{k}|{item}"
+
+
+def summarise(records: Sequence[Mapping[str, Any]], systems: Sequence[str], verifiers: Sequence[str],
+              cfg: IdentifyEvalConfig) -> dict[str, Any]:
+    """Rows per (system, mode, K): each verifier's c->s / s->c accuracy, their mean, above-chance, length."""
+    rows: list[dict[str, Any]] = []
+    columns: list[str] = []
+    for system in systems:
+        for mode in cfg.modes:
+            for k in cfg.ks:
+                recs = [r for r in records if r["system"] == system and r["mode"] == mode and r["k"] == int(k)]
+                if not recs:
+                    continue
+                row: dict[str, Any] = {"system": system, "mode": mode, "K": int(k)}
+                for d in cfg.directions:
+                    means = []
+                    for v in verifiers:
+                        sel = [r for r in recs if r["direction"] == d and r["verifier"] == v and r.get("hard") is not None]
+                        if not sel:
+                            continue
+                        acc = float(np.mean([r["hard"] for r in sel]))
+                        row[f"{d}[{v}]"] = round(acc, 4)
+                        row[f"{d}_soft[{v}]"] = round(float(np.mean([r["soft"] for r in sel])), 4)
+                        means.append(acc)
+                    if means:
+                        row[d] = round(float(np.mean(means)), 4)
+                        row[f"{d}_above_chance"] = round(above_chance(float(np.mean(means)), int(k)), 4)
+                row["unscored"] = sum(r.get("score") is None for r in recs)
+                caps = {r["item_id"]: r["caption"] for r in recs}
+                row["length_chars"] = round(float(np.mean([len(c) for c in caps.values()])), 1) if caps else 0.0
+                rows.append(row)
+                for key in row:
+                    if key not in columns:
+                        columns.append(key)
+    return {"protocol": "identification", "rows": rows, "columns": columns,
+            "config": {**vars(cfg), "verifiers": list(verifiers)}, "chance": {str(k): 1.0 / int(k) for k in cfg.ks}}
+
+
+def markdown_table(summary: Mapping[str, Any]) -> str:
+    cols = [c for c in summary["columns"] if "_soft[" not in c]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for row in summary["rows"]:
+        lines.append("| " + " | ".join(_cell(row.get(c, "")) for c in cols) + " |")
+    chance = ", ".join(f"K={k}: {v:.3f}" for k, v in summary.get("chance", {}).items())
+    lines.append("")
+    lines.append(f"Accuracy is hard identification accuracy averaged over items (chance {chance}); "
+                 "*_above_chance is (acc - 1/K) / (1 - 1/K).")
+    return "\n".join(lines) + "\n"
+
+
+def _cell(v: Any) -> str:
+    return f"{v:.3f}" if isinstance(v, float) else str(v)

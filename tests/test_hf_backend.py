@@ -1,0 +1,95 @@
+"""The in-process backend on the real embedded model: generate, choose, loglikelihood, prefix sharing."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from captionrl.backends.base import FORBID_ENV, ChatRequest
+from captionrl.backends.hf import HFBackend, _prefix_runs
+from captionrl.errors import ConfigError, ModelCallsForbiddenError
+
+pytestmark = pytest.mark.slow
+
+RISING = "Time series: " + ", ".join(str(i) for i in range(1, 21)) + "\nDescription of this time series:"
+
+
+def test_generate_batch_returns_one_text_per_request(embedded_backend):
+    reqs = [
+        ChatRequest([{"role": "user", "content": "What is the capital of France? Answer in one word."}], max_new_tokens=12),
+        ChatRequest([{"role": "user", "content": "Say hello."}], max_new_tokens=12),
+    ]
+    out = embedded_backend.generate(reqs)
+    assert len(out) == 2
+    assert all(g.text is not None and g.error is None for g in out)
+    assert "paris" in out[0].text.lower()
+
+
+def test_choose_returns_normalised_letter_probabilities(embedded_backend):
+    prompt = [{"role": "user", "content": "Which is a fruit?\nA. car\nB. apple\nC. chair\nD. road\nAnswer with the letter."}]
+    (res,) = embedded_backend.choose([prompt], list("ABCD"))
+    assert res.method == "logits" and res.error is None
+    assert set(res.probs) == set("ABCD")
+    assert math.isclose(sum(res.probs.values()), 1.0, rel_tol=1e-6)
+    assert 0.0 < res.mass <= 1.0  # the raw probability mass the model put on the four letters
+
+
+def test_choose_matches_the_next_token_distribution_of_a_plain_forward(embedded_backend):
+    prompt = [{"role": "user", "content": "Pick one letter: A or B?"}]
+    (res,) = embedded_backend.choose([prompt], ["A", "B"])
+    text = embedded_backend.render_chat(prompt)
+    ids = embedded_backend.tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        probs = embedded_backend.model(input_ids=ids).logits[0, -1].float().softmax(-1)
+    ids_a = embedded_backend._option_token_ids(["A", "B"])
+    raw = {o: float(sum(probs[t] for t in ts)) for o, ts in ids_a.items()}
+    assert res.probs["A"] == pytest.approx(raw["A"] / (raw["A"] + raw["B"]), abs=1e-4)
+
+
+def test_prefix_sharing_gives_the_same_choices_as_plain_batches(embedded_backend):
+    numbers = ", ".join(str(i * 3 % 17) for i in range(48))
+    prompts = [[{"role": "user", "content": f"Series: {numbers}\nCaption {i}: it oscillates. Answer A or B."}] for i in range(5)]
+    shared = embedded_backend.choose(prompts, ["A", "B"])
+    plain = HFBackend.from_model(embedded_backend.model, embedded_backend._processor, share_prefix=False).choose(prompts, ["A", "B"])
+    for s, p in zip(shared, plain, strict=True):
+        assert s.probs["A"] == pytest.approx(p.probs["A"], abs=1e-4)
+
+
+def test_loglikelihood_matches_a_full_forward_and_prefers_the_true_description(embedded_backend):
+    pairs = [(RISING, " It rises steadily from 1 to 20."), (RISING, " It falls steadily from 20 to 1.")]
+    shared = embedded_backend.loglikelihood(pairs)
+    plain = HFBackend.from_model(embedded_backend.model, embedded_backend._processor, share_prefix=False).loglikelihood(pairs)
+    assert shared == pytest.approx(plain, abs=1e-3)
+    # Ground truth: one forward over context + continuation, summing the continuation's token log-probs.
+    tok = embedded_backend.tokenizer
+    ctx = tok(RISING.rstrip(), add_special_tokens=True)["input_ids"]
+    cont = tok(pairs[0][1], add_special_tokens=False)["input_ids"]
+    with torch.inference_mode():
+        logp = embedded_backend.model(input_ids=torch.tensor([ctx + cont])).logits[0].float().log_softmax(-1)
+    expected = sum(float(logp[len(ctx) - 1 + j, t]) for j, t in enumerate(cont))
+    assert shared[0] == pytest.approx(expected, abs=1e-3)
+    assert shared[0] > shared[1]
+
+
+def test_request_switch_forbids_model_calls(embedded_backend, monkeypatch):
+    monkeypatch.setenv(FORBID_ENV, "1")
+    with pytest.raises(ModelCallsForbiddenError, match=FORBID_ENV):
+        embedded_backend.generate([ChatRequest([{"role": "user", "content": "hi"}])])
+
+
+def test_bad_settings_fail_clearly(tmp_path):
+    with pytest.raises(ConfigError, match="batch_size"):
+        HFBackend(batch_size=0)
+    with pytest.raises(ConfigError, match="GGUF file not found"):
+        HFBackend(str(tmp_path / "missing.gguf"))._ensure_loaded()
+
+
+def test_prefix_runs_split_candidate_sets():
+    header = list(range(20))
+    a = [*header, *range(100, 160)]
+    b = [*header, *range(200, 260)]
+    seqs = [[*a, 1], [*a, 2], [*a, 3], [*b, 4], [*b, 5]]
+    runs = _prefix_runs(seqs)
+    assert runs == [(0, 3, len(a)), (3, 5, len(b))]
