@@ -1,0 +1,187 @@
+"""Trainer callbacks for the momentum model, and the training-diagnostics plot every recipe reuses.
+
+``MomentumCallback`` plugs :mod:`captionrl.momentum` into any ``transformers``/TRL trainer without
+subclassing it: ``on_step_end`` runs after the optimizer step (TRL passes the unwrapped model), applies the
+EMA at synchronisation boundaries, and the distance ``||theta - phi|| / ||theta||`` joins the trainer's
+logs. The momentum parameters travel with each checkpoint (``momentum.pt``) so that a resumed run keeps
+its lagged Generator-Judge instead of silently restarting it from the Policy.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+from captionrl.errors import ConfigError, DataError
+from captionrl.momentum import Momentum
+from captionrl.records import RecordWriter
+
+MOMENTUM_STATE = "momentum.pt"
+MOMENTUM_LOG = "momentum.jsonl"
+
+
+class MomentumCallback(TrainerCallback):
+    """Apply the momentum EMA every ``H`` optimizer steps and log its diagnostics.
+
+    Attach it with :meth:`attach` rather than ``callbacks=[...]``: it then runs before the reporting
+    callbacks (TensorBoard, ...), so they see ``momentum/distance`` in the same log line.
+    """
+
+    def __init__(self, momentum: Momentum, resume_dir: str | Path | None = None) -> None:
+        self.momentum = momentum
+        self.resume_dir = Path(resume_dir) if resume_dir else None
+        self._writer: RecordWriter | None = None
+
+    def attach(self, trainer: Any) -> MomentumCallback:
+        trainer.callback_handler.callbacks.insert(0, self)
+        return self
+
+    # -- training events
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step > 0:
+            self._restore(args, state.global_step)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.momentum.maybe_update(state.global_step)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if logs is None or "train_runtime" in logs:
+            return
+        diag = {k: round(v, 6) for k, v in self.momentum.diagnostics().items()}
+        logs.update(diag)
+        # Trainer.log appends a copy of ``logs`` to the history before calling us: update that copy too.
+        if state.log_history and state.log_history[-1].get("step") == state.global_step:
+            state.log_history[-1].update(diag)
+        if state.is_world_process_zero:
+            if self._writer is None:
+                self._writer = RecordWriter(Path(args.output_dir) / MOMENTUM_LOG)
+            self._writer.write({"key": str(state.global_step), "step": state.global_step, **diag})
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        blob = self.momentum.state_dict()  # every rank takes part in gathering sharded parameters
+        if state.is_world_process_zero:
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            folder.mkdir(parents=True, exist_ok=True)
+            torch.save(blob, folder / MOMENTUM_STATE)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def _restore(self, args: Any, step: int) -> None:
+        roots = [r for r in (self.resume_dir, Path(args.output_dir) / f"checkpoint-{step}") if r is not None]
+        for root in roots:
+            path = root / MOMENTUM_STATE if root.is_dir() else root
+            if path.is_file():
+                self.momentum.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
+                return
+        raise ConfigError(
+            "resume_from_checkpoint", [str(r) for r in roots],
+            f"resumes at step {step} but no {MOMENTUM_STATE} was found, so the momentum model would restart "
+            "from the current Policy",
+            f"resume from a checkpoint written with MomentumCallback, or pass resume_dir=<checkpoint folder with {MOMENTUM_STATE}>",
+        )
+
+
+# ---------------------------------------------------------------------------------------------------
+# Diagnostics plot
+
+DEFAULT_KEYS = ("reward", "frac_reward_zero_std", "momentum/distance", "rubric/size")
+"""Mean reward, fraction of zero-std groups (TRL's names), policy-momentum distance, rubric size."""
+
+
+def load_log_history(source: str | Path | Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Log entries from a trainer's ``log_history``, a ``trainer_state.json``, or a JSONL file."""
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        if path.is_dir():
+            path = path / "trainer_state.json"
+        if not path.is_file():
+            raise DataError("log", str(source), "file not found",
+                            "give a trainer_state.json, a run folder that has one, or a JSONL of logged rows")
+        if path.suffix == ".json":
+            data = json.loads(path.read_text())
+            rows = data.get("log_history", []) if isinstance(data, dict) else data
+        else:
+            from captionrl.records import read_jsonl
+
+            rows = list(read_jsonl(path))
+    else:
+        rows = list(source)
+    return [dict(r) for r in rows if isinstance(r, Mapping)]
+
+
+def _value(row: Mapping[str, Any], key: str) -> float | None:
+    for k in (key, f"train/{key}", f"train_{key}"):
+        v = row.get(k)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            return float(v)
+    return None
+
+
+def moving_average(values: Sequence[float], window: int) -> list[float]:
+    """Centred moving average (the paper's Figure 5 uses 9 points); shrinks at the edges."""
+    half = window // 2
+    out = []
+    for i in range(len(values)):
+        chunk = values[max(0, i - half): i + half + 1]
+        out.append(sum(chunk) / len(chunk))
+    return out
+
+
+def plot_curves(
+    source: str | Path | Iterable[Mapping[str, Any]],
+    keys: Sequence[str] = DEFAULT_KEYS,
+    path: str | Path = "curves.png",
+    smooth: int = 9,
+    title: str | None = None,
+) -> dict[str, int]:
+    """Plot each logged ``key`` against the step (raw trace plus a centred moving average) into a PNG.
+
+    Keys absent from the log are left out (a recipe without rubrics has no rubric size); if none is
+    present it is an error. Returns the number of points plotted per key.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = load_log_history(source)
+    series: dict[str, tuple[list[float], list[float]]] = {}
+    for key in keys:
+        xs, ys = [], []
+        for i, row in enumerate(rows):
+            v = _value(row, key)
+            if v is not None:
+                xs.append(float(row.get("step", i)))
+                ys.append(v)
+        if ys:
+            series[key] = (xs, ys)
+    if not series:
+        found = sorted({k for r in rows for k in r})
+        raise DataError("keys", list(keys), f"none of them is in the log ({len(rows)} rows)",
+                        f"choose among the logged keys: {', '.join(found[:30]) or '(empty log)'}")
+    fig, axes = plt.subplots(len(series), 1, figsize=(7, 2.4 * len(series)), sharex=True, squeeze=False)
+    for ax, (key, (xs, ys)) in zip(axes[:, 0], series.items(), strict=True):
+        ax.plot(xs, ys, color="tab:blue", alpha=0.35, linewidth=1, label="logged")
+        if smooth > 1 and len(ys) > 2:
+            ax.plot(xs, moving_average(ys, smooth), color="tab:blue", linewidth=2, label=f"{smooth}-point mean")
+        ax.set_ylabel(key)
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("step")
+    axes[0, 0].legend(loc="best", fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return {k: len(v[1]) for k, v in series.items()}
