@@ -53,19 +53,26 @@ class VLLMBackend:
         return self._vllm.SamplingParams(**kw)
 
     def generate(self, requests: Sequence[ChatRequest]) -> list[Generation]:
+        """One ``LLM.chat`` call per group of requests with the same sampling settings (vLLM batches it)."""
         check_model_calls_allowed(self.name)
-        out: list[Generation] = []
-        for r in requests:  # one call per request keeps per-request sampling settings and failures apart
+        out: list[Generation | None] = [None] * len(requests)
+        groups: dict[tuple, list[int]] = {}
+        for i, r in enumerate(requests):
+            groups.setdefault((r.max_new_tokens, r.temperature, r.top_p, r.seed, r.stop), []).append(i)
+        for (max_new, temperature, top_p, seed, stop), idx in groups.items():
             t0 = time.perf_counter()
             try:
-                params = self._params(max_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                                      seed=r.seed, stop=list(r.stop) or None)
-                res = self.llm.chat([to_openai_messages(r.messages)], params, use_tqdm=False)[0].outputs[0]
-                out.append(Generation(res.text, finish_reason=res.finish_reason,
-                                      latency_s=time.perf_counter() - t0))
-            except Exception as exc:
-                out.append(Generation(None, error=f"{type(exc).__name__}: {exc}", latency_s=time.perf_counter() - t0))
-        return out
+                params = self._params(max_tokens=max_new, temperature=temperature, top_p=top_p, seed=seed,
+                                      stop=list(stop) or None)
+                res = self.llm.chat([to_openai_messages(requests[i].messages) for i in idx], params, use_tqdm=True)
+            except Exception as exc:  # a failing group must not lose the others
+                for i in idx:
+                    out[i] = Generation(None, error=f"{type(exc).__name__}: {exc}")
+                continue
+            dt = (time.perf_counter() - t0) / len(idx)
+            for i, o in zip(idx, res, strict=True):
+                out[i] = Generation(o.outputs[0].text, finish_reason=o.outputs[0].finish_reason, latency_s=dt)
+        return [g for g in out if g is not None]
 
     def choose(self, prompts: Sequence[Sequence[Message]], options: Sequence[str]) -> list[ChoiceResult]:
         check_model_calls_allowed(self.name)
