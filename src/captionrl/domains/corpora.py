@@ -98,7 +98,7 @@ def _read_csv(path: str | Path) -> tuple[list[str], list[list[str]]]:
     if not p.is_file():
         raise DataError("path", str(p), "does not exist or is not a file", "check the path")
     with p.open(newline="", encoding="utf-8-sig") as f:
-        rows = [r for r in csv.reader(f) if any(c.strip() for c in r)]
+        rows = [r for r in csv.reader(f, skipinitialspace=True) if any(c.strip() for c in r)]
     if not rows:
         raise DataError(str(p), "", "is empty (no header, no rows)", "point at a CSV with a header and data rows")
     header = [h.strip() for h in rows[0]]
