@@ -1,0 +1,647 @@
+"""Supervised fine-tuning: MoCo Rubric's shared multi-role SFT, and plain SFT distillation.
+
+``captionrl train moco-sft`` (paper §3.2): one model learns all three roles from *sample-aligned*
+records, i.e. caption, rubric and judgment records linked by image id and caption instance, so the
+Generator writes rubrics about the very captions the Judge then judges. One role-conditioned prompt per
+record (prompts after appendix A.1):
+
+* Policy:    image -> a detailed flowing caption                      (one row per caption record)
+* Generator: image + 2 references + candidate captions -> rubric JSON  (one row per rubric record)
+* Judge:     rubric + caption -> per-criterion reason and yes/no JSON  (one row per judgment record;
+  the Judge never sees the image, §3.3)
+
+The checkpoint initialises both the Policy and the momentum Generator-Judge of ``train moco``; the RL
+recipe must build its rubric and judge prompts with :func:`generator_messages` and
+:func:`judge_messages` so that the roles are asked exactly what they were trained on.
+
+``captionrl train sft`` distils a teacher's captions (JSONL of ``{prompt | series | image, caption}``):
+the paper's SFT baseline (learning rate 1e-5, cosine schedule).
+
+Input records (JSONL, one object per line):
+
+* captions:  ``{"image_id", "caption_id", "caption", "image"?: path, "image_text"?: str}``
+* rubrics:   ``{"image_id", "rubric_id"?, "references": [2 captions], "candidate_ids"?: [caption_id...]
+  | "candidates"?: [text...], "rubric": [{"criterion", "test"?, "weight"?}]}``; without candidates,
+  ``n_candidates`` captions of the image are drawn with the run's seed and the draw is recorded.
+* judgments: ``{"image_id", "caption_id", "rubric_id"?, "decisions": [{"reason", "decision": yes|no}]}``,
+  one decision per rubric item, in order; ``rubric_id`` defaults to the image's only rubric.
+
+``image_text`` stands in for the image with language-only models (the embedded SmolLM2): a textual
+rendering of the image evidence. With a vision-language model the ``image`` path is loaded instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from captionrl.config import help_field, load_config
+from captionrl.errors import ConfigError, DataError
+from captionrl.records import RecordWriter, read_jsonl, write_json
+from captionrl.train.common import PolicyConfig
+
+RECIPES = ("moco-sft", "sft")
+ROLES = ("policy", "generator", "judge")
+
+# ---------------------------------------------------------------------- role prompts (appendix A.1)
+POLICY_INSTRUCTION = (
+    "Describe this image in detail. Write one flowing plain-text description (no lists, headings or "
+    "markdown) that covers the objects and their attributes, counts, positions and relations, the "
+    "setting, and any visible text, stating only what the image shows."
+)
+GENERATOR_INSTRUCTION = (
+    "You write grading rubrics for detailed image captions. The image is the authoritative evidence; "
+    "the two reference captions are a quality anchor and may miss details; the candidate captions come "
+    "from the captioner being trained. Write binary criteria that are verifiable from the image and "
+    "that separate better candidates from worse ones. Prioritise reliable and important differences; "
+    "keep precise facts (counts, colours, positions, text) when they matter; avoid uncertain, "
+    "incidental, overlapping or trivially easy criteria. Give each criterion a test a reader can check "
+    "from a caption alone and a positive weight (1 minor, 2 important, 3 critical). Reply with JSON "
+    'only: [{"criterion": "...", "test": "...", "weight": 1}, ...]'
+)
+JUDGE_INSTRUCTION = (
+    "You judge a caption against a rubric written from the image, which you do not see. For each rubric "
+    "item, decide whether the caption satisfies it, judging only that item's criterion; accept "
+    "semantically equivalent wording; do not penalise style, fluency, grammar or length unless the item "
+    "asks for them. Reply with JSON only, one entry per item in order: "
+    '[{"id": 1, "reason": "...", "decision": "yes"}, ...] with decision "yes" or "no".'
+)
+
+
+def _image_content(text: str, image: Any, image_text: str | None, with_images: bool) -> str | list[dict[str, Any]]:
+    """The user turn of an image role: an image placeholder for VLMs, its text rendering otherwise."""
+    if with_images:
+        return [{"type": "image"}, {"type": "text", "text": text}]
+    if image_text:
+        return f"Image (described in text): {image_text}\n\n{text}"
+    return text
+
+
+def policy_messages(image: Any = None, image_text: str | None = None, *, with_images: bool = False,
+                    instruction: str = POLICY_INSTRUCTION) -> list[dict[str, Any]]:
+    """Policy prompt (A.1.1): the image and the instruction only, as at inference time."""
+    return [{"role": "user", "content": _image_content(instruction, image, image_text, with_images)}]
+
+
+def generator_messages(references: Sequence[str], candidates: Sequence[str], image: Any = None,
+                       image_text: str | None = None, *, with_images: bool = False) -> list[dict[str, Any]]:
+    """Generator prompt (A.1.2): image + two references + the current Policy's candidate captions."""
+    parts = [GENERATOR_INSTRUCTION, ""]
+    parts += [f"Reference caption {i}: {r}" for i, r in enumerate(references, 1)]
+    parts += [f"Candidate caption {i}: {c}" for i, c in enumerate(candidates, 1)]
+    return [{"role": "user", "content": _image_content("\n".join(parts), image, image_text, with_images)}]
+
+
+def judge_messages(rubric: Sequence[Mapping[str, Any]], caption: str) -> list[dict[str, Any]]:
+    """Judge prompt (A.1.3): the rubric and the caption; text only (the Judge never sees the image)."""
+    lines = [JUDGE_INSTRUCTION, "", "Rubric:"]
+    for i, item in enumerate(rubric, 1):
+        test = f" Test: {item['test']}" if item.get("test") else ""
+        lines.append(f"{i}. {item['criterion']}.{test} (weight {item.get('weight', 1)})")
+    lines += ["", f"Caption: {caption}"]
+    return [{"role": "user", "content": "\n".join(lines)}]
+
+
+def normalise_rubric(items: Any, where: str) -> list[dict[str, Any]]:
+    """Validate rubric items: a non-empty criterion and a positive weight (default 1)."""
+    if not isinstance(items, list) or not items:
+        raise DataError(f"{where}.rubric", items, "must be a non-empty list of items",
+                        'write [{"criterion": "...", "test": "...", "weight": 2}, ...]')
+    out = []
+    for i, item in enumerate(items):
+        if isinstance(item, str):
+            item = {"criterion": item}
+        if not isinstance(item, Mapping) or not str(item.get("criterion", "")).strip():
+            raise DataError(f"{where}.rubric[{i}]", item, "has no criterion", 'give {"criterion": "...", "weight": 1}')
+        weight = item.get("weight", 1)
+        if not isinstance(weight, (int, float)) or isinstance(weight, bool) or weight <= 0:
+            raise DataError(f"{where}.rubric[{i}].weight", weight, "must be a positive number", "use 1, 2 or 3")
+        clean = {"criterion": str(item["criterion"]).strip()}
+        if item.get("test"):
+            clean["test"] = str(item["test"]).strip()
+        clean["weight"] = weight
+        out.append(clean)
+    return out
+
+
+def parse_decision(value: Any, where: str) -> str:
+    """``yes``/``no`` from a decision given as text or boolean."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    text = str(value).strip().lower()
+    if text in ("yes", "y", "true", "1", "satisfied", "pass"):
+        return "yes"
+    if text in ("no", "n", "false", "0", "not satisfied", "fail"):
+        return "no"
+    raise DataError(where, value, "is not a yes/no decision", 'write "decision": "yes" or "no"')
+
+
+def rubric_json(rubric: Sequence[Mapping[str, Any]]) -> str:
+    """The Generator's target reply."""
+    return json.dumps(list(rubric), ensure_ascii=False)
+
+
+def judgment_json(decisions: Sequence[Mapping[str, Any]]) -> str:
+    """The Judge's target reply: ``[{"id", "reason", "decision"}]`` in rubric order."""
+    return json.dumps([{"id": i, "reason": d.get("reason", ""), "decision": d["decision"]}
+                       for i, d in enumerate(decisions, 1)], ensure_ascii=False)
+
+
+# ---------------------------------------------------------------------- linking records
+@dataclass
+class RoleRecords:
+    """Caption, rubric and judgment records of the multi-role SFT (plain dicts, validated on build)."""
+
+    captions: list[dict[str, Any]] = field(default_factory=list)
+    rubrics: list[dict[str, Any]] = field(default_factory=list)
+    judgments: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def from_files(cls, captions: str | Path, rubrics: str | Path, judgments: str | Path) -> RoleRecords:
+        out = cls()
+        for name, path in (("captions", captions), ("rubrics", rubrics), ("judgments", judgments)):
+            if not Path(path).is_file():
+                raise DataError(f"data.{name}", str(path), "file not found", f"give the path of the {name} JSONL file")
+            setattr(out, name, list(read_jsonl(path)))
+        return out
+
+
+def _require(rec: Mapping[str, Any], keys: Sequence[str], where: str) -> None:
+    for k in keys:
+        if k not in rec or rec[k] in (None, ""):
+            raise DataError(f"{where}.{k}", rec.get(k), "is missing", f"add {k!r} to every record of this file")
+
+
+def _load_image(path: Any) -> Any:
+    from PIL import Image
+
+    if hasattr(path, "convert"):
+        return path.convert("RGB")
+    if not Path(str(path)).is_file():
+        raise DataError("image", str(path), "image file not found", "fix the image path (relative paths resolve from the working directory)")
+    return Image.open(str(path)).convert("RGB")
+
+
+def build_multirole_rows(records: RoleRecords, *, with_images: bool = False, n_candidates: int = 4,
+                         seed: int = 0) -> list[dict[str, Any]]:
+    """One role-conditioned prompt-completion row per record, linked by image id and caption id.
+
+    Every link is checked: a rubric's candidates and a judgment's caption must be captions of the same
+    image, and a judgment must have one decision per rubric item. Candidate draws are seeded and their
+    ids kept in the row (``candidate_ids``) so that the data set is reproducible and inspectable.
+    """
+    if n_candidates < 1:
+        raise ConfigError("data.n_candidates", n_candidates, "must be >= 1", "use 4, as in the paper")
+    captions: dict[str, dict[str, Any]] = {}
+    by_image: dict[str, list[str]] = defaultdict(list)
+    image_info: dict[str, dict[str, Any]] = defaultdict(dict)
+    for i, rec in enumerate(records.captions):
+        where = f"captions[{i}]"
+        _require(rec, ("image_id", "caption_id", "caption"), where)
+        cid, iid = str(rec["caption_id"]), str(rec["image_id"])
+        if cid in captions:
+            raise DataError(f"{where}.caption_id", cid, "is used twice", "give every caption record its own caption_id")
+        captions[cid] = rec
+        by_image[iid].append(cid)
+    for rec in [*records.captions, *records.rubrics]:
+        info = image_info[str(rec.get("image_id"))]
+        for k in ("image", "image_text"):
+            if rec.get(k) and k not in info:
+                info[k] = rec[k]
+
+    def image_args(iid: str, where: str) -> tuple[Any, str | None, list[Any]]:
+        info = image_info.get(iid, {})
+        if with_images:
+            if "image" not in info:
+                raise DataError(f"{where}.image", None, f"no record of image {iid!r} gives an image path",
+                                "add 'image' to its caption records, or train a language-only model with image_text")
+            return info["image"], None, [_load_image(info["image"])]
+        return None, info.get("image_text"), []
+
+    rows: list[dict[str, Any]] = []
+    for cid, rec in captions.items():
+        iid = str(rec["image_id"])
+        image, text, images = image_args(iid, f"captions[{cid}]")
+        rows.append(_row("policy", f"policy:{cid}", policy_messages(image, text, with_images=with_images),
+                         str(rec["caption"]), images, image_id=iid, caption_id=cid))
+
+    rng = random.Random(seed)
+    rubrics: dict[str, list[dict[str, Any]]] = {}
+    rubric_ids_of_image: dict[str, list[str]] = defaultdict(list)
+    for i, rec in enumerate(records.rubrics):
+        where = f"rubrics[{i}]"
+        _require(rec, ("image_id", "rubric", "references"), where)
+        iid = str(rec["image_id"])
+        rid = str(rec.get("rubric_id") or iid)
+        if rid in rubrics:
+            raise DataError(f"{where}.rubric_id", rid, "is used twice", "give each rubric of an image its own rubric_id")
+        rubric = normalise_rubric(rec["rubric"], where)
+        refs = rec["references"]
+        if not isinstance(refs, list) or len(refs) != 2 or not all(isinstance(r, str) and r.strip() for r in refs):
+            raise DataError(f"{where}.references", refs, "must be a list of 2 reference captions",
+                            "give exactly two reference captions, as in the paper's Generator prompt")
+        if rec.get("candidate_ids"):
+            cand_ids = [str(c) for c in rec["candidate_ids"]]
+            for c in cand_ids:
+                if c not in captions:
+                    raise DataError(f"{where}.candidate_ids", c, "is not a caption_id of the captions file",
+                                    "list caption_ids of caption records")
+                if str(captions[c]["image_id"]) != iid:
+                    raise DataError(f"{where}.candidate_ids", c, f"is a caption of image {captions[c]['image_id']!r}, not {iid!r}",
+                                    "use captions of the rubric's own image")
+            candidates = [str(captions[c]["caption"]) for c in cand_ids]
+        elif rec.get("candidates"):
+            cand_ids, candidates = [], [str(c) for c in rec["candidates"]]
+        else:
+            pool = sorted(by_image.get(iid, []))
+            if not pool:
+                raise DataError(f"{where}.candidate_ids", None, f"image {iid!r} has no caption records to draw candidates from",
+                                "add candidate_ids or candidates, or caption records of this image")
+            cand_ids = rng.sample(pool, min(n_candidates, len(pool)))
+            candidates = [str(captions[c]["caption"]) for c in cand_ids]
+        image, text, images = image_args(iid, where)
+        rubrics[rid] = rubric
+        rubric_ids_of_image[iid].append(rid)
+        rows.append(_row("generator", f"generator:{rid}",
+                         generator_messages(refs, candidates, image, text, with_images=with_images),
+                         rubric_json(rubric), images, image_id=iid, rubric_id=rid, candidate_ids=cand_ids))
+
+    for i, rec in enumerate(records.judgments):
+        where = f"judgments[{i}]"
+        _require(rec, ("image_id", "caption_id"), where)
+        iid, cid = str(rec["image_id"]), str(rec["caption_id"])
+        if cid not in captions:
+            raise DataError(f"{where}.caption_id", cid, "is not a caption_id of the captions file", "link judgments to caption records")
+        if str(captions[cid]["image_id"]) != iid:
+            raise DataError(f"{where}.image_id", iid, f"caption {cid!r} belongs to image {captions[cid]['image_id']!r}",
+                            "fix the image_id or the caption_id")
+        rid = rec.get("rubric_id")
+        if rid is None:
+            ids = rubric_ids_of_image.get(iid, [])
+            if len(ids) != 1:
+                raise DataError(f"{where}.rubric_id", None, f"image {iid!r} has {len(ids)} rubrics",
+                                "give rubric_id to say which rubric was judged")
+            rid = ids[0]
+        rid = str(rid)
+        if rid not in rubrics:
+            raise DataError(f"{where}.rubric_id", rid, "no rubric record has this id", "link judgments to rubric records")
+        decisions = rec.get("decisions", rec.get("judgments"))
+        rubric = rubrics[rid]
+        if not isinstance(decisions, list) or len(decisions) != len(rubric):
+            raise DataError(f"{where}.decisions", decisions, f"must hold one decision per rubric item ({len(rubric)})",
+                            "give [{'reason': ..., 'decision': 'yes'|'no'}] in rubric order")
+        clean = []
+        for j, d in enumerate(decisions):
+            d = d if isinstance(d, Mapping) else {"decision": d}
+            clean.append({"reason": str(d.get("reason", "")),
+                          "decision": parse_decision(d.get("decision"), f"{where}.decisions[{j}].decision")})
+        rows.append(_row("judge", f"judge:{rid}:{cid}", judge_messages(rubric, str(captions[cid]["caption"])),
+                         judgment_json(clean), [], image_id=iid, caption_id=cid, rubric_id=rid))
+    return rows
+
+
+def _row(role: str, key: str, prompt: list[dict[str, Any]], completion: str, images: list[Any],
+         **meta: Any) -> dict[str, Any]:
+    return {"key": key, "role": role, "prompt": prompt,
+            "completion": [{"role": "assistant", "content": completion}], "images": images, **meta}
+
+
+def build_distill_rows(records: Sequence[Mapping[str, Any]], *, with_images: bool = False,
+                       precision: int = 2) -> list[dict[str, Any]]:
+    """Rows of SFT distillation: ``prompt`` (text or chat messages), ``series`` (numbers) or ``image``."""
+    rows = []
+    for i, rec in enumerate(records):
+        where = f"data[{i}]"
+        _require(rec, ("caption",), where)
+        key = str(rec.get("id", rec.get("key", i)))
+        images: list[Any] = []
+        if rec.get("prompt"):
+            p = rec["prompt"]
+            prompt = [{"role": "user", "content": p}] if isinstance(p, str) else list(p)
+        elif rec.get("series") is not None:
+            from captionrl.domains.captioning import caption_messages
+            from captionrl.domains.timeseries import render_numbers
+            from captionrl.types import Series
+
+            s = Series(id=key, values=rec["series"])
+            text, _ = render_numbers(s, precision=precision)
+            prompt = caption_messages(text, len(s))
+        elif rec.get("image") is not None:
+            if not with_images:
+                raise DataError(f"{where}.image", rec["image"], "a language-only model cannot read images",
+                                "train a vision-language model (policy.model), or give 'prompt' (e.g. image_text) instead")
+            prompt = policy_messages(with_images=True, instruction=rec.get("instruction", POLICY_INSTRUCTION))
+            images = [_load_image(rec["image"])]
+        else:
+            raise DataError(where, sorted(rec), "has no prompt, series or image",
+                            "give each record 'prompt' (text or chat messages), 'series' (numbers) or 'image' (path)")
+        rows.append(_row("policy", f"sft:{key}", prompt, str(rec["caption"]), images))
+    return rows
+
+
+def demo_records(n_images: int = 6, seed: int = 0) -> RoleRecords:
+    """A real, offline multi-role set from ``easy-vqa`` (64x64 images of one coloured shape).
+
+    Each image's colour and shape come from its own QA pairs. Per image: a faithful caption and a
+    caption that gets one fact wrong (which one is drawn with ``seed``); a rubric with one criterion per
+    fact; and the true judgments of both captions against it. ``image_text`` states the facts for
+    language-only models. Shows the record format; too small to teach a model much.
+    """
+    import easy_vqa
+
+    questions, answers, image_ids = easy_vqa.get_train_questions()
+    paths = easy_vqa.get_train_image_paths()
+    shapes_vocab = {"circle", "rectangle", "triangle"}
+    facts: dict[int, dict[str, str]] = defaultdict(dict)
+    for q, a, iid in zip(questions, answers, image_ids, strict=True):
+        if q.startswith("what") and a not in ("yes", "no"):  # "what shape/color ..." questions
+            facts[iid]["shape" if a in shapes_vocab else "colour"] = a
+    known = sorted(i for i, f in facts.items() if {"colour", "shape"} <= set(f))
+    if len(known) < n_images:
+        raise DataError("n_images", n_images, f"easy-vqa has only {len(known)} images with colour and shape", "ask for fewer")
+    rng = random.Random(seed)
+    colours = sorted({f["colour"] for f in facts.values() if "colour" in f})
+    shapes = sorted({f["shape"] for f in facts.values() if "shape" in f})
+    out = RoleRecords()
+    for iid in rng.sample(known, n_images):
+        f = facts[iid]
+        image_id = f"easyvqa-train-{iid}"
+        wrong_kind = rng.choice(["colour", "shape"])
+        pool = colours if wrong_kind == "colour" else shapes
+        wrong = {**f, wrong_kind: rng.choice([x for x in pool if x != f[wrong_kind]])}
+        good = f"The image shows a single {f['colour']} {f['shape']} on a plain background."
+        bad = f"The image shows a single {wrong['colour']} {wrong['shape']} on a plain background."
+        text = f"one {f['colour']} {f['shape']}"
+        for cid, cap in ((f"{image_id}-a", good), (f"{image_id}-b", bad)):
+            out.captions.append({"image_id": image_id, "caption_id": cid, "caption": cap,
+                                 "image": paths[iid], "image_text": text})
+        rubric = [
+            {"criterion": f"Names the shape as a {f['shape']}", "test": f"the caption calls the shape a {f['shape']}", "weight": 3},
+            {"criterion": f"Gives the shape's colour as {f['colour']}", "test": f"the caption says the shape is {f['colour']}", "weight": 2},
+        ]
+        out.rubrics.append({"image_id": image_id, "references": [good, f"A {f['colour']} {f['shape']}."],
+                            "candidate_ids": [f"{image_id}-a", f"{image_id}-b"], "rubric": rubric})
+        for cid, cf in ((f"{image_id}-a", f), (f"{image_id}-b", wrong)):
+            decisions = []
+            for kind in ("shape", "colour"):
+                ok = cf[kind] == f[kind]
+                reason = (f"The caption says {cf[kind]}, as required." if ok
+                          else f"The caption says {cf[kind]}, not {f[kind]}.")
+                decisions.append({"reason": reason, "decision": "yes" if ok else "no"})
+            out.judgments.append({"image_id": image_id, "caption_id": cid, "decisions": decisions})
+    return out
+
+
+# ---------------------------------------------------------------------- configs
+@dataclass
+class SFTDataConfig:
+    """Where the SFT records come from."""
+
+    captions: str | None = help_field(None, "moco-sft: JSONL of caption records {image_id, caption_id, caption, image?, image_text?}")
+    rubrics: str | None = help_field(None, "moco-sft: JSONL of rubric records {image_id, rubric_id?, references[2], candidate_ids?, rubric[]}")
+    judgments: str | None = help_field(None, "moco-sft: JSONL of judgment records {image_id, caption_id, rubric_id?, decisions[]}")
+    path: str | None = help_field(None, "sft: JSONL of {prompt | series | image, caption} written by a teacher")
+    demo: bool = help_field(False, "moco-sft: use the built-in easy-vqa records (real images and facts; a format demo)")
+    demo_images: int = help_field(6, "images in the demo set")
+    roles: list[str] = help_field(list(ROLES), "moco-sft: roles to train on (ablation: [policy] is caption-only SFT)")
+    n_candidates: int = help_field(4, "candidate captions drawn per rubric record that lists none (paper: 4)")
+    max_rows: int | None = help_field(None, "use at most this many rows (a seeded sample; null = all)")
+    precision: int = help_field(2, "sft with series: decimals when printing values")
+
+    def __post_init__(self) -> None:
+        bad = [r for r in self.roles if r not in ROLES]
+        if bad or not self.roles:
+            raise ConfigError("data.roles", self.roles, "unknown or empty roles", f"use a subset of {list(ROLES)}")
+
+
+@dataclass
+class SFTTrainConfig:
+    """Optimisation, checkpoints and logging of the SFT run (TRL ``SFTTrainer``)."""
+
+    out_dir: str = help_field("runs/sft", "run folder: config.yaml, data.jsonl, checkpoints/, model/, curves.png; rerunning resumes")
+    learning_rate: float = help_field(1e-5, "AdamW learning rate (the paper's SFT: 1e-5)")
+    lr_scheduler_type: str = help_field("cosine", "learning-rate schedule (paper: cosine)")
+    warmup_steps: float = help_field(0.0, "warm-up: steps (>= 1) or a fraction of all steps (< 1)")
+    weight_decay: float = help_field(0.0, "AdamW weight decay")
+    num_train_epochs: float = help_field(1.0, "passes over the rows (when max_steps is -1)")
+    max_steps: int = help_field(-1, "optimizer steps; -1 = num_train_epochs passes")
+    per_device_train_batch_size: int = help_field(4, "rows per device per micro-step")
+    gradient_accumulation_steps: int = help_field(1, "micro-steps per optimizer step")
+    max_length: int = help_field(1024, "longest tokenized row (prompt + completion); rows whose prompt alone is too long are dropped and counted")
+    save_steps: int = help_field(200, "checkpoint every N optimizer steps")
+    save_total_limit: int | None = help_field(None, "keep the N most recent checkpoints (null: all)")
+    logging_steps: int = help_field(10, "log metrics every N steps")
+    report_to: list[str] = help_field(["tensorboard"], "metric sinks: tensorboard, wandb, trackio, or [] for none")
+    threads: int | None = help_field(None, "torch CPU threads (null: leave OMP_NUM_THREADS's choice)")
+    use_cpu: bool | None = help_field(None, "train on CPU; null = CPU when no GPU is visible")
+    bf16: bool | None = help_field(None, "bf16 mixed precision; null = on for GPUs, off on CPU")
+    gradient_checkpointing: bool | None = help_field(None, "recompute activations; null = on for GPUs, off on CPU")
+    resume: str = help_field("auto", "auto: resume from the last checkpoint in out_dir (config must match); off: refuse a folder with checkpoints")
+    extra: dict[str, Any] = help_field({}, "any other SFTConfig field, passed through unchanged")
+
+    def __post_init__(self) -> None:
+        for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "save_steps", "logging_steps"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"train.{name}", getattr(self, name), "must be >= 1", f"set train.{name} to 1 or more")
+        if self.max_length < 16:
+            raise ConfigError("train.max_length", self.max_length, "is too short for any prompt", "use e.g. 1024")
+        if self.max_steps == 0 or self.max_steps < -1:
+            raise ConfigError("train.max_steps", self.max_steps, "must be -1 or >= 1", "set train.max_steps: 100")
+        if self.learning_rate <= 0:
+            raise ConfigError("train.learning_rate", self.learning_rate, "must be > 0", "use 1e-5")
+        if self.resume not in ("auto", "off"):
+            raise ConfigError("train.resume", self.resume, "unknown resume mode", "use auto or off")
+        if isinstance(self.report_to, str):
+            self.report_to = [] if self.report_to in ("none", "") else [self.report_to]
+
+
+@dataclass
+class SFTRunConfig:
+    """A whole SFT run: recipe, model, data and training."""
+
+    recipe: str = help_field("moco-sft", "moco-sft (shared multi-role SFT) or sft (distillation from captions)")
+    seed: int = help_field(0, "seed of shuffling, candidate draws, row sampling and the trainer")
+    policy: PolicyConfig = field(default_factory=PolicyConfig, metadata={"help": "the model being fine-tuned (LoRA or full)"})
+    data: SFTDataConfig = field(default_factory=SFTDataConfig, metadata={"help": "SFT records"})
+    train: SFTTrainConfig = field(default_factory=SFTTrainConfig, metadata={"help": "optimisation and checkpoints"})
+
+    def __post_init__(self) -> None:
+        if self.recipe not in RECIPES:
+            raise ConfigError("recipe", self.recipe, "unknown SFT recipe", f"use one of {', '.join(RECIPES)}")
+        d = self.data
+        if self.recipe == "moco-sft" and not d.demo and not (d.captions and d.rubrics and d.judgments):
+            raise ConfigError("data", {"captions": d.captions, "rubrics": d.rubrics, "judgments": d.judgments},
+                              "moco-sft needs caption, rubric and judgment records",
+                              "set data.captions, data.rubrics and data.judgments, or data.demo=true")
+        if self.recipe == "sft" and not d.path:
+            raise ConfigError("data.path", d.path, "sft needs the teacher's captions", "set data.path=<file.jsonl>")
+
+
+def load_sft_config(path: str | Path | None = None, overrides: Sequence[str] = (), recipe: str | None = None) -> SFTRunConfig:
+    extra = [f"recipe={recipe}"] if recipe else []
+    return load_config(SFTRunConfig, path, [*extra, *overrides])
+
+
+# ---------------------------------------------------------------------- run
+def build_rows(cfg: SFTRunConfig, with_images: bool) -> list[dict[str, Any]]:
+    d = cfg.data
+    if cfg.recipe == "moco-sft":
+        recs = demo_records(d.demo_images, cfg.seed) if d.demo else RoleRecords.from_files(d.captions, d.rubrics, d.judgments)  # type: ignore[arg-type]
+        rows = build_multirole_rows(recs, with_images=with_images, n_candidates=d.n_candidates, seed=cfg.seed)
+        rows = [r for r in rows if r["role"] in d.roles]
+    else:
+        p = Path(str(d.path))
+        if not p.is_file():
+            raise DataError("data.path", str(p), "file not found", "give the JSONL of teacher captions")
+        rows = build_distill_rows(list(read_jsonl(p)), with_images=with_images, precision=d.precision)
+    if not rows:
+        raise DataError("data", cfg.recipe, "no rows to train on", "check the record files and data.roles")
+    rng = random.Random(cfg.seed)
+    if d.max_rows is not None and d.max_rows < len(rows):
+        rows = rng.sample(rows, d.max_rows)
+    return rows
+
+
+def drop_too_long(rows: list[dict[str, Any]], tokenizer: Any, max_length: int) -> tuple[list[dict[str, Any]], list[str]]:
+    """Drop rows whose prompt leaves no room for the completion (TRL truncates the end: the target)."""
+    kept, dropped = [], []
+    for r in rows:
+        text = tokenizer.apply_chat_template(_text_only(r["prompt"]), tokenize=False, add_generation_prompt=True)
+        n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        (kept if n < max_length - 8 else dropped).append(r if n < max_length - 8 else r["key"])
+    return kept, dropped
+
+
+def _text_only(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for m in messages:
+        c = m["content"]
+        if isinstance(c, list):
+            c = " ".join(p.get("text", "<image>") for p in c)
+        out.append({"role": m["role"], "content": c})
+    return out
+
+
+def sft_args(cfg: SFTRunConfig, output_dir: Path) -> Any:
+    from trl import SFTConfig
+
+    from captionrl.train.common import cuda_available
+
+    t = cfg.train
+    on_cpu = t.use_cpu if t.use_cpu is not None else not cuda_available()
+    kw: dict[str, Any] = {
+        "output_dir": str(output_dir), "seed": cfg.seed, "data_seed": cfg.seed, "use_cpu": on_cpu,
+        "bf16": t.bf16 if t.bf16 is not None else not on_cpu, "fp16": False,
+        "gradient_checkpointing": t.gradient_checkpointing if t.gradient_checkpointing is not None else not on_cpu,
+        "learning_rate": t.learning_rate, "lr_scheduler_type": t.lr_scheduler_type, "warmup_steps": t.warmup_steps,
+        "weight_decay": t.weight_decay, "num_train_epochs": t.num_train_epochs, "max_steps": t.max_steps,
+        "per_device_train_batch_size": t.per_device_train_batch_size,
+        "gradient_accumulation_steps": t.gradient_accumulation_steps, "max_length": t.max_length,
+        "save_strategy": "steps", "save_steps": t.save_steps, "save_total_limit": t.save_total_limit,
+        "logging_steps": t.logging_steps, "report_to": list(t.report_to) or "none",
+        "completion_only_loss": True, "packing": False, "dataloader_num_workers": 0,
+    }
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(SFTConfig)}
+    for k, v in t.extra.items():
+        if k not in names:
+            from captionrl.registry import suggest
+
+            raise ConfigError(f"train.extra.{k}", v, "not an SFTConfig field", suggest(k, sorted(names)))
+        kw[k] = v
+    try:
+        return SFTConfig(**kw)
+    except ValueError as exc:
+        raise ConfigError("train", cfg.recipe, f"TRL rejected the settings: {exc}", "adjust the named setting") from exc
+
+
+def run(cfg: SFTRunConfig, model: Any = None, processing: Any = None, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
+    """Build the rows, train with TRL's ``SFTTrainer`` (resuming from ``out_dir`` when it holds a
+    checkpoint), save the model and ``sft_summary.json``. ``model``/``processing`` skip loading;
+    ``callbacks`` are extra ``TrainerCallback``s."""
+    from datasets import Dataset
+    from trl import SFTTrainer
+
+    from captionrl.train.callbacks import plot_curves
+    from captionrl.train.common import (
+        apply_threads,
+        load_policy,
+        lora_config,
+        prepare_run_dir,
+        quiet_offline_env,
+        save_final_model,
+    )
+
+    out = Path(cfg.train.out_dir)
+    ckpt = prepare_run_dir(cfg, out, cfg.train.resume)
+    apply_threads(cfg.train.threads)
+    quiet_offline_env(out)
+    if model is None:
+        model, processing, is_vlm = load_policy(cfg.policy)
+    else:
+        is_vlm = hasattr(processing, "image_processor")
+    tokenizer = getattr(processing, "tokenizer", processing)
+    rows = build_rows(cfg, with_images=is_vlm)
+    rows, dropped = drop_too_long(rows, tokenizer, cfg.train.max_length)
+    if dropped:
+        print(f"warning: dropped {len(dropped)} row(s) whose prompt exceeds train.max_length={cfg.train.max_length} "
+              f"(e.g. {dropped[:3]}); raise train.max_length to keep them")
+    if not rows:
+        raise ConfigError("train.max_length", cfg.train.max_length, "every row's prompt is longer", "raise train.max_length")
+    with RecordWriter(out / "data.jsonl") as w:
+        for r in rows:
+            if not w.has(r["key"]):
+                w.write({k: v for k, v in r.items() if k != "images"})
+    columns = ["prompt", "completion"] + (["images"] if is_vlm else [])
+    dataset = Dataset.from_list([{k: r[k] for k in columns} for r in rows])
+    trainer = SFTTrainer(model=model, args=sft_args(cfg, out / "checkpoints"), train_dataset=dataset,
+                         processing_class=processing, peft_config=lora_config(cfg.policy),
+                         callbacks=list(callbacks))
+    result = trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
+    model_dir = save_final_model(trainer, out / "model")
+    history = trainer.state.log_history
+    curves = None
+    if any("loss" in h for h in history):
+        curves = out / "curves.png"
+        plot_curves(history, keys=["loss", "mean_token_accuracy", "learning_rate"], path=curves)
+    summary = {
+        "recipe": cfg.recipe, "rows": dict(Counter(r["role"] for r in rows)), "dropped_too_long": dropped,
+        "steps": trainer.state.global_step, "train_loss": result.training_loss,
+        "resumed_from": str(ckpt) if ckpt else None, "model": str(model_dir),
+        "curves": str(curves) if curves else None, "log_history": history,
+    }
+    write_json(out / "sft_summary.json", summary)
+    return {**summary, "trainer": trainer}
+
+
+# ---------------------------------------------------------------------- CLI
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    recipe = "sft" if p.prog.split()[-1] == "sft" else "moco-sft"
+    example = "data.demo=true train.max_steps=5" if recipe == "moco-sft" else "data.path=teacher.jsonl"
+    p.add_argument("--config", default=None, help="YAML run config")
+    p.add_argument("overrides", nargs="*", help=f"key=value overrides, e.g. {example} train.out_dir=runs/x")
+    p.add_argument("--check", action="store_true", help="validate config and data, print row counts per role, load no model")
+    p.set_defaults(sft_recipe=recipe)
+
+
+def main(args: argparse.Namespace) -> int:
+    recipe = getattr(args, "sft_recipe", None) or ("sft" if getattr(args, "subcommand", "") == "sft" else "moco-sft")
+    cfg = load_sft_config(args.config, args.overrides, recipe=recipe)
+    if args.check:
+        rows = build_rows(cfg, with_images=False)
+        print(json.dumps(dict(Counter(r["role"] for r in rows))))
+        return 0
+    result = run(cfg)
+    print(f"rows:   {result['rows']}  (dropped as too long: {len(result['dropped_too_long'])})")
+    print(f"steps:  {result['steps']}  train loss {result['train_loss']:.4f}")
+    print(f"model:  {result['model']}")
+    if result.get("curves"):
+        print(f"curves: {result['curves']}")
+    return 0
