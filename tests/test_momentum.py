@@ -338,6 +338,12 @@ def test_callback_updates_logs_and_restores(tmp_path) -> None:
     torch.testing.assert_close(mom2.copies["ema"].lin.weight, mom.copies["ema"].lin.weight)
     assert math.isclose(mom2.distance(), mom.distance(), rel_tol=1e-5)
 
+    # a momentum built on another module than the one being trained is refused, not silently idle
+    trainer3 = Trainer(model=Reg(), args=make_args(), train_dataset=data)
+    MomentumCallback(FullCopyMomentum(Reg(), MomentumSettings())).attach(trainer3)
+    with pytest.raises(ConfigError, match="different module"):
+        trainer3.train()
+
 
 def test_plot_curves(tmp_path) -> None:
     from captionrl.errors import DataError

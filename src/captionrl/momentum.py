@@ -206,6 +206,11 @@ class Momentum:
     def serving(self, role: str) -> contextlib.AbstractContextManager[nn.Module]:
         raise NotImplementedError
 
+    @property
+    def policy_module(self) -> nn.Module:
+        """The module whose parameters are theta (what the trainer must be training)."""
+        raise NotImplementedError
+
     # -- shared
     @property
     def momentum_slot(self) -> str | None:
@@ -350,6 +355,10 @@ class FullCopyMomentum(Momentum):
     def _pairs(self, slot: str) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
         return self._pairs_of(self.copies[slot])
 
+    @property
+    def policy_module(self) -> nn.Module:
+        return self.policy
+
     def model_for(self, role: str) -> nn.Module:
         return self.copies[self.settings.slot_for(role)]
 
@@ -418,6 +427,10 @@ class LoraAdapterMomentum(Momentum):
                                   "add the momentum before wrapping or modifying the adapters")
             pairs.append((name, theta, params[other]))
         return pairs
+
+    @property
+    def policy_module(self) -> nn.Module:
+        return self.model
 
     def adapter_for(self, role: str) -> str:
         return _ADAPTER_OF_SLOT[self.settings.slot_for(role)]

@@ -29,8 +29,10 @@ MOMENTUM_LOG = "momentum.jsonl"
 class MomentumCallback(TrainerCallback):
     """Apply the momentum EMA every ``H`` optimizer steps and log its diagnostics.
 
-    Attach it with :meth:`attach` rather than ``callbacks=[...]``: it then runs before the reporting
-    callbacks (TensorBoard, ...), so they see ``momentum/distance`` in the same log line.
+    Build the momentum on ``trainer.model`` *after* the trainer exists (TRL wraps the model with PEFT
+    when given a ``peft_config``), then attach it with :meth:`attach` rather than ``callbacks=[...]``:
+    it then runs before the reporting callbacks (TensorBoard, ...), so they see ``momentum/distance`` in
+    the same log line. Training a different module than the momentum tracks is refused at train begin.
     """
 
     def __init__(self, momentum: Momentum, resume_dir: str | Path | None = None) -> None:
@@ -44,6 +46,14 @@ class MomentumCallback(TrainerCallback):
 
     # -- training events
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        model = kwargs.get("model")
+        if model is not None and model is not self.momentum.policy_module:
+            raise ConfigError(
+                "momentum", type(self.momentum.policy_module).__name__,
+                f"tracks a different module than the trainer trains ({type(model).__name__}), so the "
+                "momentum would never follow the Policy",
+                "build the momentum from trainer.model after creating the trainer, then attach the callback",
+            )
         if state.global_step > 0:
             self._restore(args, state.global_step)
 
