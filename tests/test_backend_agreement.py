@@ -13,7 +13,7 @@ import itertools
 import pytest
 
 from captionrl.backends.openai_http import OpenAIBackend
-from servers import LlamaServer, llama_server, requires_llama_cpp  # noqa: F401  (fixture)
+from servers import LlamaServer, requires_llama_cpp
 
 OPTIONS = ["A", "B", "C", "D"]
 PROMPTS = {

@@ -22,12 +22,7 @@ from captionrl.backends.base import FORBID_ENV, ChatRequest
 from captionrl.backends.openai_http import OpenAIBackend, option_probs_from_top
 from captionrl.errors import BackendError, ConfigError, ModelCallsForbiddenError
 from captionrl.records import RecordWriter, read_jsonl
-from servers import (
-    LlamaServer,
-    llama_server,  # noqa: F401  (fixture)
-    llama_server_factory,  # noqa: F401  (fixture)
-    requires_llama_cpp,
-)
+from servers import LlamaServer, requires_llama_cpp
 
 URL = "http://fake.local/v1"
 OPTIONS = ["A", "B", "C", "D"]

@@ -27,6 +27,8 @@ class BackendConfig:
     concurrency: int = help_field(8, "openai: requests in flight at once")
     timeout_s: float = help_field(120.0, "openai: seconds before a request is abandoned and retried")
     max_retries: int = help_field(3, "openai: retries on 429/5xx/connection errors (exponential backoff)")
+    echo_prefix: str = help_field("", "openai: text sent before every echo prompt and never scored; llama-cpp-python needs the model's BOS (SmolLM2: <|im_start|>)")
+    backoff_s: float = help_field(0.5, "openai: first retry wait in seconds, doubled each retry")
     loglikelihood_api: str = help_field("echo", "openai: how to get prompt log-probs: echo (completions echo+logprobs) or prompt_logprobs (vLLM)")
 
     def __post_init__(self) -> None:
@@ -69,6 +71,30 @@ def _make_vllm(cfg: BackendConfig) -> Backend:
     return VLLMBackend(cfg.model)
 
 
+def parse_backend_spec(text: str) -> BackendConfig:
+    """A backend from one command-line word.
+
+    ``hf:embedded`` / ``hf:PATH_OR_HUB_ID`` / ``openai:URL#MODEL`` / ``vllm:MODEL``; a bare word is an
+    ``hf`` model. Extra settings follow as ``,key=value`` (e.g. ``hf:embedded,dtype=bfloat16``).
+    """
+    from captionrl.config import from_dict, parse_override
+
+    head, *rest = text.split(",")
+    kind, _, target = head.partition(":")
+    if not target:
+        kind, target = "hf", head
+    data: dict[str, Any] = {"kind": kind}
+    if kind == "openai":
+        url, _, model = target.partition("#")
+        data.update(base_url=url, model=model or "default")
+    else:
+        data["model"] = target
+    for item in rest:
+        key, value = parse_override(item)
+        data[key] = value
+    return from_dict(BackendConfig, data, prefix="backend.")
+
+
 _CACHE: dict[tuple, Backend] = {}
 
 
@@ -96,4 +122,5 @@ __all__ = [
     "Generation",
     "Message",
     "make_backend",
+    "parse_backend_spec",
 ]

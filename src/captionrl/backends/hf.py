@@ -199,8 +199,12 @@ class HFBackend:
                 images = [_images_of(c) for c in conversations]
                 kwargs: dict[str, Any] = {"text": prompts, "padding": True, "return_tensors": "pt"}
                 if any(images):
-                    kwargs["images"] = [im or None for im in images]
-                enc = self._processor(**kwargs)
+                    # One list per conversation ([] for a text-only one): the processor matches each
+                    # prompt's <image> tokens to its own list, so mixed batches work.
+                    kwargs["images"] = images
+                enc = dict(self._processor(**kwargs))
+                if "pixel_values" in enc:  # the processor returns float32; a bf16 model needs bf16 pixels
+                    enc["pixel_values"] = enc["pixel_values"].to(self.model.dtype)
             else:
                 enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         finally:
@@ -340,25 +344,29 @@ class HFBackend:
         by_ctx: dict[str, list[int]] = {}
         for i, (ctx, _cont) in enumerate(pairs):
             by_ctx.setdefault(ctx, []).append(i)
+        singles: list[tuple[int, list[int], list[int]]] = []  # (pair index, context ids, continuation ids)
         for ctx, idx in by_ctx.items():
             try:
                 ctx_ids, conts = self._split_pairs(ctx, [pairs[i][1] for i in idx])
-                if self.share_prefix and ctx_ids:
-                    rows = self._suffix_logprobs(ctx_ids, conts)
-                    offsets = [0] * len(conts)
-                else:
-                    rows = self._suffix_logprobs([], [ctx_ids + c for c in conts])
-                    offsets = [len(ctx_ids) - 1] * len(conts)
-                for i, cont, r, off in zip(idx, conts, rows, offsets, strict=True):
-                    if not cont:
-                        results[i] = 0.0
-                        continue
-                    positions = range(off, off + len(cont))
-                    results[i] = float(sum(r[p, t] for p, t in zip(positions, cont, strict=True)))
+                if not (self.share_prefix and len(idx) > 1):
+                    singles.extend(zip(idx, [ctx_ids] * len(idx), conts, strict=True))
+                    continue
+                rows = self._suffix_logprobs(ctx_ids, conts)
+                for i, cont, r in zip(idx, conts, rows, strict=True):
+                    results[i] = _sum_logprobs(r, 0, cont)
             except Exception as exc:  # a failing context leaves its pairs unscored
-                for i in idx:
-                    results[i] = None
                 self.last_error = f"{type(exc).__name__}: {exc}"
+        # Contexts with one continuation gain nothing from a cache: batch them as whole sequences.
+        singles.sort(key=lambda t: len(t[1]) + len(t[2]))
+        for start in range(0, len(singles), self.batch_size):
+            chunk = singles[start : start + self.batch_size]
+            try:
+                rows = self._suffix_logprobs([], [c + t for _, c, t in chunk])
+            except Exception as exc:
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                continue
+            for (i, ctx_ids, cont), r in zip(chunk, rows, strict=True):
+                results[i] = _sum_logprobs(r, len(ctx_ids) - 1, cont)
         return results
 
     def _split_pairs(self, ctx: str, conts: list[str]) -> tuple[list[int], list[list[int]]]:
@@ -405,6 +413,16 @@ def _prefix_runs(seqs: list[list[int]]) -> list[tuple[int, int, int]]:
         runs.append((start, end, lcp if end - start > 1 else 0))
         start = end
     return runs
+
+
+def _sum_logprobs(rows: Any, offset: int, tokens: list[int]) -> float:
+    """Sum of log p(tokens[j]) read from ``rows[offset + j]``."""
+    if not tokens:
+        return 0.0
+    import torch
+
+    pos = torch.arange(offset, offset + len(tokens))
+    return float(rows[pos, torch.tensor(tokens)].sum())
 
 
 def _apply_stop(text: str, stop: tuple[str, ...]) -> str:
