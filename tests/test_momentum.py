@@ -360,3 +360,64 @@ def test_plot_curves(tmp_path) -> None:
     assert plot_curves(jl, keys=["reward"], path=tmp_path / "r.png") == {"reward": 20}
     with pytest.raises(DataError, match="none of them"):
         plot_curves(rows, keys=["loss"], path=tmp_path / "x.png")
+
+
+def test_lora_momentum_inside_trl_grpo(tmp_path) -> None:
+    """The whole loop in TRL: GRPO trains a LoRA Policy, the reward serves the Judge from the momentum
+    adapter, the callback applies the EMA after each optimizer step and logs the distance."""
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from captionrl.embedded import embedded_model_dir
+    from captionrl.train.callbacks import MomentumCallback
+
+    tok = AutoTokenizer.from_pretrained(embedded_model_dir())
+    tok.pad_token = tok.pad_token or tok.eos_token
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id))
+    data = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Describe item {i}."}]} for i in range(8)])
+    box: dict = {}
+    served: list = []
+
+    def judge_reward(prompts, completions, **kw):
+        with box["mom"].serving("judge") as m:
+            served.append((m.active_adapter, m.training))
+        return [float(len(c[-1]["content"]) % 7) for c in completions]
+
+    args = GRPOConfig(output_dir=str(tmp_path), max_steps=3, per_device_train_batch_size=4, num_generations=4,
+                      max_completion_length=8, use_cpu=True, bf16=False, gradient_checkpointing=False,
+                      report_to="none", logging_steps=1, save_strategy="no", learning_rate=1e-2, beta=0.0,
+                      seed=0, disable_tqdm=True)
+    trainer = GRPOTrainer(model=model, reward_funcs=[judge_reward], args=args, train_dataset=data,
+                          processing_class=tok,
+                          peft_config=LoraConfig(r=2, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    interval = reward_interval_steps(args.steps_per_generation, args.num_iterations, args.gradient_accumulation_steps)
+    mom = build_momentum(trainer.model, MomentumSettings(m=0.5, interval=interval, reward_interval=interval))
+    box["mom"] = mom
+    snaps: list = []
+
+    class Spy(TrainerCallback):  # runs after MomentumCallback (attach puts that one first)
+        def on_train_begin(self, args, state, control, **kw):
+            snaps.append({n: p.detach().clone() for n, p in lora_params(trainer.model, "default").items()})
+
+        def on_step_end(self, args, state, control, **kw):
+            snaps.append({n: p.detach().clone() for n, p in lora_params(trainer.model, "default").items()})
+
+    MomentumCallback(mom).attach(trainer)
+    trainer.add_callback(Spy())
+    trainer.train()
+    assert served == [("momentum", False)] * 3 and trainer.model.active_adapter == "default"
+    assert mom.updates == 3
+    expected = dict(snaps[0])
+    for theta in snaps[1:]:
+        expected = {n: 0.5 * expected[n] + 0.5 * theta[n] for n in theta}
+    assert any(not torch.equal(snaps[0][n], snaps[-1][n]) for n in expected), "the Policy adapter trained"
+    for n, p in lora_params(trainer.model, "momentum").items():
+        torch.testing.assert_close(p, expected[n])
+    logged = [r for r in trainer.state.log_history if "momentum/distance" in r]
+    assert len(logged) == 3 and all("reward" in r for r in logged)
