@@ -1,0 +1,113 @@
+"""Entailment judge: real embedded LLM for the scoring path, a real (untrained-head) NLI folder for plumbing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from captionrl.backends.base import ChoiceResult
+from captionrl.errors import ConfigError, DataError
+from captionrl.eval import entailment as ent
+from captionrl.judges.base import Judge
+from captionrl.judges.entail import EntailmentJudge
+
+CAPTION = "The series starts at 10 and rises steadily to 20 at step 9. The maximum is 20 at step 9."
+REFS = ["The series rises.", "The maximum is 20.", "The series falls sharply to 0."]
+
+
+@pytest.mark.slow
+def test_llm_judge_scores_share_of_references(embedded_backend):
+    for method in ("yesno", "letters"):
+        judge = EntailmentJudge(embedded_backend, method=method)
+        assert isinstance(judge, Judge)
+        (j,) = judge.judge([CAPTION], {"references": [REFS]})
+        assert j.scored and j.method == method and j.extra["path"] == "logits"
+        p = j.extra["p_entail"]
+        assert len(p) == 3 and all(0.0 <= x <= 1.0 for x in p)
+        assert j.score == pytest.approx(sum(x > 0.5 for x in p) / 3)
+        assert j.extra["soft"] == pytest.approx(sum(p) / 3)
+    (empty,) = EntailmentJudge(embedded_backend).judge([""], {"references": [REFS]})
+    assert empty.score == 0.0
+
+
+@pytest.mark.slow
+def test_entail_run_writes_tables_and_resumes(embedded_backend, tmp_path):
+    systems, refs = ent.demo_inputs(n_items=3)
+    calls = []
+
+    class Counting:
+        name = embedded_backend.name
+
+        def choose(self, prompts, options):
+            calls.append(len(prompts))
+            return embedded_backend.choose(prompts, options)
+
+    judge = EntailmentJudge(Counting())
+    s = ent.run(systems, refs, judge, tmp_path, progress=False)
+    assert s["protocol"] == "entailment" and {r["system"] for r in s["rows"]} == {"describer", "other window"}
+    assert all(r["n_scored"] == 3 for r in s["rows"])
+    n_calls = len(calls)
+    s2 = ent.run(systems, refs, judge, tmp_path, progress=False)
+    assert len(calls) == n_calls and s2["rows"] == s["rows"]  # resumed: nothing judged again
+
+
+def test_backend_failure_is_unscored_not_zero():
+    class Failing:
+        name = "failing"
+
+        def choose(self, prompts, options):
+            return [ChoiceResult(None, "logits", error="server down") for _ in prompts]
+
+    (j,) = EntailmentJudge(Failing()).judge([CAPTION], {"references": [REFS]})
+    assert j.score is None and "server down" in j.error
+
+
+def test_bad_references_and_settings():
+    class Dummy:
+        name = "dummy"
+
+    judge = EntailmentJudge(Dummy())
+    with pytest.raises(DataError, match="references"):
+        judge.judge([CAPTION], {"refs": [REFS]})
+    with pytest.raises(DataError, match="non-empty list"):
+        judge.judge([CAPTION], {"references": [[]]})
+    with pytest.raises(ConfigError, match="method"):
+        EntailmentJudge(Dummy(), method="vibes")
+    with pytest.raises(ConfigError, match="NLI"):
+        EntailmentJudge(None, method="nli")
+
+
+def _nli_folder(tmp_path, labels):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from captionrl.encoders import minilm_dir
+
+    src = minilm_dir()
+    model = AutoModelForSequenceClassification.from_pretrained(
+        src, num_labels=len(labels), id2label=dict(enumerate(labels)), label2id={v: k for k, v in enumerate(labels)})
+    model.save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(src).save_pretrained(tmp_path)
+    return tmp_path
+
+
+def test_nli_path_reads_the_entailment_label(tmp_path):
+    """Plumbing only: MiniLM with an untrained 3-way head (no NLI model ships offline)."""
+    folder = _nli_folder(tmp_path / "nli", ["contradiction", "neutral", "entailment"])
+    judge = EntailmentJudge(method="nli", nli_model=str(folder))
+    assert judge.nli.entail_index == 2
+    (j,) = judge.judge([CAPTION], {"references": [REFS]})
+    assert j.scored and j.extra["path"] == "nli" and all(0 < p < 1 for p in j.extra["p_entail"])
+    bad = _nli_folder(tmp_path / "bad", ["a", "b"])
+    with pytest.raises(ConfigError, match="entailment"):
+        EntailmentJudge(method="nli", nli_model=str(bad))
+
+
+def test_load_inputs_matches_ids(tmp_path):
+    (tmp_path / "a.jsonl").write_text(json.dumps({"id": "1", "caption": "x", "references": ["r"]}) + "\n")
+    (tmp_path / "refs.jsonl").write_text(json.dumps({"id": "2", "references": ["s"]}) + "\n")
+    systems, refs = ent.load_inputs([str(tmp_path / "a.jsonl")], str(tmp_path / "refs.jsonl"))
+    assert systems == {"a": {"1": "x"}} and refs == {"1": ["r"], "2": ["s"]}
+    (tmp_path / "b.jsonl").write_text(json.dumps({"id": "1"}) + "\n")
+    with pytest.raises(DataError, match="caption"):
+        ent.load_inputs([str(tmp_path / "b.jsonl")], None)
