@@ -1,0 +1,428 @@
+"""The TRL builder every RL recipe shares: policy loading, trainer arguments, resume, final save.
+
+A recipe (LineupRL, RubiCap, MoCo) differs only in its data and its reward callables; everything that
+touches TRL's trainers lives here, so the CPU settings, the explicit algorithm defaults, the checkpoint
+and resume rules and the saved config are the same for all of them. We never subclass TRL's trainers:
+recipes plug in through reward callables and ``TrainerCallback``s.
+
+Why the algorithm defaults are set here: TRL's RLOO and GRPO disagree on defaults (RLOO: 2 generations,
+beta 0.05, no advantage normalisation; GRPO: 8 generations, beta 0, loss ``dapo``, group scaling), and a
+TRL upgrade may change them. We resolve every such knob to a value in our config and pass it explicitly,
+so the saved config says exactly what ran.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from captionrl.config import help_field, to_dict
+from captionrl.errors import ConfigError
+
+ALGORITHMS = ("rloo", "grpo")
+
+ALGORITHM_DEFAULTS: dict[str, dict[str, Any]] = {
+    # RLOO as in the LineupRL paper (and Ahmadian et al.): leave-one-out baseline, KL in the reward.
+    "rloo": {"beta": 0.05, "normalize_advantages": False},
+    # GRPO as TRL 1.16 ships it: no KL term, DAPO token-level loss, rewards scaled by the group std.
+    "grpo": {"beta": 0.0, "loss_type": "dapo", "scale_rewards": "group"},
+}
+
+RESUME_SAFE_KEYS = ("train.threads", "train.report_to", "train.logging_steps", "train.max_steps",
+                    "train.resume", "eval")
+"""Settings that may change between an interrupted run and its resume (they do not change what was
+learnt so far). ``train.max_steps`` may grow to train longer; everything else must match the saved config."""
+
+
+# ---------------------------------------------------------------------- configs
+@dataclass
+class PolicyConfig:
+    """The captioner being trained."""
+
+    model: str = help_field("embedded", "'embedded' (SmolLM2-135M-Instruct shipped offline), an HF folder, a .gguf file or a hub id (a hub id downloads: your choice, never a default)")
+    input: str = help_field("auto", "what the captioner reads: numbers (the series printed as text, language-only policies), chart (a rendered chart image, VLM policies), or auto (chart for a VLM, numbers otherwise)")
+    lora: bool = help_field(False, "train LoRA adapters (PEFT) instead of every weight")
+    lora_r: int = help_field(16, "LoRA rank")
+    lora_alpha: int = help_field(32, "LoRA alpha (scale = alpha / r)")
+    lora_dropout: float = help_field(0.05, "LoRA dropout")
+    lora_target_modules: str | list[str] = help_field("all-linear", "modules that get LoRA adapters: 'all-linear' or a list of module names")
+    dtype: str = help_field("float32", "weights dtype when loading: float32, bfloat16, float16 or auto (CPU training: float32)")
+    trust_remote_code: bool = help_field(False, "allow model repositories' own Python code")
+
+    def __post_init__(self) -> None:
+        if self.input not in ("auto", "numbers", "chart"):
+            raise ConfigError("policy.input", self.input, "unknown captioner input", "use numbers, chart or auto")
+        if self.dtype not in ("float32", "bfloat16", "float16", "auto"):
+            raise ConfigError("policy.dtype", self.dtype, "unknown dtype", "use float32, bfloat16, float16 or auto")
+        if self.lora and self.lora_r < 1:
+            raise ConfigError("policy.lora_r", self.lora_r, "must be >= 1", "set policy.lora_r: 16")
+
+
+@dataclass
+class TrainConfig:
+    """How the policy is optimised: the TRL trainer, its batch geometry, checkpoints and logging."""
+
+    algorithm: str = help_field("rloo", "rloo (LineupRL's choice: leave-one-out baseline) or grpo (group-normalised advantages)")
+    out_dir: str = help_field("runs/lineup", "run folder: checkpoints, metrics, curves, final model, evaluation; rerunning with the same folder resumes")
+    num_generations: int = help_field(4, "G: captions sampled per series (the group the baseline is computed over); >= 2")
+    per_device_train_batch_size: int = help_field(8, "completions per device per optimizer micro-step; per_device_train_batch_size * processes * steps_per_generation must be a multiple of num_generations")
+    gradient_accumulation_steps: int = help_field(1, "micro-steps per optimizer step")
+    steps_per_generation: int | None = help_field(None, "optimizer steps served by one generation batch (default: gradient_accumulation_steps)")
+    num_iterations: int = help_field(1, "policy updates per generation batch (mu)")
+    max_steps: int = help_field(-1, "optimizer steps to run; -1 = num_train_epochs passes over the data")
+    num_train_epochs: float = help_field(1.0, "passes over the training items (when max_steps is -1)")
+    learning_rate: float = help_field(1e-6, "AdamW learning rate")
+    lr_scheduler_type: str = help_field("constant", "learning-rate schedule (transformers names: constant, linear, cosine...)")
+    warmup_steps: int = help_field(0, "linear warm-up steps")
+    weight_decay: float = help_field(0.0, "AdamW weight decay")
+    max_grad_norm: float = help_field(1.0, "gradient clipping norm")
+    max_completion_length: int = help_field(64, "longest caption, in tokens")
+    temperature: float = help_field(1.0, "sampling temperature of the policy's captions")
+    top_p: float = help_field(1.0, "nucleus sampling of the policy's captions")
+    beta: float | None = help_field(None, "KL coefficient to the initial policy; null = the algorithm's default (rloo 0.05, grpo 0.0); 0 loads no reference model")
+    epsilon: float = help_field(0.2, "PPO-style clipping range of the importance ratio")
+    normalize_advantages: bool | None = help_field(None, "rloo: normalise advantages over the batch; null = False")
+    loss_type: str | None = help_field(None, "grpo: loss aggregation (grpo, dr_grpo, dapo, bnpo...); null = dapo")
+    scale_rewards: str | None = help_field(None, "grpo: reward scaling (group, batch, none); null = group")
+    mask_truncated_completions: bool = help_field(False, "leave captions cut by max_completion_length out of the loss")
+    save_steps: int = help_field(50, "write a checkpoint every N optimizer steps (resume restarts from the last one)")
+    save_total_limit: int | None = help_field(None, "keep only the N most recent checkpoints (null: keep all, needed for model selection)")
+    logging_steps: int = help_field(1, "log metrics every N steps")
+    report_to: list[str] = help_field(["tensorboard"], "metric sinks handed to TRL: tensorboard, wandb, trackio, or [] for none")
+    seed: int | None = help_field(None, "trainer seed (sampling, shuffling, init); null = the run's top-level seed")
+    threads: int | None = help_field(None, "torch CPU threads (null: leave torch's / OMP_NUM_THREADS's choice); 1 when sharing the CPU")
+    use_cpu: bool | None = help_field(None, "train on CPU; null = CPU when no GPU is visible")
+    bf16: bool | None = help_field(None, "bf16 mixed precision; null = on for GPUs, off on CPU")
+    gradient_checkpointing: bool | None = help_field(None, "recompute activations to save memory; null = on for GPUs, off on CPU")
+    resume: str = help_field("auto", "auto: resume from the last checkpoint in out_dir (the saved config must match); off: refuse to reuse a folder that holds checkpoints")
+    use_vllm: bool = help_field(False, "generate with vLLM (GPU only; see TRL's vllm_mode)")
+    vllm_mode: str = help_field("colocate", "vLLM integration: colocate (same GPUs) or server (trl vllm-serve)")
+    log_completions: bool = help_field(False, "let TRL print/log a table of sampled captions every logging step")
+    extra: dict[str, Any] = help_field({}, "any other RLOOConfig/GRPOConfig field, passed through unchanged (e.g. deepspeed: configs/accelerate/ds_zero2.json)")
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            from captionrl.registry import suggest
+
+            raise ConfigError("train.algorithm", self.algorithm, "unknown algorithm", suggest(self.algorithm, list(ALGORITHMS)))
+        if self.num_generations < 2:
+            raise ConfigError(
+                "train.num_generations", self.num_generations,
+                "G must be >= 2: the baseline of a caption is computed from the other captions of its group",
+                "set train.num_generations: 4 (or more)",
+            )
+        for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "num_iterations",
+                     "max_completion_length", "save_steps", "logging_steps"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"train.{name}", getattr(self, name), "must be >= 1", f"set train.{name} to 1 or more")
+        if self.max_steps == 0 or self.max_steps < -1:
+            raise ConfigError("train.max_steps", self.max_steps, "must be -1 (use epochs) or >= 1", "set train.max_steps: 100")
+        if self.learning_rate <= 0:
+            raise ConfigError("train.learning_rate", self.learning_rate, "must be > 0", "set train.learning_rate: 1e-6")
+        if self.resume not in ("auto", "off"):
+            raise ConfigError("train.resume", self.resume, "unknown resume mode", "use auto or off")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError("train.threads", self.threads, "must be >= 1", "set train.threads: 1, or null")
+        if isinstance(self.report_to, str):
+            self.report_to = [] if self.report_to in ("none", "") else [self.report_to]
+        spg = self.steps_per_generation or self.gradient_accumulation_steps
+        gen_batch = self.per_device_train_batch_size * spg
+        if gen_batch % self.num_generations:
+            raise ConfigError(
+                "train.per_device_train_batch_size", self.per_device_train_batch_size,
+                f"a generation batch of {gen_batch} completions (per_device_train_batch_size x steps_per_generation) "
+                f"cannot hold whole groups of num_generations={self.num_generations}",
+                f"use a multiple of {self.num_generations}, e.g. per_device_train_batch_size: {2 * self.num_generations}",
+            )
+        # Resolve the algorithm's defaults here so the saved config records the values that ran.
+        defaults = ALGORITHM_DEFAULTS[self.algorithm]
+        if self.beta is None:
+            self.beta = float(defaults["beta"])
+        if self.algorithm == "rloo":
+            if self.normalize_advantages is None:
+                self.normalize_advantages = bool(defaults["normalize_advantages"])
+            if self.loss_type is not None or self.scale_rewards is not None:
+                raise ConfigError(
+                    "train.loss_type" if self.loss_type is not None else "train.scale_rewards",
+                    self.loss_type if self.loss_type is not None else self.scale_rewards,
+                    "is a GRPO setting; RLOO has no loss_type or scale_rewards",
+                    "remove it, or set train.algorithm: grpo",
+                )
+        else:
+            self.loss_type = self.loss_type or str(defaults["loss_type"])
+            self.scale_rewards = self.scale_rewards or str(defaults["scale_rewards"])
+            if self.normalize_advantages is not None:
+                raise ConfigError("train.normalize_advantages", self.normalize_advantages,
+                                  "is an RLOO setting", "remove it, or use train.scale_rewards with grpo")
+
+
+# ---------------------------------------------------------------------- runtime
+def apply_threads(threads: int | None) -> None:
+    """Set torch's CPU threads when the user asked for a number (never hard-coded: the user knows the box)."""
+    if threads is None:
+        return
+    import torch
+
+    torch.set_num_threads(threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+
+
+def quiet_offline_env(out_dir: str | Path) -> None:
+    """No telemetry pings (the trainer runs offline) and TensorBoard files in a known folder of the run."""
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(Path(out_dir) / "tensorboard"))
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def load_policy(policy: PolicyConfig) -> tuple[Any, Any, bool]:
+    """Load the policy model and its processing class; returns (model, processing_class, is_vlm).
+
+    A tokenizer goes to TRL for language-only policies; a ``ProcessorMixin`` switches TRL into its VLM
+    path (images from the ``image`` column).
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoProcessor, AutoTokenizer
+
+    from captionrl.backends.base import check_model_calls_allowed
+    from captionrl.backends.hf import resolve_model_path
+
+    check_model_calls_allowed(f"policy:{policy.model}")
+    path, gguf = resolve_model_path(policy.model)
+    kw: dict[str, Any] = {"trust_remote_code": policy.trust_remote_code}
+    if gguf:
+        kw["gguf_file"] = gguf
+    dtype = "auto" if policy.dtype == "auto" else getattr(torch, policy.dtype)
+    config = AutoConfig.from_pretrained(path, **kw)
+    is_vlm = hasattr(config, "vision_config")
+    if is_vlm:
+        from transformers import AutoModelForImageTextToText
+
+        model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype, **kw)
+        processing = AutoProcessor.from_pretrained(path, **kw)
+        tok = processing.tokenizer
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw)
+        processing = AutoTokenizer.from_pretrained(path, **kw)
+        tok = processing
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return model, processing, is_vlm
+
+
+def lora_config(policy: PolicyConfig) -> Any:
+    """A PEFT ``LoraConfig`` for the policy, or ``None`` for full fine-tuning."""
+    if not policy.lora:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=policy.lora_r, lora_alpha=policy.lora_alpha, lora_dropout=policy.lora_dropout,
+        target_modules=policy.lora_target_modules, task_type="CAUSAL_LM",
+    )
+
+
+def trainer_args(train: TrainConfig, seed: int, reward_weights: Sequence[float] | None = None) -> Any:
+    """RLOOConfig or GRPOConfig with every knob that matters set explicitly from ``train``."""
+    on_cpu = train.use_cpu if train.use_cpu is not None else not cuda_available()
+    bf16 = train.bf16 if train.bf16 is not None else not on_cpu
+    gc = train.gradient_checkpointing if train.gradient_checkpointing is not None else not on_cpu
+    common: dict[str, Any] = {
+        "output_dir": str(Path(train.out_dir) / "checkpoints"),
+        "seed": seed,
+        "data_seed": seed,
+        "use_cpu": on_cpu,
+        "bf16": bf16,
+        "fp16": False,
+        "gradient_checkpointing": gc,
+        "learning_rate": train.learning_rate,
+        "lr_scheduler_type": train.lr_scheduler_type,
+        "warmup_steps": train.warmup_steps,
+        "weight_decay": train.weight_decay,
+        "max_grad_norm": train.max_grad_norm,
+        "per_device_train_batch_size": train.per_device_train_batch_size,
+        "gradient_accumulation_steps": train.gradient_accumulation_steps,
+        "steps_per_generation": train.steps_per_generation,
+        "num_iterations": train.num_iterations,
+        "num_generations": train.num_generations,
+        "max_completion_length": train.max_completion_length,
+        "temperature": train.temperature,
+        "top_p": train.top_p,
+        "beta": train.beta,
+        "epsilon": train.epsilon,
+        "mask_truncated_completions": train.mask_truncated_completions,
+        "max_steps": train.max_steps,
+        "num_train_epochs": train.num_train_epochs,
+        "save_strategy": "steps",
+        "save_steps": train.save_steps,
+        "save_total_limit": train.save_total_limit,
+        "logging_steps": train.logging_steps,
+        "report_to": list(train.report_to) or "none",
+        "remove_unused_columns": False,  # reward functions read the dataset's other columns
+        "shuffle_dataset": True,
+        "disable_dropout": True,  # RL log-prob ratios must not be noised by dropout
+        "use_vllm": train.use_vllm,
+        "vllm_mode": train.vllm_mode,
+        "log_completions": train.log_completions,
+        "reward_weights": list(reward_weights) if reward_weights else None,
+        "dataloader_num_workers": 0,
+    }
+    if train.algorithm == "rloo":
+        from trl import RLOOConfig
+
+        cls: Any = RLOOConfig
+        common["normalize_advantages"] = train.normalize_advantages
+    else:
+        from trl import GRPOConfig
+
+        cls = GRPOConfig
+        common["loss_type"] = train.loss_type
+        common["scale_rewards"] = train.scale_rewards
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key, value in train.extra.items():
+        if key not in names:
+            from captionrl.registry import suggest
+
+            raise ConfigError(f"train.extra.{key}", value, f"not a {cls.__name__} field", suggest(key, sorted(names)))
+        common[key] = value
+    try:
+        return cls(**common)
+    except ValueError as exc:  # TRL's own consistency checks, reported in our terms
+        raise ConfigError("train", train.algorithm, f"TRL rejected the settings: {exc}", "adjust the named setting") from exc
+
+
+def build_trainer(
+    train: TrainConfig,
+    args: Any,
+    model: Any,
+    processing_class: Any,
+    reward_funcs: Sequence[Callable[..., Any]],
+    train_dataset: Any,
+    callbacks: Sequence[Any] = (),
+    peft_config: Any = None,
+) -> Any:
+    """The TRL trainer for ``train.algorithm`` (never a home-made loop)."""
+    if train.algorithm == "rloo":
+        from trl import RLOOTrainer as Trainer
+    else:
+        from trl import GRPOTrainer as Trainer  # type: ignore[assignment]
+    return Trainer(
+        model=model,
+        reward_funcs=list(reward_funcs),
+        args=args,
+        train_dataset=train_dataset,
+        processing_class=processing_class,
+        callbacks=list(callbacks),
+        peft_config=peft_config,
+    )
+
+
+# ---------------------------------------------------------------------- resume
+CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+
+
+def last_checkpoint(out_dir: str | Path) -> Path | None:
+    """The most recent complete checkpoint of a run (one whose trainer state was written)."""
+    folder = Path(out_dir) / "checkpoints"
+    if not folder.is_dir():
+        return None
+    found = []
+    for p in folder.iterdir():
+        m = CHECKPOINT_RE.match(p.name)
+        if m and p.is_dir() and (p / "trainer_state.json").exists():
+            found.append((int(m.group(1)), p))
+    return max(found)[1] if found else None
+
+
+def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any],
+                       safe: Sequence[str] = RESUME_SAFE_KEYS) -> list[tuple[str, Any, Any]]:
+    """(key, saved, current) for every setting that differs, except those safe to change on resume."""
+    a, b = flatten(saved), flatten(current)
+    diffs = []
+    for key in sorted(set(a) | set(b)):
+        if any(key == s or key.startswith(s + ".") for s in safe):
+            continue
+        va, vb = a.get(key, "(absent)"), b.get(key, "(absent)")
+        if isinstance(va, float) and isinstance(vb, float) and math.isclose(va, vb):
+            continue
+        if va != vb:
+            diffs.append((key, va, vb))
+    return diffs
+
+
+def prepare_run_dir(cfg: Any, out_dir: str | Path, resume: str) -> Path | None:
+    """Check the run folder before anything loads; save the config; return the checkpoint to resume from.
+
+    A folder with checkpoints is resumed only when its saved ``config.yaml`` matches ``cfg`` (apart from
+    ``RESUME_SAFE_KEYS``); otherwise the user is told which settings differ and how to proceed.
+    """
+    import yaml
+
+    from captionrl.config import save_config
+
+    out = Path(out_dir)
+    ckpt = last_checkpoint(out)
+    saved_path = out / "config.yaml"
+    current = to_dict(cfg)
+    if ckpt is not None:
+        if resume == "off":
+            raise ConfigError("train.out_dir", str(out), f"already holds checkpoints ({ckpt.name}) and train.resume is off",
+                              "choose a new train.out_dir, or set train.resume: auto to continue that run")
+        if saved_path.exists():
+            saved = yaml.safe_load(saved_path.read_text()) or {}
+            diffs = config_differences(saved, current)
+            if diffs:
+                shown = "; ".join(f"{k}: saved {va!r}, now {vb!r}" for k, va, vb in diffs[:12])
+                raise ConfigError(
+                    "train.out_dir", str(out),
+                    f"holds a run with a different config ({len(diffs)} setting(s) differ: {shown})",
+                    "rerun with the saved settings (see config.yaml there) to resume, or choose a new train.out_dir",
+                )
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, saved_path)
+    return ckpt
+
+
+def is_main_process() -> bool:
+    return os.environ.get("RANK", "0") == "0"
+
+
+def unwrap_for_inference(trainer: Any) -> Any:
+    """The trained model for generation: LoRA adapters merged into a copy when PEFT is used."""
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    if hasattr(model, "merge_and_unload") and hasattr(model, "peft_config"):
+        import copy
+
+        model = copy.deepcopy(model).merge_and_unload()
+    model.eval()
+    return model
+
+
+def save_final_model(trainer: Any, folder: str | Path) -> Path:
+    """Save the final policy (adapters only with LoRA, as PEFT does) and its processing class."""
+    p = Path(folder)
+    trainer.save_model(str(p))
+    if trainer.accelerator.is_main_process and trainer.processing_class is not None:
+        trainer.processing_class.save_pretrained(str(p))
+    return p

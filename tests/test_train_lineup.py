@@ -1,0 +1,198 @@
+"""LineupRL on TRL: bad configs fail before any model loads; a shrunk CPU run trains for real.
+
+The training test runs RLOO for two steps on the embedded model with the embedded verifier (likelihood
+mode) and checks (1) every trainable parameter changed, (2) the rewards TRL logged are the ones the
+verifier gave: the per-caption sample records average to TRL's logged step reward, and re-judging the
+logged captions with the same judge gives the recorded identification scores.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from captionrl.errors import ConfigError, DataError
+from captionrl.train import lineup
+from captionrl.train.lineup import LineupRewardConfig, ShapedReward, load_lineup_config, transcription_fraction
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TINY = [
+    "data.window=8", "data.n_train=4", "data.n_test=2", "data.series=[nile,sunspots]",
+    "reward.k=2", "reward.signal=soft",
+    "train.algorithm=rloo", "train.num_generations=2", "train.per_device_train_batch_size=4",
+    "train.max_completion_length=8", "train.max_steps=2", "train.save_steps=2", "train.learning_rate=1.0e-5",
+    "train.beta=0.0", "train.report_to=[]", "train.threads=1",
+    "eval.compare_initial=false",
+]
+
+
+@pytest.fixture
+def forbid_models(monkeypatch):
+    """Any model load raises ModelCallsForbiddenError, so a ConfigError proves validation came first."""
+    monkeypatch.setenv("CAPTIONRL_FORBID_MODEL_CALLS", "1")
+
+
+# ---------------------------------------------------------------------- config errors (fast, no model)
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ("reward.k=1", "reward.k"),
+        ("train.num_generations=1", "train.num_generations"),
+        ("verifier.kind=tgi", "backend.kind"),
+        ("train.algorithm=ppo", "train.algorithm"),
+        ("train.lerning_rate=1e-6", "train.lerning_rate"),
+        ("train.loss_type=dapo", "train.loss_type"),  # a GRPO knob on RLOO
+        ("train.per_device_train_batch_size=3", "train.per_device_train_batch_size"),
+        ("policy.input=video", "policy.input"),
+    ],
+)
+def test_bad_config_fails_on_load(override, field, forbid_models):
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError) as err:
+        load_lineup_config(ROOT / "configs" / "lineup-cpu.yaml", [override])
+    assert err.value.field == field
+    assert err.value.fix  # every message carries a fix
+    assert time.perf_counter() - t0 < 2.0
+
+
+def test_unknown_key_suggests_close_match(forbid_models):
+    with pytest.raises(ConfigError, match="learning_rate"):
+        load_lineup_config(None, ["train.lerning_rate=1e-6"])
+
+
+def test_openai_verifier_that_does_not_answer_fails_before_policy_loads(tmp_path, forbid_models):
+    cfg = load_lineup_config(ROOT / "configs" / "lineup-cpu.yaml", [
+        "verifier.kind=openai", "verifier.base_url=http://127.0.0.1:9/v1", "verifier.model=Qwen2.5-14B-Instruct",
+        f"train.out_dir={tmp_path / 'run'}",
+    ])
+    with pytest.raises(ConfigError) as err:
+        lineup.run(cfg)
+    assert err.value.field == "verifier.base_url"
+    assert "does not answer" in str(err.value) and "vllm serve" in err.value.fix
+
+
+def test_candidate_length_mismatch_fails_before_models(tmp_path, forbid_models):
+    bad = tmp_path / "sets.jsonl"
+    rows = [
+        {"item_id": "a", "split": "train", "candidates": [[1, 2, 3, 4], [1, 2, 3, 5]]},
+        {"item_id": "b", "split": "train", "candidates": [[1, 2, 3, 4], [1, 2, 3]]},
+    ]
+    bad.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    cfg = load_lineup_config(None, ["reward.k=2", f"data.candidates_file={bad}", f"train.out_dir={tmp_path / 'run'}"])
+    with pytest.raises(DataError) as err:
+        lineup.run(cfg)
+    assert err.value.field == "candidates[b]" and "length mismatch" in str(err.value)
+
+
+def test_resume_refuses_a_different_config(tmp_path, forbid_models):
+    out = tmp_path / "run"
+    first = load_lineup_config(None, [f"train.out_dir={out}", "train.learning_rate=1.0e-6"])
+    from captionrl.train.common import prepare_run_dir
+
+    assert prepare_run_dir(first, out, "auto") is None  # fresh folder: nothing to resume
+    ckpt = out / "checkpoints" / "checkpoint-5"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text("{}")
+    assert prepare_run_dir(first, out, "auto") == ckpt  # same config: resumes
+    changed = load_lineup_config(None, [f"train.out_dir={out}", "train.learning_rate=3.0e-6", "train.threads=1"])
+    with pytest.raises(ConfigError) as err:
+        prepare_run_dir(changed, out, "auto")
+    assert "train.learning_rate: saved 1e-06, now 3e-06" in str(err.value)
+    assert "threads" not in str(err.value)  # threads may change on resume
+    with pytest.raises(ConfigError, match="resume is off"):
+        prepare_run_dir(first, out, "off")
+
+
+def test_algorithm_defaults_are_explicit():
+    rloo = load_lineup_config(None, []).train
+    grpo = load_lineup_config(None, ["train.algorithm=grpo"]).train
+    assert (rloo.beta, rloo.normalize_advantages, rloo.loss_type) == (0.05, False, None)
+    assert (grpo.beta, grpo.loss_type, grpo.scale_rewards) == (0.0, "dapo", "group")
+    from captionrl.train.common import trainer_args
+
+    args = trainer_args(grpo, seed=3)
+    assert (args.num_generations, args.beta, args.loss_type, args.seed) == (4, 0.0, "dapo", 3)
+    assert args.use_cpu and not args.bf16 and not args.gradient_checkpointing  # no GPU here
+
+
+# ---------------------------------------------------------------------- shaping (no model)
+def test_transcription_fraction_counts_verbatim_values():
+    text = "1.50, 2.25, 3.00, 4.75"
+    assert transcription_fraction("It starts at 1.50 and ends at 4.75.", text, 4) == 0.5
+    assert transcription_fraction("It has 4 points and rises.", text, 4) == 0.0
+    assert transcription_fraction("1.50, 2.25, 3.00, 4.75, 1.50", text, 4) == 1.0
+
+
+class _FixedBase:
+    """A stand-in identification reward (parse path only): fixed scores, one verifier failure."""
+
+    def __init__(self, scores):
+        self.scores = scores
+
+    def __call__(self, prompts, completions, completion_ids=None, **kw):
+        return list(self.scores)
+
+
+def test_shaping_penalises_scored_captions_and_keeps_failures_unscored():
+    cfg = LineupRewardConfig(max_caption_chars=20, length_penalty=1.0, max_transcription=0.25, transcription_penalty=1.0)
+    shaped = ShapedReward(_FixedBase([1.0, 1.0, None]), cfg)
+    logged = {}
+    caps = ["short one", "1.50, 2.25, 3.00, 4.75 copied", "anything"]
+    out = shaped(prompts=[None] * 3, completions=caps, series_text=["1.50, 2.25, 3.00, 4.75"] * 3,
+                 series=[[1.5, 2.25, 3.0, 4.75]] * 3, log_metric=lambda k, v: logged.__setitem__(k, v))
+    assert out[0] == 1.0
+    assert out[1] == pytest.approx(1.0 - (len(caps[1]) - 20) / 100 - 0.75)
+    assert out[2] is None  # a failed verification is never turned into a penalty-only score
+    assert logged["verifier_failures"] == 1.0 and logged["shaping/transcription_frac"] == pytest.approx(1 / 3)
+
+
+# ---------------------------------------------------------------------- real training
+@pytest.mark.slow
+def test_lineup_trains_for_real_and_logs_the_verifiers_rewards(tmp_path, embedded_backend):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from captionrl.embedded import embedded_model_dir
+    from captionrl.judges.identify import IdentificationJudge
+    from captionrl.train.logging import load_metrics, load_samples
+
+    out = tmp_path / "run"
+    cfg = load_lineup_config(ROOT / "configs" / "lineup-cpu.yaml", [*TINY, f"train.out_dir={out}"])
+    result = lineup.run(cfg, verifier=embedded_backend)
+
+    # 1. every trainable parameter changed (full fine-tuning: all of them)
+    before = AutoModelForCausalLM.from_pretrained(embedded_model_dir())
+    after = AutoModelForCausalLM.from_pretrained(result["model"])
+    unchanged = [n for (n, p0), (_, p1) in zip(before.named_parameters(), after.named_parameters(), strict=True)
+                 if torch.equal(p0, p1)]
+    assert not unchanged, f"parameters that did not move: {unchanged[:5]}"
+
+    # 2. TRL's logged step reward is the mean of the rewards our reward function returned
+    metrics = load_metrics(out / "metrics.jsonl")
+    samples = load_samples(out)
+    assert [m["step"] for m in metrics] == [1, 2]
+    for m in metrics:
+        rows = [s for s in samples if s["step"] == m["step"] - 1]  # generated before the step's update
+        assert len(rows) == 4
+        assert m["reward"] == pytest.approx(np.mean([r["reward"] for r in rows]), abs=1e-5)
+        assert m["identification/soft"] == pytest.approx(np.mean([r["soft"] for r in rows]), abs=1e-5)
+
+    # 3. ... and those rewards are what the verifier says about the logged captions
+    data = lineup.build_data(cfg)
+    by_id = {r["item_id"]: r for r in data.rows["train"]}
+    judge = IdentificationJudge(embedded_backend, cfg.identify_config())
+    judged = judge.judge([s["caption"] for s in samples], {"candidates": [by_id[s["item_id"]]["candidates"] for s in samples]})
+    got = [j.score for j in judged]
+    assert got == pytest.approx([s["identification"] for s in samples], abs=2e-3)
+    assert len({round(s["identification"], 4) for s in samples}) > 1  # a real, varying signal
+
+    # 4. the run ends with curves, a model and an evaluation table in the run folder
+    assert Path(result["curves"]).stat().st_size > 0
+    summary = json.loads(Path(result["eval"]["summary"]).read_text())
+    assert summary["protocol"] and any(r["system"] == "trained" for r in summary["rows"])
+    assert (out / "config.yaml").exists() and (out / "checkpoints" / "checkpoint-2").is_dir()
