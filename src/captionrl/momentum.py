@@ -31,6 +31,10 @@ Under parameter sharding (DeepSpeed ZeRO-3) a rank holds empty shards; updating 
 as they are would silently skip parameters, so each pair is gathered one at a time
 (``deepspeed.zero.GatheredParameters``) and a sharded parameter with no way to gather it is an error.
 FSDP2 DTensors need no gather: the EMA is elementwise and both sides are sharded alike.
+
+Precision: the EMA runs in the momentum's own dtype. With a pure bf16 Policy, ``(1-m) * (theta - phi)``
+at m=0.99 is often below bf16's resolution and rounds away; keep the parameters in float32 (bf16 mixed
+precision, the Trainer's ``bf16=True``, does) when the momentum must follow small updates.
 """
 
 from __future__ import annotations
