@@ -19,7 +19,14 @@ from captionrl.domains.images import (
     load_manifest,
     with_image,
 )
-from captionrl.domains.scenes import COLOURS, POSITIONS, generate_scenes, make_scene, scene_rows, scenes_dataset
+from captionrl.domains.scenes import (
+    COLOURS,
+    POSITIONS,
+    generate_scenes,
+    make_scene,
+    scene_rows,
+    scenes_dataset,
+)
 from captionrl.errors import ConfigError, DataError
 
 
