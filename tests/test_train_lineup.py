@@ -17,7 +17,12 @@ import pytest
 
 from captionrl.errors import ConfigError, DataError
 from captionrl.train import lineup
-from captionrl.train.lineup import LineupRewardConfig, ShapedReward, load_lineup_config, transcription_fraction
+from captionrl.train.lineup import (
+    LineupRewardConfig,
+    ShapedReward,
+    load_lineup_config,
+    transcription_fraction,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -439,20 +439,86 @@ def run(cfg: LineupConfig, verifier: Any = None) -> dict[str, Any]:
     samples.close()
     train_s = time.perf_counter() - t0
     result: dict[str, Any] = {"out_dir": str(out), "train_seconds": round(train_s, 1)}
+    model_dir = common.save_final_model(trainer, out / "model")  # every rank: ZeRO-3 gathers the weights
     if not trainer.accelerator.is_main_process:
         return result
 
-    result["model"] = str(common.save_final_model(trainer, out / "model"))
+    result["model"] = str(model_dir)
+    if data.rows.get("val"):
+        best = select_checkpoint(cfg, data, processing, reward, out, use_chart)
+        result["selection"] = best
+        if best.get("checkpoint"):
+            result["model"] = best["checkpoint"]
     curves = plot_curves(out / "metrics.jsonl", out / "curves.png")
     result["curves"] = str(curves) if curves else None
     result["tensorboard"] = str(out / "tensorboard") if cfg.train.report_to else None
     if cfg.eval.enabled and data.rows.get("test"):
-        policy = common.unwrap_for_inference(trainer)
+        best = result.get("selection", {}).get("checkpoint")
+        policy = load_checkpoint_policy(cfg, Path(best)) if best else common.unwrap_for_inference(trainer)
         result["eval"] = evaluate(cfg, data, policy, processing, verifier, out / "eval", use_chart)
     from captionrl.records import write_json
 
     write_json(out / "result.json", result)
     return result
+
+
+def load_checkpoint_policy(cfg: LineupConfig, ckpt: Path) -> Any:
+    """A checkpoint's policy for inference: full weights, or the base model plus the saved LoRA adapters."""
+    import dataclasses
+
+    from captionrl.train.common import load_policy
+
+    if (ckpt / "adapter_config.json").exists():
+        from peft import PeftModel
+
+        base, _, _ = load_policy(cfg.policy)
+        model = PeftModel.from_pretrained(base, str(ckpt)).merge_and_unload()
+    else:
+        model, _, _ = load_policy(dataclasses.replace(cfg.policy, model=str(ckpt)))
+    model.eval()
+    return model
+
+
+def select_checkpoint(cfg: LineupConfig, data: LineupData, processing: Any, reward: ShapedReward, out: Path,
+                      use_chart: bool) -> dict[str, Any]:
+    """Paper, Table 4: pick the checkpoint whose greedy captions earn the highest training reward on the
+    validation items (no test metric is used). Records are resumable, keyed by (checkpoint, item)."""
+    from tqdm.auto import tqdm
+
+    from captionrl.records import RecordWriter, write_json
+
+    rows = add_charts(data.rows["val"]) if use_chart else data.rows["val"]
+    ckpts = sorted((p for p in (out / "checkpoints").glob("checkpoint-*") if (p / "trainer_state.json").exists()),
+                   key=lambda p: int(p.name.split("-")[1]))
+    sel = out / "selection"
+    writer = RecordWriter(sel / "records.jsonl")
+    saved_samples, reward.samples = reward.samples, None
+    scores: dict[str, float] = {}
+    try:
+        for ckpt in tqdm(ckpts, desc="select checkpoint", unit="ckpt"):
+            todo = [r for r in rows if not writer.has(f"{ckpt.name}|{r['item_id']}")]
+            if todo:
+                model = load_checkpoint_policy(cfg, ckpt)
+                caps = generate_captions(model, processing, todo, cfg.train.max_completion_length, use_chart, ckpt.name)
+                del model
+                cols = {k: [r[k] for r in todo] for k in ("item_id", "series", "series_text", "candidates")}
+                got = reward(prompts=[r["prompt"] for r in todo], completions=[caps[r["item_id"]] for r in todo], **cols)
+                for r, g in zip(todo, got, strict=True):
+                    writer.write({"key": f"{ckpt.name}|{r['item_id']}", "checkpoint": ckpt.name,
+                                  "item_id": r["item_id"], "caption": caps[r["item_id"]], "reward": g})
+            vals = [rec["reward"] for rec in writer.records() if rec["checkpoint"] == ckpt.name and rec["reward"] is not None]
+            if vals:
+                scores[ckpt.name] = float(np.mean(vals))
+    finally:
+        reward.samples = saved_samples
+        writer.close()
+    best = max(scores, key=lambda k: scores[k]) if scores else None
+    summary = {"protocol": "checkpoint-selection", "columns": ["system", "val_reward"],
+               "rows": [{"system": k, "val_reward": round(v, 4)} for k, v in scores.items()],
+               "config": {"n_val": len(rows), "criterion": "mean training reward of greedy captions"},
+               "best": best}
+    write_json(sel / "summary.json", summary)
+    return {"checkpoint": str(out / "checkpoints" / best) if best else None, "scores": scores}
 
 
 def _backend_config(value: Any, field: str) -> BackendConfig:
