@@ -1,0 +1,290 @@
+"""Caption-based QA (MoCo Rubric §A.3): a fixed text-only answerer sees only each system's caption.
+
+Question files are local JSONL copies of CaptionQA / ChartQA / TextVQA / DocVQA / BLINK-style records,
+one question a line: ``{id | image_id, question, options | choices, answer, qid?}``; ``id`` names the
+image, matching the ``id`` of the caption files. Pass them as ``--qa NAME=PATH`` (the name is the
+benchmark's column). Accuracy per benchmark and averaged over benchmarks; an unscored answer (backend
+failure) is excluded and counted. Offline default: easy-vqa test images (a shape and colour each) with
+multiple-choice questions built from their QA pairs, and demo systems (reference, other item, generic,
+empty captions) so the run checks the answerer itself: the reference caption must beat the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from captionrl.config import help_field
+from captionrl.errors import ConfigError, DataError
+from captionrl.eval.pairwise import (
+    Systems,
+    add_backend_arguments,
+    backend_from_args,
+    demo_systems,
+    load_systems,
+    write_report,
+)
+from captionrl.judges.qa import CaptionAnswerer, MCQuestion, to_question
+from captionrl.records import RecordWriter, read_jsonl
+
+PROTOCOL = "qa"
+COLORS = ("red", "green", "blue", "yellow", "teal", "brown", "black", "gray")
+SHAPES = ("circle", "rectangle", "triangle")
+KNOWN_BENCHMARKS = ("captionqa", "chartqa", "textvqa", "docvqa", "blink")
+
+
+# ---------------------------------------------------------------------- offline data
+def easy_vqa_items(n: int = 12, seed: int = 0, split: str = "test") -> list[dict[str, Any]]:
+    """``n`` easy-vqa images (seeded choice, recorded by the caller) with a reference caption and MC questions.
+
+    easy-vqa ships only QA pairs; each image shows one coloured shape, so the colour and shape answers
+    give a reference caption ("A blue circle."), and each answer becomes a multiple-choice question:
+    yes/no, one of 3 shapes, or the colour among 4 (3 seeded distractor colours).
+    """
+    try:
+        import easy_vqa
+    except ImportError as exc:  # pragma: no cover - a declared dependency
+        raise DataError("data", "easy-vqa", "package not installed", "pip install easy-vqa") from exc
+    texts, answers, image_ids = easy_vqa.get_test_questions() if split == "test" else easy_vqa.get_train_questions()
+    paths = easy_vqa.get_test_image_paths() if split == "test" else easy_vqa.get_train_image_paths()
+    by_image: dict[int, list[tuple[str, str]]] = defaultdict(list)
+    for q, a, i in zip(texts, answers, image_ids, strict=True):
+        by_image[i].append((q, a))
+    rng = random.Random(f"easy-vqa|{seed}")
+    items = []
+    for image_id in sorted(by_image):
+        color, shape = _color_shape(by_image[image_id])
+        if color and shape:
+            items.append((image_id, color, shape))
+    rng.shuffle(items)
+    out = []
+    for image_id, color, shape in items[:n]:
+        questions = [_mc(q, a, rng, k) for k, (q, a) in enumerate(by_image[image_id])]
+        out.append({
+            "id": f"easyvqa-{image_id}", "image": paths[image_id], "benchmark": "easy-vqa",
+            "reference": f"A {color} {shape} on a plain background.", "questions": questions,
+        })
+    return out
+
+
+def _color_shape(pairs: Sequence[tuple[str, str]]) -> tuple[str | None, str | None]:
+    color = shape = None
+    for q, a in pairs:
+        if a in COLORS:
+            color = a
+        if a in SHAPES:
+            shape = a
+        for w in q.replace("?", "").split():
+            if w in SHAPES and (q.startswith("what is the color of") or q.startswith("what color is the")):
+                shape = w
+            if w in COLORS and q.startswith("what is the ") and q.endswith("shape?"):
+                color = w
+    return color, shape
+
+
+def _mc(question: str, answer: str, rng: random.Random, k: int) -> dict[str, Any]:
+    if answer in ("yes", "no"):
+        options = ["yes", "no"]
+    elif answer in SHAPES:
+        options = list(SHAPES)
+    else:
+        options = [answer, *rng.sample([c for c in COLORS if c != answer], 3)]
+        rng.shuffle(options)
+    return {"question": question, "options": options, "answer": answer, "qid": str(k)}
+
+
+def offline_items(n: int = 12, seed: int = 0) -> list[dict[str, Any]]:
+    """The offline image items every image protocol defaults to: ``{id, image, reference, questions,
+    benchmark}``. Synthetic scenes join easy-vqa when ``captionrl.domains.scenes`` provides them."""
+    items = easy_vqa_items(n, seed)
+    items.extend(_scene_items(n, seed))
+    return items
+
+
+def _scene_items(n: int, seed: int) -> list[dict[str, Any]]:
+    """Synthetic scenes (known facts, reference caption, exact QA; rubric when the rubric module exists),
+    when ``captionrl.domains.scenes`` is installed in this tree."""
+    try:
+        from captionrl.domains.scenes import generate_scenes
+    except ImportError:
+        return []
+    try:
+        from captionrl.judges.rubric import rubric_from_facts  # type: ignore[import-not-found]
+    except ImportError:
+        rubric_from_facts = None
+    items = []
+    for sc in generate_scenes(n, seed):
+        rec: dict[str, Any] = {"id": sc.id, "image": sc.render(), "benchmark": "scenes",
+                               "reference": sc.reference_caption, "questions": list(sc.qa),
+                               "contradicting": sc.contradicting_caption}
+        if rubric_from_facts is not None:
+            rec["rubric"] = [r.to_dict() for r in rubric_from_facts(sc)]
+        items.append(rec)
+    return items
+
+
+# ---------------------------------------------------------------------- question files
+def load_qa_file(path: str | Path, benchmark: str) -> list[dict[str, Any]]:
+    """Read a benchmark's questions: ``[{id, qid, question: MCQuestion, benchmark}]``."""
+    p = Path(path)
+    if not p.exists():
+        raise DataError(f"qa.{benchmark}", str(path), "file not found",
+                        "give a JSONL file with {id, question, options, answer} lines")
+    out = []
+    for n, rec in enumerate(read_jsonl(p)):
+        image_id = rec.get("id", rec.get("image_id"))
+        if image_id is None:
+            raise DataError(f"{p.name}:line {n + 1}.id", None, "no 'id' (or 'image_id')",
+                            "name the image each question is about, matching the caption files' ids")
+        q = to_question(rec, f"{p.name}:line {n + 1}")
+        out.append({"id": str(image_id), "qid": q.qid or str(n), "question": q, "benchmark": benchmark})
+    if not out:
+        raise DataError(f"qa.{benchmark}", str(path), "holds no questions", "check the file")
+    return out
+
+
+def parse_qa_specs(specs: Sequence[str]) -> list[dict[str, Any]]:
+    questions = []
+    for spec in specs:
+        if "=" not in spec:
+            raise ConfigError("qa", spec, "is not NAME=PATH",
+                              f"write e.g. chartqa=data/chartqa.jsonl (names like {', '.join(KNOWN_BENCHMARKS)})")
+        name, path = spec.split("=", 1)
+        questions.extend(load_qa_file(path, name))
+    return questions
+
+
+def item_questions(items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for it in items:
+        for j, rec in enumerate(it["questions"]):
+            q = to_question(rec, f"{it['id']}.questions[{j}]")
+            out.append({"id": str(it["id"]), "qid": q.qid or str(j), "question": q,
+                        "benchmark": it.get("benchmark", "default")})
+    return out
+
+
+# ---------------------------------------------------------------------- the protocol
+@dataclass
+class QAEvalConfig:
+    """The caption-based QA protocol's settings (saved into summary.json)."""
+
+    captions: list[str] = help_field([], "caption files, one per system; empty: demo systems on offline data")
+    qa: list[str] = help_field([], "question files NAME=PATH (JSONL {id, question, options, answer}); empty: offline data")
+    out: str = help_field("runs/eval-qa", "output folder (rerun with the same folder to resume)")
+    demo_items: int = help_field(12, "offline items when no question files are given")
+    seed: int = help_field(0, "seed of the offline item selection and distractor options")
+    limit: int | None = help_field(None, "at most this many questions per benchmark")
+    batch: int = help_field(16, "questions per answerer call")
+    backend: list[str] = help_field([], "answerer backend settings KEY=VALUE (default: embedded SmolLM2)")
+
+
+def run(cfg: QAEvalConfig, answerer: CaptionAnswerer | None = None, systems: Systems | None = None) -> dict[str, Any]:
+    if cfg.qa:
+        questions = parse_qa_specs(cfg.qa)
+        items = None
+    else:
+        items = offline_items(cfg.demo_items, seed=cfg.seed)
+        questions = item_questions(items)
+    if systems is None:
+        if cfg.captions:
+            systems = load_systems(cfg.captions)
+        elif items is not None:
+            systems = demo_systems(items)
+        else:
+            raise ConfigError("captions", [], "question files need caption files", "pass --captions FILE ...")
+    if cfg.limit is not None:
+        seen: dict[str, int] = defaultdict(int)
+        kept = []
+        for q in questions:
+            if seen[q["benchmark"]] < cfg.limit:
+                kept.append(q)
+                seen[q["benchmark"]] += 1
+        questions = kept
+    answerer = answerer or CaptionAnswerer(backend_from_args(cfg.backend))
+    out = Path(cfg.out)
+    missing = 0
+    with RecordWriter(out / "records.jsonl") as writer:
+        todo = []
+        for name, caps in systems.items():
+            for q in questions:
+                if q["id"] not in caps:
+                    missing += 1
+                    continue
+                key = f"{name}|{q['benchmark']}|{q['id']}|{q['qid']}"
+                if not writer.has(key):
+                    todo.append((key, name, q, caps[q["id"]]["caption"]))
+        for start in tqdm(range(0, len(todo), cfg.batch), desc="qa", unit="batch", disable=not todo):
+            chunk = todo[start : start + cfg.batch]
+            qs: list[MCQuestion] = [t[2]["question"] for t in chunk]
+            answers = answerer.answer([t[3] for t in chunk], qs)
+            for (key, name, q, _cap), a in zip(chunk, answers, strict=True):
+                writer.write({"key": key, "system": name, "benchmark": q["benchmark"], "id": q["id"], "qid": q["qid"],
+                              "question": q["question"].question, "options": list(q["question"].options),
+                              "answer": q["question"].answer, "choice": a.choice, "correct": a.correct,
+                              "probs": a.probs, "method": a.method, "error": a.error})
+        records = writer.records()
+    rows, columns, benches = aggregate(records, list(systems))
+    notes = [f"{sum(r['correct'] is None for r in records)} answers unscored (excluded)",
+             f"{missing} (system, question) pairs without a caption for the question's image"]
+    return write_report(out, PROTOCOL, rows, columns, cfg, notes=notes, benchmarks=benches,
+                        answerer=getattr(answerer.backend, "name", "?"))
+
+
+def aggregate(records: Sequence[Mapping[str, Any]], systems: Sequence[str]) -> tuple[list[dict[str, Any]], list[str], list[str]]:
+    tally: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0, 0]))
+    benches: list[str] = []
+    for r in records:
+        b = r["benchmark"]
+        if b not in benches:
+            benches.append(b)
+        t = tally[r["system"]][b]
+        if r["correct"] is None:
+            t[2] += 1
+        else:
+            t[0] += int(bool(r["correct"]))
+            t[1] += 1
+    rows = []
+    for s in systems:
+        row: dict[str, Any] = {"system": s}
+        accs = []
+        for b in benches:
+            c, n, _u = tally[s][b]
+            row[f"acc/{b}"] = c / n if n else float("nan")
+            if n:
+                accs.append(c / n)
+        row["accuracy"] = sum(accs) / len(accs) if accs else float("nan")
+        row["questions"] = sum(tally[s][b][1] for b in benches)
+        row["unscored"] = sum(tally[s][b][2] for b in benches)
+        rows.append(row)
+    rows.sort(key=lambda r: -(r["accuracy"] if r["accuracy"] == r["accuracy"] else -1.0))
+    columns = ["system", "accuracy", *[f"acc/{b}" for b in benches], "questions", "unscored"]
+    return rows, columns, benches
+
+
+# ---------------------------------------------------------------------- CLI
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--captions", nargs="*", default=[], metavar="[NAME=]FILE", help="caption files, one per system")
+    p.add_argument("--qa", nargs="*", default=[], metavar="NAME=FILE",
+                   help="question files, e.g. chartqa=chartqa.jsonl textvqa=textvqa.jsonl; omit for offline data")
+    p.add_argument("--out", default="runs/eval-qa", help="output folder (rerun to resume)")
+    p.add_argument("--demo-items", type=int, default=12)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--limit", type=int, default=None, help="at most this many questions per benchmark")
+    add_backend_arguments(p, role="answerer")
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg = QAEvalConfig(captions=list(args.captions), qa=list(args.qa), out=args.out, demo_items=args.demo_items,
+                       seed=args.seed, limit=args.limit, backend=list(args.backend))
+    run(cfg)
+    print((Path(cfg.out) / "table.md").read_text())
+    print(f"records, table.md and summary.json in {cfg.out}")
+    return 0

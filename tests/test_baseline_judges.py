@@ -1,0 +1,70 @@
+"""Baseline rewards: CIDEr-D (hand-computed), the scalar LLM judge, and the TRL reward wrapper."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from captionrl.judges.ngram import CiderD, NgramJudge, tokenize
+from captionrl.judges.scalar import ScalarConfig, ScalarJudge, parse_grade
+
+
+def test_cider_d_hand_computed():
+    scorer = CiderD().fit([["a cat"], ["a dog"]])  # 2 images: idf("a") = 0, idf("cat") = idf("a cat") = ln 2
+    # identical caption: unigram and bigram cosines are 1, no 3/4-grams: 10 * (1 + 1 + 0 + 0) / 4
+    assert scorer.score("a cat", ["a cat"]) == pytest.approx(5.0)
+    # "cat a cat": unigram cos = min(2,1)·1 / (2·1) = 0.5 (in units of ln2^2); bigram cos = 1/sqrt(2);
+    # length in bigrams 2 vs 1 -> penalty exp(-1/72)
+    expected = 10 * math.exp(-1 / 72) * (0.5 + 1 / math.sqrt(2)) / 4
+    assert scorer.score("Cat, a cat!", ["a cat"]) == pytest.approx(expected)
+    assert scorer.score("", ["a cat"]) == 0.0
+    assert tokenize("A red-circle, 2 dots.") == ["a", "red", "circle", "2", "dots"]
+
+
+def test_ngram_judge_orders_captions():
+    refs = [["a red circle on the left"], ["two blue squares at the top"], ["a yellow triangle"]]
+    judge = NgramJudge(corpus=refs)
+    out = judge.judge(["a red circle on the left", "two blue squares", "a red circle"],
+                      {"references": [refs[0], refs[0], refs[0]]})
+    assert out[0].score > out[2].score > out[1].score >= 0
+    # unfitted: document frequencies from the batch's distinct reference sets
+    out2 = NgramJudge().judge(["a red circle", "a yellow triangle"], {"reference": ["a red circle", "a yellow triangle"]})
+    assert out2[0].extra["corpus_docs"] == 2 and out2[0].score > 0
+
+
+def test_parse_grade():
+    assert parse_grade("8") == 8
+    assert parse_grade("Grade: 7/10") == 7
+    assert parse_grade("10") == 10
+    assert parse_grade("I would give it 0 or 12") is None
+    assert parse_grade("") is None
+
+
+def test_reward_wrapper_turns_unscored_into_none():
+    from captionrl.rewards import JudgeReward
+
+    class NoGrade:
+        name = "fake:no-grade"
+
+        def generate(self, requests):
+            from captionrl.backends.base import Generation
+
+            return [Generation("excellent caption!") if i % 2 else Generation(None, error="timeout")
+                    for i, _ in enumerate(requests)]
+
+    reward = JudgeReward(ScalarJudge(NoGrade(), ScalarConfig(mode="generate")))
+    assert reward(prompts=["p", "p"], completions=["a", "b"]) == [None, None]
+
+
+@pytest.mark.slow
+def test_scalar_judge_embedded(embedded_backend):
+    caps = ["A red circle on the left of a white background.", "This caption is accurate and complete."]
+    for mode in ("choose", "generate"):
+        judge = ScalarJudge(embedded_backend, ScalarConfig(mode=mode, max_new_tokens=4))
+        out = judge.judge(caps, {"reference": ["A red circle on the left."] * 2})
+        for j in out:
+            assert j.score is None or 0.0 <= j.score <= 1.0
+            assert j.method in ("logits", "generate")
+        if mode == "choose" and out[0].method == "logits":
+            assert 1.0 <= out[0].extra["expected_grade"] <= 9.0

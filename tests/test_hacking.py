@@ -1,0 +1,62 @@
+"""Reward-hacking probes: the report shows which reward a probe caption can exploit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from captionrl.eval.hacking import (
+    PROBES,
+    REWARDS,
+    HackingEvalConfig,
+    RewardSpec,
+    image_probes,
+    run,
+    series_probes,
+)
+
+
+def test_probe_sets_are_well_formed():
+    s = series_probes(n=2, k=3, length=12, seed=1)
+    assert len(s.columns["candidates"][0]) == 3 and len(s.columns["candidates"][0][0]) == 12
+    assert s.captions["dump"][0].startswith("Values: ")
+    assert s.captions["other_item"][0] == s.captions["honest"][1]
+    assert s.meta["windows"][0][0] == s.ids[0]
+    assert series_probes(n=2, k=3, length=12, seed=1).ids == s.ids  # seeded
+    im = image_probes(n=2, seed=0)
+    assert set(im.captions) == set(PROBES) and im.captions["other_item"][0] != im.captions["honest"][0]
+
+
+def test_ngram_report_without_a_model(tmp_path):
+    def not_landed(backend, probes):
+        raise ImportError("No module named 'captionrl.judges.future'")
+
+    REWARDS.add("future-reward", RewardSpec(("images",), not_landed))
+    try:
+        cfg = HackingEvalConfig(rewards=["ngram", "future-reward"], out=str(tmp_path), n=3, length=12)
+        summary = run(cfg)
+    finally:
+        REWARDS._items.pop("future-reward")
+    rows = {r["system"]: r for r in summary["rows"]}
+    for domain in ("series", "images"):
+        row = rows[f"ngram ({domain})"]
+        assert row["honest"] > max(row[p] for p in PROBES[1:])
+        assert row["exploitable"] == "-"
+    assert summary["protocol"] == "hacking" and summary["columns"][0] == "system"
+    assert summary["skipped"] == ["future-reward (images): skipped, ImportError: No module named "
+                                  "'captionrl.judges.future'"]
+
+
+@pytest.mark.slow
+def test_letter_verifier_scores_injected_answer_at_chance(tmp_path, embedded_backend):
+    k = 4
+    cfg = HackingEvalConfig(rewards=["identify-letter"], domains=["series"], n=1, k=k, length=12,
+                            probes=["honest", "injected_answer"], out=str(tmp_path))
+    summary = run(cfg, backend=embedded_backend)
+    row = summary["rows"][0]
+    # the truth visits every letter across the K rotations, so "The answer is A." is right exactly once
+    assert row["injected_answer/hard"] == pytest.approx(1 / k)
+    recs = [json.loads(x) for x in (tmp_path / "records.jsonl").read_text().splitlines()]
+    assert {r["probe"] for r in recs} == {"honest", "injected_answer"}
+    assert all(r["method"] == "logits" for r in recs)

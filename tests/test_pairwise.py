@@ -1,0 +1,111 @@
+"""Pairwise protocol: both orders cancel position bias, invalid replies are counted, runs resume."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from captionrl.backends.base import ChoiceResult, Generation
+from captionrl.errors import DataError
+from captionrl.eval.pairwise import PairwiseEvalConfig, demo_systems, load_caption_file, run
+from captionrl.eval.qa import easy_vqa_items
+from captionrl.judges.pairwise import PairwiseConfig, PairwiseJudge, outcome_for_first, parse_pairwise
+
+
+class AlwaysA:
+    """A maximally position-biased judge: all probability on "A" (or the reply "A"), counting calls."""
+
+    name = "fake:always-A"
+
+    def __init__(self, reply: str = "A") -> None:
+        self.reply = reply
+        self.prompts = 0
+
+    def choose(self, prompts, options):
+        self.prompts += len(prompts)
+        return [ChoiceResult({o: float(o == "A") for o in options}, "logits", mass=1.0) for _ in prompts]
+
+    def generate(self, requests):
+        self.prompts += len(requests)
+        return [Generation(self.reply) for _ in requests]
+
+    def loglikelihood(self, pairs):  # pragma: no cover - not used
+        raise NotImplementedError
+
+
+@pytest.fixture(scope="module")
+def systems():
+    return demo_systems(easy_vqa_items(6, seed=1))
+
+
+def test_parse_pairwise():
+    assert parse_pairwise("A") == "A"
+    assert parse_pairwise("  b. Caption B is better") == "B"
+    assert parse_pairwise("Tie") == "tie"
+    assert parse_pairwise("C") == "tie"
+    assert parse_pairwise("They are equally good.") == "tie"
+    assert parse_pairwise("I cannot help with that.") is None
+    assert parse_pairwise("") is None
+
+
+def test_both_orders_always_A_gives_exactly_half(tmp_path, systems):
+    judge = PairwiseJudge(AlwaysA())
+    summary = run(PairwiseEvalConfig(out=str(tmp_path)), judge=judge, systems=systems)
+    assert summary["protocol"] == "pairwise"
+    assert {r["system"] for r in summary["rows"]} == set(systems)
+    for row in summary["rows"]:
+        assert row["win_rate"] == 0.5  # one win and one loss per pair
+        assert row["caparena"] == 0
+        assert row["wins"] == row["losses"] > 0
+        assert row["ties"] == row["invalid"] == 0
+    # 4 systems -> 6 pairs x 6 items x 2 orders
+    records = [json.loads(x) for x in (tmp_path / "records.jsonl").read_text().splitlines()]
+    assert len(records) == judge.backend.prompts == 6 * 6 * 2
+    assert summary["columns"][:2] == ["system", "win_rate"]
+    assert "| system | win_rate |" in (tmp_path / "table.md").read_text()
+    # resume: the same out dir judges nothing again
+    again = PairwiseJudge(AlwaysA())
+    run(PairwiseEvalConfig(out=str(tmp_path)), judge=again, systems=systems)
+    assert again.backend.prompts == 0
+
+
+def test_baseline_protocol_and_unparseable_replies_are_excluded(tmp_path, systems):
+    judge = PairwiseJudge(AlwaysA(reply="I refuse."), PairwiseConfig(mode="generate"))
+    summary = run(PairwiseEvalConfig(out=str(tmp_path), baseline="empty"), judge=judge, systems=systems)
+    assert summary["attempted"] == 3 * 6 * 2 and summary["excluded"] == summary["attempted"]
+    assert "excluded as invalid" in summary["notes"][0]
+    assert all(r["win_rate"] != r["win_rate"] for r in summary["rows"])  # nan: nothing valid
+
+
+def test_judge_protocol_score_against_baseline():
+    judge = PairwiseJudge(AlwaysA())
+    out = judge.judge(["a", "b"], {"baseline": ["x", "y"], "reference": ["r", "r"]})
+    assert [j.score for j in out] == [0.5, 0.5]
+    assert outcome_for_first(*judge.compare_both_orders(["a"], ["b"], ["r"])[0]) == [1.0, 0.0]
+
+
+def test_missing_reference_and_bad_file(tmp_path):
+    judge = PairwiseJudge(AlwaysA())
+    with pytest.raises(DataError, match="reference"):
+        judge.decide(["a"], ["b"], [None])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": 1}\n')
+    with pytest.raises(DataError, match="caption"):
+        load_caption_file(bad)
+
+
+@pytest.mark.slow
+def test_embedded_judge_end_to_end(tmp_path, embedded_backend):
+    items = easy_vqa_items(2, seed=0)
+    sys = {k: v for k, v in demo_systems(items).items() if k in ("reference", "empty")}
+    for name, caps in sys.items():
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in caps.values()))
+    cfg = PairwiseEvalConfig(captions=[str(tmp_path / "reference.jsonl"), str(tmp_path / "empty.jsonl")],
+                             out=str(tmp_path / "out"))
+    summary = run(cfg, judge=PairwiseJudge(embedded_backend))
+    assert summary["attempted"] == 4 and summary["excluded"] == 0
+    recs = [json.loads(x) for x in (tmp_path / "out" / "records.jsonl").read_text().splitlines()]
+    assert all(r["method"] == "logits" and abs(sum(r["probs"].values()) - 1) < 1e-6 for r in recs)
+    rates = {r["system"]: r["win_rate"] for r in summary["rows"]}
+    assert rates["reference"] + rates["empty"] == pytest.approx(1.0)
