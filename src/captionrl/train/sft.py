@@ -21,7 +21,7 @@ Input records (JSONL, one object per line):
 
 * captions:  ``{"image_id", "caption_id", "caption", "image"?: path, "image_text"?: str}``
 * rubrics:   ``{"image_id", "rubric_id"?, "references": [2 captions], "candidate_ids"?: [caption_id...]
-  | "candidates"?: [text...], "rubric": [{"criterion", "test"?, "weight"?}]}``; without candidates,
+  | "candidates"?: [text...], "rubric": [{"criterion", "test", "weight": 1|2|3}]}``; without candidates,
   ``n_candidates`` captions of the image are drawn with the run's seed and the draw is recorded.
 * judgments: ``{"image_id", "caption_id", "rubric_id"?, "decisions": [{"reason", "decision": yes|no}]}``,
   one decision per rubric item, in order; ``rubric_id`` defaults to the image's only rubric.
@@ -102,32 +102,18 @@ def judge_messages(rubric: Sequence[Mapping[str, Any]], caption: str) -> list[di
     """Judge prompt (A.1.3): the rubric and the caption; text only (the Judge never sees the image)."""
     lines = [JUDGE_INSTRUCTION, "", "Rubric:"]
     for i, item in enumerate(rubric, 1):
-        test = f" Test: {item['test']}" if item.get("test") else ""
+        test = f" Test: {item['test']}" if item.get("test") else ""  # always set in validated rubrics
         lines.append(f"{i}. {item['criterion']}.{test} (weight {item.get('weight', 1)})")
     lines += ["", f"Caption: {caption}"]
     return [{"role": "user", "content": "\n".join(lines)}]
 
 
 def normalise_rubric(items: Any, where: str) -> list[dict[str, Any]]:
-    """Validate rubric items: a non-empty criterion and a positive weight (default 1)."""
-    if not isinstance(items, list) or not items:
-        raise DataError(f"{where}.rubric", items, "must be a non-empty list of items",
-                        'write [{"criterion": "...", "test": "...", "weight": 2}, ...]')
-    out = []
-    for i, item in enumerate(items):
-        if isinstance(item, str):
-            item = {"criterion": item}
-        if not isinstance(item, Mapping) or not str(item.get("criterion", "")).strip():
-            raise DataError(f"{where}.rubric[{i}]", item, "has no criterion", 'give {"criterion": "...", "weight": 1}')
-        weight = item.get("weight", 1)
-        if not isinstance(weight, (int, float)) or isinstance(weight, bool) or weight <= 0:
-            raise DataError(f"{where}.rubric[{i}].weight", weight, "must be a positive number", "use 1, 2 or 3")
-        clean = {"criterion": str(item["criterion"]).strip()}
-        if item.get("test"):
-            clean["test"] = str(item["test"]).strip()
-        clean["weight"] = weight
-        out.append(clean)
-    return out
+    """Validate rubric items with the rubric store's schema (``captionrl.judges.rubric``):
+    ``{criterion, test, weight in {1, 2, 3}}``, so the Generator learns the format the RL recipe parses."""
+    from captionrl.judges.rubric import validate_rubric
+
+    return [item.to_dict() for item in validate_rubric(items, field_name=f"{where}.rubric")]
 
 
 def parse_decision(value: Any, where: str) -> str:
