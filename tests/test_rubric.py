@@ -127,9 +127,11 @@ def test_generate_mode_reward_is_weighted_and_ignores_reasons():
 
 def test_writer_retries_invalid_output_then_records_unscored(tmp_path):
     items = [s.to_item() for s in generate_scenes(2, seed=0)]
-    flaky = ScriptedBackend(["not json", json.dumps([{**GOOD[0], "weight": 9}]), json.dumps(GOOD)])
-    res = RubricWriter(flaky, max_attempts=3, min_items=2).write_batch(items[:1], [["a caption"]], [[]])[0]
-    assert res.rubric is not None and res.attempts == 3 and len(res.errors) == 2
+    copied = json.dumps([{"criterion": "The cake carries the text 24 CARROT CAKE.", "test": "t", "weight": 3}, GOOD[1]])
+    flaky = ScriptedBackend(["not json", json.dumps([{**GOOD[0], "weight": 9}]), copied, json.dumps(GOOD)])
+    res = RubricWriter(flaky, max_attempts=4, min_items=2).write_batch(items[:1], [["a caption"]], [[]])[0]
+    assert res.rubric is not None and res.attempts == 4 and len(res.errors) == 3
+    assert "copies the prompt's example" in res.errors[2]
     hopeless = RubricWriter(ScriptedBackend(["never json"]), max_attempts=2, min_items=1)
     summary = build_rubrics(items, teachers=[], writer=hopeless, out_dir=tmp_path, progress=False)
     recs = list(read_jsonl(tmp_path / "rubrics.jsonl"))

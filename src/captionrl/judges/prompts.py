@@ -37,6 +37,9 @@ Reply with a JSON list only, for example:
 
 NO_STUDENT = "(none yet)"
 
+WRITER_EXAMPLE_CRITERION = "The cake carries the text 24 CARROT CAKE."
+"""The example item of ``WRITER_TEMPLATE``; a reply that copies it is rejected (small writers do)."""
+
 JUDGE_CHOOSE_TEMPLATE = """Caption: {caption}
 
 Criterion: {criterion}

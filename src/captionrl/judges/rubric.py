@@ -342,6 +342,9 @@ class RubricWriter:
                     continue
                 try:
                     rubric = parse_rubric_reply(gen.text, max_items=self.max_items)
+                    if any(r.criterion == P.WRITER_EXAMPLE_CRITERION for r in rubric):
+                        raise DataError("reply", P.WRITER_EXAMPLE_CRITERION, "copies the prompt's example item",
+                                        "write criteria about this image's captions")
                     if len(rubric) < self.min_items:
                         raise DataError("reply", len(rubric), f"has fewer than {self.min_items} items",
                                         f"write at least {self.min_items} items")
