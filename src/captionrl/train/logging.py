@@ -24,6 +24,8 @@ WATCHED = (
     ("frac_reward_zero_std", "zero-std groups"),
     ("completions/mean_length", "caption tokens"),
     ("fail", "verifier failures"),
+    ("shaping/caption_chars", "caption chars"),
+    ("shaping/transcription_frac", "transcribed"),
 )
 """(substring of a metric name, label) pairs shown on the console line and plotted."""
 
