@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +151,14 @@ class HFBackend:
         """Apply the model's chat template (text parts only; images are placeholders for VLMs)."""
         self._ensure_loaded()
         msgs = [_to_hf_message(m) for m in messages]
+        if not self._is_vlm() and any(isinstance(m["content"], list) for m in msgs):
+            if any(p.get("type") == "image" for m in msgs if isinstance(m["content"], list) for p in m["content"]):
+                raise BackendError(
+                    f"{self.name} has no image processor but the request holds an image; "
+                    "use a vision-language model for image inputs (e.g. a Qwen2.5-VL folder)"
+                )
+            msgs = [{"role": m["role"], "content": "".join(p.get("text", "") for p in m["content"])}
+                    if isinstance(m["content"], list) else m for m in msgs]
         target = self._processor if self._is_vlm() else self.tokenizer
         return target.apply_chat_template(msgs, tokenize=False, add_generation_prompt=add_generation_prompt)
 
@@ -232,12 +240,15 @@ class HFBackend:
         return texts
 
     # ------------------------------------------------------------------ scoring core
-    def _suffix_logprobs(self, prefix: list[int], suffixes: list[list[int]]) -> list[Any]:
-        """Log-softmax rows for each suffix, run on the (once-computed) cache of ``prefix``.
+    def _suffix_logprobs(
+        self, prefix: list[int], suffixes: list[list[int]], extract: Callable[[int, Any], Any]
+    ) -> list[Any]:
+        """Run ``suffixes`` on the once-computed cache of ``prefix``; return ``extract(i, rows)`` per suffix.
 
-        With a prefix: a tensor of shape (len(suffix) + 1, vocab) per suffix, row j predicting suffix token
-        j (row 0 comes from the prefix's last position) and the last row the token after the suffix.
-        Without a prefix: shape (len(suffix), vocab), row j predicting token j + 1.
+        ``rows`` are raw logits (float32). With a prefix, shape (len(suffix) + 1, vocab): row j predicts
+        suffix token j (row 0 comes from the prefix's last position), the last row the token after the
+        suffix. Without a prefix, shape (len(suffix), vocab), row j predicting token j + 1. ``extract``
+        runs per batch, so only what a caller keeps (one row, a few log-probs) outlives the batch.
         """
         import torch
 
@@ -248,7 +259,7 @@ class HFBackend:
             if prefix:
                 pre = model(input_ids=torch.tensor([prefix], device=dev), use_cache=True)
                 pre_cache = pre.cache
-                pre_last = pre.logits[0, -1].float().log_softmax(-1)
+                pre_last = pre.logits[0, -1:].float()
             else:
                 pre_cache, pre_last = None, None
             for start in range(0, len(suffixes), self.batch_size):
@@ -270,27 +281,23 @@ class HFBackend:
                     kw["position_ids"] = (
                         torch.arange(len(prefix), len(prefix) + width, device=dev).unsqueeze(0).expand(n, -1)
                     )
-                logits = model(**kw, use_cache=pre_cache is not None).logits.float().log_softmax(-1)
+                logits = model(**kw, use_cache=pre_cache is not None).logits
                 for r, s in enumerate(chunk):
-                    rows = logits[r, : len(s)]
+                    rows = logits[r, : len(s)].float()
                     if pre_last is not None:
-                        rows = torch.cat([pre_last.unsqueeze(0), rows], 0)
-                    out.append(rows)
+                        rows = torch.cat([pre_last, rows], 0)
+                    out.append(extract(start + r, rows))
         return out
 
-    def _score_sequences(self, seqs: list[list[int]]) -> list[tuple[int, Any]]:
-        """(offset, log-prob rows) per sequence, sharing the prefix of each run of similar sequences.
-
-        Row ``len(seq) - offset`` of a result predicts the token after the sequence.
-        """
-        out: list[tuple[int, Any]] = []
-        for start, end, lcp in _prefix_runs(seqs) if self.share_prefix else [(0, len(seqs), 0)]:
+    def _last_token_probs(self, seqs: list[list[int]]) -> list[Any]:
+        """The next-token distribution after each sequence, sharing the prefix of runs of similar ones."""
+        out: list[Any] = []
+        runs = _prefix_runs(seqs) if self.share_prefix else [(0, len(seqs), 0)]
+        for start, end, lcp in runs:
             run = seqs[start:end]
-            if lcp >= MIN_SHARED_PREFIX:
-                rows = self._suffix_logprobs(run[0][:lcp], [s[lcp:] for s in run])
-                out.extend((lcp, r) for r in rows)
-            else:  # no useful shared prefix: plain padded batches, row j predicts token j + 1
-                out.extend((1, r) for r in self._suffix_logprobs([], run))
+            if lcp < MIN_SHARED_PREFIX:  # no useful shared prefix: plain padded batches
+                lcp = 0
+            out.extend(self._suffix_logprobs(run[0][:lcp], [s[lcp:] for s in run], lambda _i, rows: rows[-1].softmax(-1)))
         return out
 
     # ------------------------------------------------------------------ choose
@@ -300,12 +307,11 @@ class HFBackend:
         option_ids = self._option_token_ids(options)
         seqs = [self._encode(self.render_chat(p)) for p in prompts]
         try:
-            scored = self._score_sequences(seqs)
+            dists = self._last_token_probs(seqs)
         except Exception as exc:
             return [ChoiceResult(None, "logits", error=f"{type(exc).__name__}: {exc}") for _ in seqs]
         results: list[ChoiceResult] = []
-        for seq, (offset, rows) in zip(seqs, scored, strict=True):
-            probs_all = rows[len(seq) - offset].exp()  # distribution of the first reply token
+        for probs_all in dists:
             raw = {o: float(sum(probs_all[t] for t in ids)) for o, ids in option_ids.items()}
             probs, mass = normalise_option_probs(raw, options)
             results.append(ChoiceResult(probs=probs, method="logits", mass=mass))
@@ -319,7 +325,8 @@ class HFBackend:
             cands = set()
             for variant in (o, " " + o):
                 toks = self._encode(variant)
-                if toks:
+                # A tokenizer may split " 1" into a lone space and "1": that space says nothing of o.
+                if toks and self.tokenizer.decode([toks[0]]).strip():
                     cands.add(toks[0])
             for t in cands:
                 if t in seen and seen[t] != o:
@@ -351,9 +358,9 @@ class HFBackend:
                 if not (self.share_prefix and len(idx) > 1):
                     singles.extend(zip(idx, [ctx_ids] * len(idx), conts, strict=True))
                     continue
-                rows = self._suffix_logprobs(ctx_ids, conts)
-                for i, cont, r in zip(idx, conts, rows, strict=True):
-                    results[i] = _sum_logprobs(r, 0, cont)
+                sums = self._suffix_logprobs(ctx_ids, conts, lambda j, rows, conts=conts: _sum_logprobs(rows, 0, conts[j]))
+                for i, value in zip(idx, sums, strict=True):
+                    results[i] = value
             except Exception as exc:  # a failing context leaves its pairs unscored
                 self.last_error = f"{type(exc).__name__}: {exc}"
         # Contexts with one continuation gain nothing from a cache: batch them as whole sequences.
@@ -361,12 +368,14 @@ class HFBackend:
         for start in range(0, len(singles), self.batch_size):
             chunk = singles[start : start + self.batch_size]
             try:
-                rows = self._suffix_logprobs([], [c + t for _, c, t in chunk])
+                sums = self._suffix_logprobs(
+                    [], [c + t for _, c, t in chunk], lambda j, rows, chunk=chunk: _sum_logprobs(rows, len(chunk[j][1]) - 1, chunk[j][2])
+                )
             except Exception as exc:
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 continue
-            for (i, ctx_ids, cont), r in zip(chunk, rows, strict=True):
-                results[i] = _sum_logprobs(r, len(ctx_ids) - 1, cont)
+            for (i, _ctx, _cont), value in zip(chunk, sums, strict=True):
+                results[i] = value
         return results
 
     def _split_pairs(self, ctx: str, conts: list[str]) -> tuple[list[int], list[list[int]]]:
@@ -416,13 +425,13 @@ def _prefix_runs(seqs: list[list[int]]) -> list[tuple[int, int, int]]:
 
 
 def _sum_logprobs(rows: Any, offset: int, tokens: list[int]) -> float:
-    """Sum of log p(tokens[j]) read from ``rows[offset + j]``."""
+    """Sum of log p(tokens[j]) from the raw logits ``rows[offset + j]`` (log-softmax of those rows only)."""
     if not tokens:
         return 0.0
     import torch
 
-    pos = torch.arange(offset, offset + len(tokens))
-    return float(rows[pos, torch.tensor(tokens)].sum())
+    logp = rows[offset : offset + len(tokens)].log_softmax(-1)
+    return float(logp[torch.arange(len(tokens)), torch.tensor(tokens)].sum())
 
 
 def _apply_stop(text: str, stop: tuple[str, ...]) -> str:
