@@ -93,3 +93,9 @@ def test_prefix_runs_split_candidate_sets():
     seqs = [[*a, 1], [*a, 2], [*a, 3], [*b, 4], [*b, 5]]
     runs = _prefix_runs(seqs)
     assert runs == [(0, 3, len(a)), (3, 5, len(b))]
+
+
+def test_empty_continuations_score_zero_in_shared_and_single_paths(embedded_backend):
+    out = embedded_backend.loglikelihood([(RISING, ""), (RISING, " It rises."), (RISING + " x", "")])
+    assert out[0] == 0.0 and out[2] == 0.0
+    assert out[1] is not None and out[1] < 0

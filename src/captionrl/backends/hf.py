@@ -355,6 +355,12 @@ class HFBackend:
         for ctx, idx in by_ctx.items():
             try:
                 ctx_ids, conts = self._split_pairs(ctx, [pairs[i][1] for i in idx])
+                for i, c in zip(idx, conts, strict=True):  # an empty continuation has probability 1
+                    if not c:
+                        results[i] = 0.0
+                idx, conts = [i for i, c in zip(idx, conts, strict=True) if c], [c for c in conts if c]
+                if not idx:
+                    continue
                 if not (self.share_prefix and len(idx) > 1):
                     singles.extend(zip(idx, [ctx_ids] * len(idx), conts, strict=True))
                     continue
