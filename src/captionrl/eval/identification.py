@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from captionrl.backends import Backend
+from captionrl.backends import Backend, make_backend
 from captionrl.config import help_field
 from captionrl.errors import ConfigError
 from captionrl.judges.identify import IdentificationJudge, IdentifyConfig
@@ -196,3 +196,88 @@ def markdown_table(summary: Mapping[str, Any]) -> str:
 
 def _cell(v: Any) -> str:
     return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
+# ---------------------------------------------------------------------- command line
+def add_arguments(p: Any) -> None:
+    p.add_argument("--captions", nargs="*", default=[], metavar="[NAME=]FILE",
+                   help="JSONL files of {id, series, caption} (one per captioner); default: the embedded corpus "
+                        "captioned by the describer and by --captioner")
+    p.add_argument("--pool", default=None, help="distractor pool: 'embedded' or a corpus path (default: the files' own series)")
+    p.add_argument("--verifier", action="append", default=None, metavar="SPEC",
+                   help="verifier backend spec, repeatable (default hf:embedded); e.g. openai:http://127.0.0.1:8000/v1#Qwen2.5-14B-Instruct")
+    p.add_argument("--mode", nargs="+", default=["likelihood"], choices=["likelihood", "letter"])
+    p.add_argument("--direction", nargs="+", default=["c2s", "s2c"], choices=["c2s", "s2c"])
+    p.add_argument("--k", nargs="+", type=int, default=[4], help="candidate-set sizes")
+    p.add_argument("--rule", default="nearest", choices=["nearest", "random"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--length", type=int, default=24, help="window length for the embedded default")
+    p.add_argument("--max-items", type=int, default=32, help="items to evaluate (seeded sample)")
+    p.add_argument("--captioner", default="hf:embedded", help="captioner of the default run (backend spec, or 'none')")
+    p.add_argument("--no-controls", action="store_true", help="skip the empty/shuffled-caption controls")
+    p.add_argument("--out", required=True, help="output folder (rerun with the same folder to resume)")
+
+
+def _load_caption_files(specs: Sequence[str]) -> tuple[list[Series], list[CaptionSet]]:
+    from captionrl.domains.corpora import load_jsonl
+    from captionrl.errors import DataError
+
+    items: dict[str, Series] = {}
+    systems = []
+    for spec in specs:
+        name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
+        name = name or Path(path).stem
+        loaded = load_jsonl(path)
+        caps = {}
+        for s in loaded:
+            captions = s.meta.get("captions") or []
+            if not captions:
+                raise DataError(f"{path}:{s.id}.caption", None, "item has no caption", 'add a "caption" field to every line')
+            caps[s.id] = captions[0]
+            if s.id in items and not np.array_equal(items[s.id].values, s.values):
+                raise DataError(f"{path}:{s.id}.series", s.values.tolist()[:6], "differs from the same id in another file",
+                                "compare captioners on the same items (same ids, same series)")
+            items.setdefault(s.id, s)
+        systems.append(CaptionSet(name, caps))
+    common = set.intersection(*(set(s.captions) for s in systems))
+    return [items[i] for i in items if i in common], systems
+
+
+def main(args: Any) -> int:
+    from captionrl.backends import parse_backend_spec
+    from captionrl.commands.caption import DESCRIBER, caption_series
+    from captionrl.domains.candidates import mine_candidates
+
+    cfg = IdentifyEvalConfig(modes=args.mode, directions=args.direction, ks=args.k, rule=args.rule, seed=args.seed,
+                             controls=not args.no_controls)
+    verifier_cfgs = [parse_backend_spec(v) for v in (args.verifier or ["hf:embedded"])]  # validated before loading
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.captions:
+        items, systems = _load_caption_files(args.captions)
+    else:
+        from captionrl.domains.datasets import eval_windows
+
+        items = eval_windows("embedded", args.length, "test", args.max_items, args.seed)
+        systems = [CaptionSet(DESCRIBER, caption_series(items, DESCRIBER, out / "captions-describer.jsonl"))]
+        if args.captioner != "none":
+            captioner = make_backend(parse_backend_spec(args.captioner))
+            name = args.captioner.replace(":", "-").replace("/", "_")
+            systems.append(CaptionSet(name, caption_series(items, captioner, out / f"captions-{name}.jsonl")))
+    if args.pool:
+        from captionrl.domains.datasets import split_windows
+
+        pool_items = [w for ws in split_windows(args.pool, len(items[0])).values() for w in ws]
+    else:
+        pool_items = list(items)
+    sets = mine_candidates(items, pool_items, k=max(cfg.ks), rule=cfg.rule, seed=cfg.seed)
+    distractors = {cs.item_id: list(cs.distractor_ids) for cs in sets}
+    verifiers = {_verifier_name(v): make_backend(v) for v in verifier_cfgs}
+    summary = run_identification(items, systems, distractors, {p.id: p for p in pool_items}, verifiers, cfg, out)
+    print((out / "table.md").read_text())
+    print(f"records: {out / 'records.jsonl'}\nsummary: {out / 'summary.json'}")
+    return 0 if summary["rows"] else 1
+
+
+def _verifier_name(cfg: Any) -> str:
+    return f"{cfg.kind}:{Path(cfg.model).name}"
