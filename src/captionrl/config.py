@@ -110,6 +110,11 @@ def _coerce(tp: Any, value: Any, name: str) -> Any:
         return value
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if tp is float and isinstance(value, str):  # YAML 1.1 reads 1e-5 (no dot) as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
     if tp is int and isinstance(value, float) and value.is_integer():
         return int(value)
     if tp in (int, float, str, bool) and not isinstance(value, tp):

