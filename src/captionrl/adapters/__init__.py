@@ -1,0 +1,1 @@
+"""Thin adapters that let other RL engines (verl, OpenRLHF) call captionrl's rewards."""

@@ -1,0 +1,66 @@
+"""verl and OpenRLHF adapters, called exactly the way those engines call reward plug-ins."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import numpy as np
+import pytest
+
+from captionrl.adapters import engine
+from captionrl.domains.describe import describe_series
+from captionrl.errors import BackendError, DataError
+from captionrl.types import Judgment
+
+RISING = np.linspace(10, 40, 16).round(2)
+FALLING = np.linspace(50, 5, 16).round(2)
+WAVE = (np.sin(np.arange(16) / 2) * 8 + 20).round(2)
+LABEL = engine.encode_label([WAVE, RISING, FALLING])  # the wave is the true series
+
+
+@pytest.fixture
+def embedded_judge(embedded_backend, monkeypatch):
+    """The adapters' process-wide judge on the session's embedded model (likelihood mode, K=3)."""
+    from captionrl.judges.identify import IdentificationJudge, IdentifyConfig
+
+    judge = IdentificationJudge(embedded_backend, IdentifyConfig(mode="likelihood", k=3, signal="soft"))
+    monkeypatch.setattr(engine, "identification_judge", lambda: judge)
+    return judge
+
+
+@pytest.mark.slow
+def test_verl_compute_score_sync_and_async(embedded_judge):
+    from captionrl.adapters.verl import compute_score, compute_score_async
+
+    right = compute_score("lineup", describe_series(WAVE), LABEL, extra_info={"index": 0})
+    wrong = compute_score(data_source="lineup", solution_str=describe_series(FALLING), ground_truth=LABEL)
+    assert right["score"] > 0.5 > wrong["score"]
+    assert {"score", "hard", "soft", "caption_chars"} <= set(right)
+    again = asyncio.run(compute_score_async("lineup", describe_series(WAVE), LABEL, None))
+    assert again["score"] == pytest.approx(right["score"], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_openrlhf_reward_func_batch(embedded_judge):
+    from captionrl.adapters.openrlhf import reward_func
+
+    prompts = ["Describe: ", "Describe: "]
+    queries = [prompts[0] + describe_series(WAVE), prompts[1] + describe_series(FALLING)]
+    out = reward_func(queries, prompts, [LABEL, LABEL])
+    assert out["rewards"].shape == (2,) and out["scores"].shape == (2,)
+    assert float(out["rewards"][0]) > float(out["rewards"][1])  # the falling caption does not describe the wave
+    assert set(out["extra_logs"]) == {"identification_hard", "caption_chars"}
+
+
+def test_failures_raise_or_become_nan_never_zero(monkeypatch):
+    failed = Judgment(score=None, error="ConnectError: refused")
+    with pytest.raises(BackendError, match="refusing to return a 0 reward"):
+        engine.score_or_fail(failed)
+    monkeypatch.setenv(engine.FAILURE_ENV, "nan")
+    assert math.isnan(engine.score_or_fail(failed))
+
+
+def test_bad_label_is_named():
+    with pytest.raises(DataError, match="candidates"):
+        engine.decode_label('{"series": [1, 2]}')
