@@ -1,0 +1,629 @@
+"""``captionrl train moco``: MoCo Rubric RL, and the EvoLM baseline (``method: evolm``).
+
+MoCo Rubric (paper §3.3): GRPO updates the Policy only. For each group of G captions the Generator
+writes a rubric from the image, two references and a seeded subset of 4 current captions, and a
+text-only Judge scores all G captions against it (``judges.online_rubric``). Generator and Judge are
+served by the *momentum* model, an EMA of the Policy (``captionrl.momentum``): with a LoRA Policy the
+``momentum`` adapter on the same base weights, otherwise a full copy. One switch, ``momentum.variant``,
+runs the paper's ablations (joint, generator_only, judge_only, full_sync, frozen); ``momentum.m`` and
+``momentum.interval`` (H) are checked against TRL's reward interval, so the momentum never changes
+inside a generation batch whose rewards were already computed. ``MomentumCallback`` applies the EMA
+after optimizer steps, logs the Policy-momentum relative L2 distance (Figure 4) and checkpoints the
+momentum with every trainer checkpoint (resume keeps the lagged Generator-Judge).
+
+Logged every step (``metrics.jsonl``, TensorBoard) and drawn into ``curves.png`` at the end: mean reward,
+TRL's fraction of zero-std groups, momentum distance, rubric size, the rubric weight mix, and how groups
+got their rubric (generator-valid / facts-fallback / unscored). One record per group goes to
+``rubrics.rank<R>.jsonl`` (subset and its seed, Generator replies, rubric, scores).
+
+EvoLM (appendix A.2.2, ``method: evolm``): phases alternate ``evolm.policy_steps`` Policy updates and
+``evolm.generator_steps`` Generator updates, both GRPO, with two TRL trainers sharing one model (the
+shared-SFT initialisation plays both roles) and a fixed Judge (a frozen copy of the initial model).
+The Policy's reward is the online rubric of the *current* Generator; the Generator's reward for a rubric
+is ``judge_weight * (mean Judge score of the current captions - mean score of the captions from
+policy_steps updates earlier) + format_weight * (rubric parses)``. Simplifications, stated: each phase
+builds a fresh trainer (Adam moments restart per phase), and an interrupted run resumes at the last
+completed phase (``evolm/state.pt`` + ``evolm/phases.jsonl``), redoing the phase it was in.
+
+Multi-process note: a reward function sees only its own process's completions; a group split across
+processes gets one rubric per part, from that part's captions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import dataclasses
+import json
+import math
+import os
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from captionrl.config import help_field, load_config
+from captionrl.errors import ConfigError
+from captionrl.judges.online_rubric import (
+    MocoRubricJudge,
+    OnlineRubricConfig,
+    OnlineRubricJudge,
+    RoleServer,
+    choose_subset,
+    fixed_roles,
+    parse_generator_reply,
+    rubric_stats,
+    stable_int,
+)
+from captionrl.momentum import VARIANTS, MomentumSettings, reward_interval_steps
+from captionrl.rewards import JudgeReward, completion_text
+from captionrl.train.common import PolicyConfig, TrainConfig
+
+METHODS = ("moco", "evolm")
+CURVE_KEYS = ("reward", "frac_reward_zero_std", "momentum/distance", "rubric/size", "rubric/weight1_frac",
+              "rubric/weight2_frac", "rubric/weight3_frac", "rubric/unscored_groups_frac", "rubric/fallback_frac",
+              "rubric/generator_valid_frac")
+EVOLM_KEYS = ("reward", "frac_reward_zero_std", "rubric/size", "rubric/unscored_groups_frac",
+              "generator/reward", "generator/evolm/format_valid", "generator/evolm/score_gain")
+
+
+# ---------------------------------------------------------------------- config
+@dataclass
+class MocoDataConfig:
+    """Training images. Synthetic scenes (``domains.scenes``) know their facts, so the facts fallback and
+    evaluation can check captions; two references per image as in A.1.2."""
+
+    source: str = help_field("scenes", "scenes (seeded synthetic images with exact facts)")
+    n_train: int = help_field(16, "training images")
+    scene_seed: int = help_field(0, "seed of the scene family (scene i of seed s is the same picture everywhere)")
+    image_size: int = help_field(192, "scene side in pixels")
+    max_groups: int = help_field(2, "shape groups per scene (1..3)")
+    text_prob: float = help_field(0.5, "probability that a scene carries a written word")
+
+    def __post_init__(self) -> None:
+        if self.source != "scenes":
+            raise ConfigError("data.source", self.source, "unknown image source", "use scenes")
+        if self.n_train < 1:
+            raise ConfigError("data.n_train", self.n_train, "must be >= 1", "set data.n_train: 16")
+
+
+@dataclass
+class MocoJudgeConfig:
+    """The text-only Judge (A.1.3) and how its criterion decisions are read."""
+
+    mode: str = help_field("generate", "generate (the paper: reason + yes/no JSON per criterion), choose (p(yes) per criterion from one forward pass: small models) or likelihood")
+    decision: str = help_field("hard", "hard (binary decisions, the paper) or soft (p(yes) as partial credit; choose/likelihood)")
+    threshold: float | None = help_field(None, "decision threshold (null: the mode's default)")
+    max_new_tokens: int = help_field(512, "longest Judge reply (generate mode)")
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("generate", "choose", "likelihood"):
+            raise ConfigError("judge.mode", self.mode, "unknown judge mode", "use generate, choose or likelihood")
+        if self.decision not in ("hard", "soft"):
+            raise ConfigError("judge.decision", self.decision, "unknown decision rule", "use hard or soft")
+
+    def factory(self, backend: Any) -> MocoRubricJudge:
+        return MocoRubricJudge(backend, mode=self.mode, decision=self.decision, threshold=self.threshold,  # type: ignore[arg-type]
+                               max_new_tokens=self.max_new_tokens, name=f"moco-judge-{self.mode}")
+
+
+@dataclass
+class MocoMomentumConfig:
+    """The EMA Generator-Judge (paper §3.3-3.4, Tables 4-5)."""
+
+    m: float = help_field(0.99, "EMA coefficient m: phi <- m*phi + (1-m)*theta")
+    interval: int = help_field(1, "H: EMA every H optimizer steps; must be a multiple of TRL's reward interval")
+    variant: str = help_field("joint", "joint | generator_only | judge_only | full_sync | frozen")
+    implementation: str = help_field("auto", "auto (LoRA adapter for a LoRA Policy, full copy otherwise), lora_adapter or full_copy")
+
+    def __post_init__(self) -> None:
+        if self.implementation not in ("auto", "lora_adapter", "full_copy"):
+            raise ConfigError("momentum.implementation", self.implementation, "unknown implementation",
+                              "use auto, lora_adapter or full_copy")
+
+    def settings(self, reward_interval: int | None) -> MomentumSettings:
+        return MomentumSettings(m=self.m, interval=self.interval, variant=self.variant, reward_interval=reward_interval)
+
+
+@dataclass
+class EvolmConfig:
+    """The EvoLM baseline (appendix A.2.2): alternating Policy and Generator GRPO phases."""
+
+    policy_steps: int = help_field(50, "Policy updates per phase (the paper: 50)")
+    generator_steps: int = help_field(50, "Generator updates per phase (the paper: 50)")
+    judge_weight: float = help_field(0.7, "weight of the Judge-score difference (current - earlier captions) in the Generator reward")
+    format_weight: float = help_field(0.3, "weight of format validity (the rubric parses) in the Generator reward")
+    generator_num_generations: int = help_field(4, "rubrics sampled per item in the Generator's GRPO groups")
+    n_captions: int = help_field(4, "Policy captions per item snapshotted after each Policy phase (current vs earlier)")
+
+    def __post_init__(self) -> None:
+        for name in ("policy_steps", "generator_steps", "n_captions"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"evolm.{name}", getattr(self, name), "must be >= 1", f"set evolm.{name}: 50")
+        if self.generator_num_generations < 2:
+            raise ConfigError("evolm.generator_num_generations", self.generator_num_generations, "must be >= 2",
+                              "set evolm.generator_num_generations: 4")
+
+
+@dataclass
+class MocoConfig:
+    """A MoCo Rubric (or EvoLM) run: its YAML plus overrides, saved as out_dir/config.yaml."""
+
+    seed: int = help_field(0, "one seed: subsets, retries, shuffling, caption sampling")
+    method: str = help_field("moco", "moco (momentum Generator-Judge) or evolm (alternating Policy/Generator GRPO, fixed Judge)")
+    policy: PolicyConfig = help_field(None, "the captioner (a VLM; the shared-SFT checkpoint in the paper)")  # type: ignore[assignment]
+    data: MocoDataConfig = help_field(None, "training images")  # type: ignore[assignment]
+    rubric: OnlineRubricConfig = help_field(None, "online rubric generation")  # type: ignore[assignment]
+    judge: MocoJudgeConfig = help_field(None, "the text-only Judge")  # type: ignore[assignment]
+    momentum: MocoMomentumConfig = help_field(None, "momentum Generator-Judge (method moco)")  # type: ignore[assignment]
+    evolm: EvolmConfig = help_field(None, "EvoLM phases (method evolm)")  # type: ignore[assignment]
+    train: TrainConfig = help_field(None, "TRL GRPO settings")  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        self.policy = self.policy or PolicyConfig()
+        self.data = self.data or MocoDataConfig()
+        self.rubric = self.rubric or OnlineRubricConfig()
+        self.judge = self.judge or MocoJudgeConfig()
+        self.momentum = self.momentum or MocoMomentumConfig()
+        self.evolm = self.evolm or EvolmConfig()
+        self.train = self.train or TrainConfig(algorithm="grpo", out_dir="runs/moco")
+        if self.method not in METHODS:
+            raise ConfigError("method", self.method, "unknown method", "use moco or evolm")
+        if self.train.algorithm != "grpo":
+            raise ConfigError("train.algorithm", self.train.algorithm, "MoCo Rubric and EvoLM train with GRPO",
+                              "set train.algorithm: grpo")
+        if self.train.seed is None:
+            self.train.seed = self.seed
+        if self.rubric.group_size is None:
+            self.rubric.group_size = self.train.num_generations
+        elif self.rubric.group_size != self.train.num_generations:
+            raise ConfigError("rubric.group_size", self.rubric.group_size,
+                              f"differs from train.num_generations ({self.train.num_generations})",
+                              "leave rubric.group_size null (it follows G)")
+        if self.method == "moco":
+            if self.momentum.variant not in VARIANTS:
+                self.momentum.settings(None)  # raises with close matches
+            self.momentum.settings(self.reward_interval())  # validates H against the reward interval
+        if self.method == "evolm" and self.train.max_steps < 1:
+            raise ConfigError("train.max_steps", self.train.max_steps, "EvoLM counts Policy updates",
+                              "set train.max_steps (e.g. 600 = 12 phases of 50)")
+
+    def reward_interval(self) -> int:
+        t = self.train
+        return reward_interval_steps(t.steps_per_generation or t.gradient_accumulation_steps, t.num_iterations,
+                                     t.gradient_accumulation_steps)
+
+
+def load_moco_config(path: str | Path | None, overrides: Sequence[str] = ()) -> MocoConfig:
+    """YAML + ``key=value`` overrides -> validated ``MocoConfig`` (no model is touched)."""
+    return load_config(MocoConfig, path, overrides)
+
+
+# ---------------------------------------------------------------------- data
+def second_reference(scene: Any) -> str:
+    """A second reference of the same facts in other words (A.1.2 gives the Generator two references)."""
+    from captionrl.domains.scenes import NUMBER_WORDS
+
+    parts = []
+    for g in scene.groups:
+        noun = g.shape if g.count == 1 else g.shape + "s"
+        where = "in the middle" if g.position == "center" else f"toward the {g.position}"
+        parts.append(f"{NUMBER_WORDS[g.count].capitalize()} {g.colour} {noun} sit {where} of a plain white canvas.")
+    if scene.text:
+        parts.append(f'Near the upper left corner the text "{scene.text}" appears in black letters.')
+    return " ".join(parts)
+
+
+def build_rows(cfg: MocoConfig) -> list[dict[str, Any]]:
+    """Dataset rows: Policy prompt (image placeholder), image, item id, two references, facts (JSON)."""
+    from captionrl.domains.scenes import generate_scenes
+    from captionrl.train.sft import policy_messages
+
+    d = cfg.data
+    rows = []
+    for scene in generate_scenes(d.n_train, d.scene_seed, size=d.image_size, max_groups=d.max_groups,
+                                 text_prob=d.text_prob):
+        rows.append({
+            "prompt": policy_messages(with_images=True),
+            "image": scene.render(),
+            "item_id": scene.id,
+            "references": [scene.reference_caption, second_reference(scene)],
+            "facts": json.dumps(scene.facts),
+        })
+    return rows
+
+
+# ---------------------------------------------------------------------- roles and reward
+@contextlib.contextmanager
+def _rng_untouched() -> Iterator[None]:
+    """Rubric sampling must not shift the Policy's sampling stream (seeded retries reseed torch)."""
+    import torch
+
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        yield
+
+
+def momentum_roles(box: Mapping[str, Any], processing: Any, batch_size: int = 8) -> RoleServer:
+    """Serve each role from the momentum model (``box["momentum"]``, set once the trainer exists)."""
+    from captionrl.backends.hf import HFBackend
+
+    cache: dict[int, Any] = {}
+
+    @contextlib.contextmanager
+    def serve(role: str) -> Iterator[Any]:
+        momentum = box["momentum"]
+        with momentum.serving(role) as model, _rng_untouched():
+            backend = cache.get(id(model))
+            if backend is None:
+                backend = HFBackend.from_model(model, processing, name="momentum", batch_size=batch_size)
+                cache[id(model)] = backend
+            yield backend
+
+    return serve
+
+
+def model_roles(generator_model: Any, judge_model: Any, processing: Any, batch_size: int = 8) -> RoleServer:
+    """EvoLM: the shared model (eval mode, no grads) writes rubrics, a frozen copy judges."""
+    import torch
+
+    from captionrl.backends.hf import HFBackend
+
+    gen = HFBackend.from_model(generator_model, processing, name="generator", batch_size=batch_size)
+    judge = HFBackend.from_model(judge_model, processing, name="fixed-judge", batch_size=batch_size)
+    plain = fixed_roles(gen, judge)
+
+    @contextlib.contextmanager
+    def serve(role: str) -> Iterator[Any]:
+        model = generator_model if role == "generator" else judge_model
+        training = model.training
+        model.eval()
+        try:
+            with plain(role) as backend, _rng_untouched(), torch.no_grad():
+                yield backend
+        finally:
+            model.train(training)
+
+    return serve
+
+
+class MocoReward(JudgeReward):
+    """The online rubric judge as a TRL reward: passes the optimizer step (seeds the subsets) and logs the
+    rubric diagnostics every call; unscored groups stay ``None``."""
+
+    def __call__(self, prompts: Sequence[Any] | None = None, completions: Sequence[Any] = (),
+                 completion_ids: Any = None, **kwargs: Any) -> list[float | None]:
+        state = kwargs.get("trainer_state")
+        kwargs["step"] = [int(state.global_step) if state is not None else -1] * len(completions)
+        scores = super().__call__(prompts, completions, completion_ids, **kwargs)
+        log_metric = kwargs.get("log_metric")
+        if callable(log_metric):
+            for key, value in rubric_stats(self.judge.last_groups).items():  # type: ignore[attr-defined]
+                log_metric(key, value)
+        return scores
+
+
+def records_path(out: Path, name: str = "rubrics") -> Path:
+    return out / f"{name}.rank{os.environ.get('RANK', '0')}.jsonl"
+
+
+# ---------------------------------------------------------------------- run: MoCo
+def run(cfg: MocoConfig) -> dict[str, Any]:
+    """Train (MoCo or EvoLM), save, plot; returns the paths of what was written and the step time."""
+    from captionrl.train import common
+
+    out = Path(cfg.train.out_dir)
+    common.quiet_offline_env(out)
+    resume_from = common.prepare_run_dir(cfg, out, cfg.train.resume)
+    rows = build_rows(cfg)
+    common.apply_threads(cfg.train.threads)
+    model, processing, is_vlm = common.load_policy(resolve_policy(cfg.policy))
+    if not is_vlm:
+        raise ConfigError("policy.model", cfg.policy.model, "is a language-only model; MoCo Rubric captions images",
+                          "use a vision-language model (e.g. a Qwen3-VL folder, or the tiny test VLM of configs/moco-cpu.yaml)")
+    if cfg.method == "evolm":
+        return run_evolm(cfg, out, model, processing, rows)
+    return run_moco(cfg, out, model, processing, rows, resume_from)
+
+
+def resolve_policy(policy: PolicyConfig) -> PolicyConfig:
+    """``tiny-vlm`` names the test VLM fixture (``testing.tiny_vlm``: SmolLM2 text weights, random vision
+    tower), assembled locally on first use; every other value goes to ``load_policy`` unchanged."""
+    if policy.model != "tiny-vlm":
+        return policy
+    from captionrl.testing.tiny_vlm import tiny_vlm_dir
+
+    return dataclasses.replace(policy, model=str(tiny_vlm_dir()))
+
+
+def run_moco(cfg: MocoConfig, out: Path, model: Any, processing: Any, rows: list[dict[str, Any]],
+             resume_from: Path | None) -> dict[str, Any]:
+    from datasets import Dataset
+
+    from captionrl.momentum import build_momentum
+    from captionrl.records import RecordWriter, write_json
+    from captionrl.train import common
+    from captionrl.train.callbacks import MomentumCallback, plot_curves
+    from captionrl.train.logging import MetricsLog
+
+    box: dict[str, Any] = {}
+    records = RecordWriter(records_path(out))
+    judge = OnlineRubricJudge(momentum_roles(box, processing), cfg.rubric, judge_factory=cfg.judge.factory,
+                              records=records)
+    reward = MocoReward(judge, name="moco_rubric", log_fields=())
+    args = common.trainer_args(cfg.train, seed=int(cfg.train.seed or 0))
+    trainer = common.build_trainer(cfg.train, args, model, processing, [reward], Dataset.from_list(rows),
+                                   callbacks=[MetricsLog(out / "metrics.jsonl")],
+                                   peft_config=common.lora_config(cfg.policy))
+    momentum = build_momentum(trainer.model, cfg.momentum.settings(cfg.reward_interval()),
+                              cfg.momentum.implementation)
+    box["momentum"] = momentum
+    MomentumCallback(momentum, resume_dir=resume_from).attach(trainer)
+    if resume_from is not None:
+        print(f"resuming from {resume_from}")
+    t0 = time.perf_counter()
+    start_step = _checkpoint_step(resume_from)
+    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    train_s = time.perf_counter() - t0
+    records.close()
+    steps = max(1, trainer.state.global_step - start_step)
+    result: dict[str, Any] = {
+        "out_dir": str(out), "method": "moco", "steps": trainer.state.global_step,
+        "train_seconds": round(train_s, 1), "seconds_per_step": round(train_s / steps, 2),
+        "momentum": {"variant": cfg.momentum.variant, "m": momentum.settings.effective_m,
+                     "interval": cfg.momentum.interval, "implementation": type(momentum).__name__,
+                     "updates": momentum.updates, "final_distance": momentum.distance()},
+    }
+    result["model"] = str(common.save_final_model(trainer, out / "model"))
+    if not trainer.accelerator.is_main_process:
+        return result
+    curves = plot_curves(out / "metrics.jsonl", CURVE_KEYS, path=out / "curves.png",
+                         title=f"MoCo Rubric ({cfg.momentum.variant}, m={cfg.momentum.m}, H={cfg.momentum.interval})")
+    result.update(curves=str(out / "curves.png"), curve_points=curves, records=str(records.path),
+                  metrics=str(out / "metrics.jsonl"),
+                  tensorboard=str(out / "tensorboard") if cfg.train.report_to else None)
+    write_json(out / "result.json", result)
+    return result
+
+
+def _checkpoint_step(ckpt: Path | None) -> int:
+    if ckpt is None:
+        return 0
+    try:
+        return int(ckpt.name.split("-")[-1])
+    except ValueError:
+        return 0
+
+
+# ---------------------------------------------------------------------- EvoLM
+def snapshot_captions(model: Any, processing: Any, rows: Sequence[Mapping[str, Any]], n: int, phase: int,
+                      cfg: MocoConfig, writer: Any) -> dict[str, list[str]]:
+    """``n`` sampled Policy captions per item after ``phase`` Policy phases (records keyed phase|item|k)."""
+    from captionrl.backends.base import ChatRequest
+    from captionrl.backends.hf import HFBackend
+
+    todo = [(r, k) for r in rows for k in range(n) if not writer.has(f"{phase}|{r['item_id']}|{k}")]
+    if todo:
+        backend = HFBackend.from_model(model, processing, name=f"policy-phase{phase}", batch_size=8)
+        training = model.training
+        model.eval()
+        try:
+            with _rng_untouched():
+                reqs = []
+                for r, k in todo:
+                    msgs = [{"role": "user", "content": [{"type": "image", "image": r["image"]},
+                                                         {"type": "text", "text": r["prompt"][0]["content"][1]["text"]}]}]
+                    seed = stable_int(f"{cfg.seed}|{phase}|{r['item_id']}|{k}")
+                    reqs.append(ChatRequest(msgs, max_new_tokens=cfg.train.max_completion_length,
+                                            temperature=cfg.train.temperature, top_p=cfg.train.top_p, seed=seed))
+                gens = backend.generate(reqs)
+        finally:
+            model.train(training)
+        writer.write_many([{"key": f"{phase}|{r['item_id']}|{k}", "phase": phase, "item_id": r["item_id"], "k": k,
+                            "caption": g.text or "", "error": g.error, "seed": q.seed}
+                           for (r, k), g, q in zip(todo, gens, reqs, strict=True)])
+    out: dict[str, list[str]] = {}
+    for r in rows:
+        out[str(r["item_id"])] = [writer.get(f"{phase}|{r['item_id']}|{k}")["caption"] for k in range(n)]
+    return out
+
+
+class EvolmGeneratorReward:
+    """Generator reward (A.2.2): ``judge_weight * (score(current) - score(earlier)) + format_weight * valid``.
+
+    The score of a caption set is the fixed Judge's mean score under the generated rubric. An invalid
+    rubric earns 0 for both terms (format validity is a verifiable outcome, not an outage); a valid rubric
+    the Judge could not score on either caption set is unscored (``None``).
+    """
+
+    __name__ = "evolm_generator"
+
+    def __init__(self, cfg: MocoConfig, roles: RoleServer) -> None:
+        self.cfg = cfg
+        self.roles = roles
+
+    def __call__(self, prompts: Any = None, completions: Sequence[Any] = (), completion_ids: Any = None,
+                 **kw: Any) -> list[float | None]:
+        rc, ev = self.cfg.rubric, self.cfg.evolm
+        texts = [completion_text(c) for c in completions]
+        rubrics = []
+        for t in texts:
+            try:
+                rubrics.append(parse_generator_reply(t, rc.min_items, rc.max_items))
+            except ValueError:  # DataError is a ValueError: any schema or JSON failure is an invalid format
+                rubrics.append(None)
+        out: list[float | None] = []
+        gains: list[float] = []
+        with self.roles("judge") as backend:
+            judge = self.cfg.judge.factory(backend)
+            for i, rub in enumerate(rubrics):
+                if rub is None:
+                    out.append(0.0)
+                    continue
+                cur, old = list(kw["current"][i]), list(kw["earlier"][i])
+                js = judge.judge(cur + old, {"rubric": [rub] * (len(cur) + len(old))})
+                s_cur = _mean_scored(js[: len(cur)])
+                s_old = _mean_scored(js[len(cur):])
+                if s_cur is None or s_old is None:
+                    out.append(None)
+                    continue
+                gains.append(s_cur - s_old)
+                out.append(ev.judge_weight * (s_cur - s_old) + ev.format_weight * 1.0)
+        log_metric = kw.get("log_metric")
+        if callable(log_metric):
+            log_metric("evolm/format_valid", sum(r is not None for r in rubrics) / max(1, len(rubrics)))
+            if gains:
+                log_metric("evolm/score_gain", float(np.mean(gains)))
+        return out
+
+
+def _mean_scored(js: Sequence[Any]) -> float | None:
+    vals = [j.score for j in js if j.scored]
+    return float(np.mean(vals)) if vals else None
+
+
+def generator_rows(cfg: MocoConfig, rows: Sequence[Mapping[str, Any]], current: Mapping[str, list[str]],
+                   earlier: Mapping[str, list[str]], phase: int) -> list[dict[str, Any]]:
+    """Generator training rows: the MoCo Generator prompt over a seeded subset of the current captions."""
+    from captionrl.train.sft import generator_messages
+
+    out = []
+    for r in rows:
+        item = str(r["item_id"])
+        cur = current[item]
+        subset = choose_subset(len(cur), cfg.rubric.n_candidates, [cfg.seed, phase, stable_int(item), 0])
+        out.append({
+            "prompt": generator_messages(r["references"], [cur[i] for i in subset], with_images=True),
+            "image": r["image"], "item_id": item, "current": cur, "earlier": list(earlier[item]),
+            "subset": subset,
+        })
+    return out
+
+
+def run_evolm(cfg: MocoConfig, out: Path, model: Any, processing: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Alternate Policy and Generator GRPO phases on one shared model; the Judge is a frozen initial copy."""
+    import torch
+    from datasets import Dataset
+
+    from captionrl.records import RecordWriter, write_json
+    from captionrl.train import common
+    from captionrl.train.callbacks import plot_curves
+    from captionrl.train.logging import MetricsLog, load_metrics
+
+    if cfg.policy.lora:
+        from peft import get_peft_model
+
+        model = get_peft_model(model, common.lora_config(cfg.policy))  # one adapter, trained by both phases
+    judge_model = copy.deepcopy(model)
+    for p in judge_model.parameters():
+        p.requires_grad_(False)
+    judge_model.eval()
+    ev = cfg.evolm
+    n_phases = math.ceil(cfg.train.max_steps / ev.policy_steps)
+    state_path = out / "evolm" / "state.pt"
+    phases = RecordWriter(out / "evolm" / "phases.jsonl")
+    captions = RecordWriter(out / "evolm" / "captions.jsonl")
+    done = sorted(int(k) for k in phases.done_keys)
+    if done and state_path.exists():
+        saved = torch.load(state_path, map_location="cpu", weights_only=True)
+        model.load_state_dict(saved, strict=False)
+        print(f"resuming after EvoLM phase {done[-1]}")
+    records = RecordWriter(records_path(out))
+    roles = model_roles(model, judge_model, processing)
+    t0 = time.perf_counter()
+    policy_seconds = 0.0
+    earlier = snapshot_captions(model, processing, rows, ev.n_captions, 0, cfg, captions)
+    for phase in range(1, n_phases + 1):
+        if str(phase) in phases.done_keys:
+            earlier = snapshot_captions(model, processing, rows, ev.n_captions, phase, cfg, captions)
+            continue
+        steps = min(ev.policy_steps, cfg.train.max_steps - (phase - 1) * ev.policy_steps)
+        # Policy phase: online rubrics from the current Generator, fixed Judge.
+        pcfg = dataclasses.replace(cfg.train, out_dir=str(out / "evolm" / f"phase{phase}-policy"), max_steps=steps,
+                                   save_steps=10**9, resume="auto")
+        judge = OnlineRubricJudge(roles, cfg.rubric, judge_factory=cfg.judge.factory, records=records)
+        reward = MocoReward(judge, name="moco_rubric", log_fields=())
+        pt = common.build_trainer(pcfg, common.trainer_args(pcfg, seed=int(cfg.train.seed or 0) + phase), model,
+                                  processing, [reward], Dataset.from_list(rows),
+                                  callbacks=[MetricsLog(Path(pcfg.out_dir) / "metrics.jsonl")])
+        tp = time.perf_counter()
+        pt.train()
+        policy_seconds += time.perf_counter() - tp
+        current = snapshot_captions(model, processing, rows, ev.n_captions, phase, cfg, captions)
+        # Generator phase: rubrics that rank the current captions above those of policy_steps updates ago.
+        gcfg = dataclasses.replace(cfg.train, out_dir=str(out / "evolm" / f"phase{phase}-generator"),
+                                   max_steps=ev.generator_steps, num_generations=ev.generator_num_generations,
+                                   per_device_train_batch_size=ev.generator_num_generations,
+                                   steps_per_generation=None, gradient_accumulation_steps=1,
+                                   max_completion_length=cfg.rubric.max_new_tokens, save_steps=10**9)
+        gt = common.build_trainer(gcfg, common.trainer_args(gcfg, seed=int(cfg.train.seed or 0) + 1000 + phase), model,
+                                  processing, [EvolmGeneratorReward(cfg, roles)],
+                                  Dataset.from_list(generator_rows(cfg, rows, current, earlier, phase)),
+                                  callbacks=[MetricsLog(Path(gcfg.out_dir) / "metrics.jsonl")])
+        gt.train()
+        earlier = current
+        state_path.parent.mkdir(parents=True, exist_ok=True)
+        trainable = {n: p.detach().cpu() for n, p in model.named_parameters() if p.requires_grad}
+        torch.save(trainable, state_path)
+        phases.write({"key": str(phase), "phase": phase, "policy_steps": steps, "generator_steps": ev.generator_steps})
+    train_s = time.perf_counter() - t0
+    records.close()
+    captions.close()
+    phases.close()
+    # One metrics file: Policy steps numbered across phases, Generator metrics under generator/.
+    merged = []
+    for phase in range(1, n_phases + 1):
+        offset = (phase - 1) * ev.policy_steps
+        for rec in load_metrics(out / "evolm" / f"phase{phase}-policy" / "metrics.jsonl"):
+            merged.append({**rec, "step": offset + int(rec["step"]), "phase": phase, "role": "policy"})
+        for rec in load_metrics(out / "evolm" / f"phase{phase}-generator" / "metrics.jsonl"):
+            merged.append({"step": offset + steps_in(phase, cfg), "phase": phase, "role": "generator",
+                           **{f"generator/{k}": v for k, v in rec.items() if k != "step"}})
+    with RecordWriter(out / "metrics.jsonl") as w:
+        w.write_many([{"key": f"{r['role']}|{r['phase']}|{r['step']}|{i}", **r} for i, r in enumerate(merged)])
+    model_dir = out / "model"
+    model.save_pretrained(str(model_dir))
+    processing.save_pretrained(str(model_dir))
+    curves = plot_curves(merged, EVOLM_KEYS, path=out / "curves.png", smooth=1, title="EvoLM")
+    pol = [r for r in merged if r["role"] == "policy"]
+    result = {"out_dir": str(out), "method": "evolm", "phases": n_phases, "steps": cfg.train.max_steps,
+              "train_seconds": round(train_s, 1),
+              "seconds_per_policy_step": round(policy_seconds / max(1, len(pol)), 2) if pol else None,
+              "model": str(model_dir), "curves": str(out / "curves.png"), "curve_points": curves,
+              "records": str(records.path), "metrics": str(out / "metrics.jsonl")}
+    write_json(out / "result.json", result)
+    return result
+
+
+def steps_in(phase: int, cfg: MocoConfig) -> int:
+    """Policy steps of ``phase`` (the last phase may be shorter)."""
+    return min(cfg.evolm.policy_steps, cfg.train.max_steps - (phase - 1) * cfg.evolm.policy_steps)
+
+
+# ---------------------------------------------------------------------- CLI
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=None, help="YAML run config, e.g. configs/moco-cpu.yaml")
+    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. momentum.variant=frozen train.max_steps=4")
+    p.add_argument("--check", action="store_true", help="validate the config and build the data, then stop (loads no model)")
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg = load_moco_config(args.config, args.overrides)
+    if args.check:
+        rows = build_rows(cfg)
+        print(json.dumps({"method": cfg.method, "train_items": len(rows), "reward_interval": cfg.reward_interval()}))
+        return 0
+    result = run(cfg)
+    print(f"model:   {result.get('model')}")
+    print(f"curves:  {result.get('curves')}")
+    print(f"records: {result.get('records')}")
+    print(f"metrics: {result.get('metrics')}")
+    if result.get("tensorboard"):
+        print(f"tensorboard: tensorboard --logdir {result['tensorboard']}")
+    step_s = result.get("seconds_per_step") or result.get("seconds_per_policy_step")
+    print(f"steps: {result.get('steps')} ({step_s} s/step)")
+    return 0
