@@ -241,4 +241,4 @@ def test_cli_rubrics_build_from_scene_facts_is_resumable(tmp_path, capsys):
     assert judged[0].score == 1.0
     assert main(["rubrics", "build", "--items", "scenes:2", "--committee", "bogus", "--writer", "embedded",
                  "--out", str(out)]) == 2
-    assert "KIND:MODEL" in capsys.readouterr().err
+    assert "nor a hub id" in capsys.readouterr().err

@@ -34,6 +34,10 @@ def resolve_model_path(model: str) -> tuple[str, str | None]:
 
     if model in ("embedded", "", "smollm2", "SmolLM2-135M-Instruct"):
         return str(embedded_model_dir()), None
+    if model == "tiny-vlm":  # the test fixture VLM (captionrl.testing.tiny_vlm), assembled on first use
+        from captionrl.testing.tiny_vlm import tiny_vlm_dir
+
+        return str(tiny_vlm_dir()), None
     p = Path(model).expanduser()
     if p.suffix == ".gguf":
         if not p.exists():
@@ -43,6 +47,11 @@ def resolve_model_path(model: str) -> tuple[str, str | None]:
         if not (target / "config.json").exists():
             convert_gguf(p, target)
         return str(target), None
+    if not p.exists() and (model.count("/") != 1 or model.startswith((".", "/", "~"))):
+        raise ConfigError(
+            "model", model, "is not 'embedded', an existing folder or .gguf file, nor a hub id (owner/name)",
+            "write hf:embedded, hf:/path/to/model, tiny-vlm, or a hub id such as HuggingFaceTB/SmolLM2-360M-Instruct",
+        )
     if p.exists() and not (p / "config.json").exists():
         raise ConfigError(
             "model", model, "folder has no config.json", "point to a saved HF model folder or a .gguf file"

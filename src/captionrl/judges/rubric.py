@@ -689,33 +689,18 @@ def _hash(text: str) -> str:
 
 
 # ====================================================================== CLI: captionrl rubrics build
-def parse_backend_spec(spec: str) -> Backend:
-    """``hf:MODEL`` | ``openai:MODEL@URL`` | ``vllm:MODEL`` | ``embedded`` | ``tiny-vlm`` -> a backend."""
-    from captionrl.backends import BackendConfig, make_backend
+def backend_from_spec(spec: str) -> Backend:
+    """A backend from a command-line spec (``hf:embedded``, ``tiny-vlm``, ``openai:URL#MODEL``, ``vllm:MODEL``)."""
+    from captionrl.backends import make_backend, parse_backend_spec
 
-    if spec in ("embedded", "hf", "hf:embedded"):
-        return make_backend(BackendConfig(kind="hf", model="embedded"))
-    if spec in ("tiny-vlm", "hf:tiny-vlm"):
-        from captionrl.testing.tiny_vlm import tiny_vlm_dir
-
-        return make_backend(BackendConfig(kind="hf", model=str(tiny_vlm_dir())))
-    kind, _, rest = spec.partition(":")
-    if not rest or kind not in ("hf", "openai", "vllm"):
-        raise ConfigError("backend spec", spec, "is not KIND:MODEL",
-                          "write hf:embedded, hf:/path/to/model, openai:MODEL@http://HOST:PORT/v1, vllm:MODEL or tiny-vlm")
-    if kind == "openai":
-        model, _, url = rest.partition("@")
-        if not url:
-            raise ConfigError("backend spec", spec, "an openai backend needs @URL", "write openai:MODEL@http://HOST:PORT/v1")
-        return make_backend(BackendConfig(kind="openai", model=model, base_url=url))
-    return make_backend(BackendConfig(kind=kind, model=rest))
+    return make_backend(parse_backend_spec(spec))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--items", required=True,
                    help="images: a folder, a JSONL manifest, scenes:N[:SEED], easy-vqa[:SPLIT[:LIMIT]] or skimage")
     p.add_argument("--committee", nargs="*", default=[],
-                   help="teacher backend specs (hf:MODEL, openai:MODEL@URL, vllm:MODEL, tiny-vlm)")
+                   help="teacher backend specs (hf:embedded, hf:PATH, tiny-vlm, openai:URL#MODEL, vllm:MODEL)")
     p.add_argument("--writer", default="facts",
                    help="rubric writer backend spec, or 'facts' to build rubrics from known facts (scenes)")
     p.add_argument("--student", default=None, help="optional student backend whose captions the writer reads")
@@ -736,10 +721,10 @@ def main(args: argparse.Namespace) -> int:
     items = list(load_images(args.items, on_error=args.on_error))
     if args.limit is not None:
         items = items[: args.limit]
-    teachers = [parse_backend_spec(s) for s in args.committee]
+    teachers = [backend_from_spec(s) for s in args.committee]
     writer = None
     if args.writer != "facts":
-        writer = RubricWriter(parse_backend_spec(args.writer), max_attempts=args.max_attempts,
+        writer = RubricWriter(backend_from_spec(args.writer), max_attempts=args.max_attempts,
                               max_new_tokens=args.writer_max_new_tokens, seed=args.seed,
                               with_image=args.writer_sees_image)
     elif not all(it.facts for it in items):
@@ -747,7 +732,7 @@ def main(args: argparse.Namespace) -> int:
                           "use scenes:N items, or give a --writer backend")
     if writer is not None and not teachers:
         raise ConfigError("committee", [], "a rubric writer needs committee captions", "pass --committee SPEC ...")
-    student = parse_backend_spec(args.student) if args.student else None
+    student = backend_from_spec(args.student) if args.student else None
     summary = build_rubrics(items, teachers=teachers, writer=writer, out_dir=args.out, student=student,
                             max_new_tokens=args.max_new_tokens, seed=args.seed, progress=not args.quiet)
     print(json.dumps({k: summary[k] for k in ("items", "rubrics", "unscored", "mean_items")}))
