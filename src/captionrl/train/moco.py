@@ -321,23 +321,13 @@ def run(cfg: MocoConfig) -> dict[str, Any]:
     resume_from = common.prepare_run_dir(cfg, out, cfg.train.resume)
     rows = build_rows(cfg)
     common.apply_threads(cfg.train.threads)
-    model, processing, is_vlm = common.load_policy(resolve_policy(cfg.policy))
+    model, processing, is_vlm = common.load_policy(cfg.policy)  # 'tiny-vlm' resolves in the hf backend
     if not is_vlm:
         raise ConfigError("policy.model", cfg.policy.model, "is a language-only model; MoCo Rubric captions images",
                           "use a vision-language model (e.g. a Qwen3-VL folder, or the tiny test VLM of configs/moco-cpu.yaml)")
     if cfg.method == "evolm":
         return run_evolm(cfg, out, model, processing, rows)
     return run_moco(cfg, out, model, processing, rows, resume_from)
-
-
-def resolve_policy(policy: PolicyConfig) -> PolicyConfig:
-    """``tiny-vlm`` names the test VLM fixture (``testing.tiny_vlm``: SmolLM2 text weights, random vision
-    tower), assembled locally on first use; every other value goes to ``load_policy`` unchanged."""
-    if policy.model != "tiny-vlm":
-        return policy
-    from captionrl.testing.tiny_vlm import tiny_vlm_dir
-
-    return dataclasses.replace(policy, model=str(tiny_vlm_dir()))
 
 
 def run_moco(cfg: MocoConfig, out: Path, model: Any, processing: Any, rows: list[dict[str, Any]],

@@ -26,7 +26,6 @@ Run folder (``train.out_dir``): ``config.yaml``, ``rubrics/`` (store and build r
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import time
@@ -356,15 +355,6 @@ class RubricReward(_reward_base()):  # type: ignore[misc]
 
 
 # ---------------------------------------------------------------------- run
-def resolve_policy(policy: PolicyConfig) -> PolicyConfig:
-    """``tiny-vlm`` -> the tiny VLM fixture's folder (built once, offline); other names unchanged."""
-    if policy.model != TINY_VLM:
-        return policy
-    from captionrl.testing.tiny_vlm import tiny_vlm_dir
-
-    return dataclasses.replace(policy, model=str(tiny_vlm_dir()))
-
-
 def preflight(cfg: RubicapConfig) -> None:
     """Fail fast, before anything loads, when a configured server does not answer."""
     from captionrl.train.lineup import probe_openai
@@ -406,7 +396,7 @@ def run(cfg: RubicapConfig, judge_backend: Any = None, callbacks: Sequence[Any] 
 
     t0 = time.perf_counter()
     backend = judge_backend if judge_backend is not None else make_backend(cfg.judge)
-    model, processing, is_vlm = common.load_policy(resolve_policy(cfg.policy))
+    model, processing, is_vlm = common.load_policy(cfg.policy)  # 'tiny-vlm' resolves in the hf backend
     if not is_vlm:
         raise ConfigError("policy.model", cfg.policy.model, "is a language-only model: RubiCap's policy must see the image",
                           "use a VLM (its config has a vision_config), e.g. Qwen/Qwen2.5-VL-7B-Instruct or tiny-vlm")
