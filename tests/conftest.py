@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+
 from servers import llama_server, llama_server_factory  # noqa: F401  (real llama.cpp server fixtures)
 
 # Tests share 2 cores with whatever else runs; one thread per process keeps them predictable.

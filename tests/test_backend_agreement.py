@@ -31,7 +31,7 @@ ORDER_GAP = 0.05
 @pytest.mark.slow
 @pytest.mark.server
 @requires_llama_cpp
-def test_choose_rankings_agree(embedded_backend, llama_server: LlamaServer):  # noqa: F811
+def test_choose_rankings_agree(embedded_backend, llama_server: LlamaServer):
     prompts = [[{"role": "user", "content": p}] for p in PROMPTS.values()]
     hf = embedded_backend.choose(prompts, OPTIONS)
     http = llama_server.backend().choose(prompts, OPTIONS)
@@ -52,7 +52,7 @@ def test_choose_rankings_agree(embedded_backend, llama_server: LlamaServer):  # 
 @pytest.mark.slow
 @pytest.mark.server
 @requires_llama_cpp
-def test_loglikelihood_agrees(embedded_backend, llama_server: LlamaServer):  # noqa: F811
+def test_loglikelihood_agrees(embedded_backend, llama_server: LlamaServer):
     pairs = [("The capital of France is", " Paris"), ("The capital of France is", " Berlin")]
     http: OpenAIBackend = llama_server.backend()
     via_http = http.loglikelihood(pairs)

@@ -284,7 +284,7 @@ def test_loglikelihood_prompt_logprobs_vllm_format():
 # ---------------------------------------------------------------------------- real server
 @pytest.mark.server
 @requires_llama_cpp
-def test_generate_real_server(llama_server: LlamaServer):  # noqa: F811
+def test_generate_real_server(llama_server: LlamaServer):
     backend = llama_server.backend()
     gens = backend.generate([
         ChatRequest(user("What is the capital of France? Answer in one word."), max_new_tokens=8),
@@ -297,7 +297,7 @@ def test_generate_real_server(llama_server: LlamaServer):  # noqa: F811
 
 @pytest.mark.server
 @requires_llama_cpp
-def test_choose_real_server_uses_top_logprobs(llama_server: LlamaServer):  # noqa: F811
+def test_choose_real_server_uses_top_logprobs(llama_server: LlamaServer):
     r = llama_server.backend().choose([user("Type the letter C and nothing else."),
                                        user("Reply with the single letter D.")], OPTIONS)
     assert [x.method for x in r] == ["top_logprobs"] * 2
@@ -307,7 +307,7 @@ def test_choose_real_server_uses_top_logprobs(llama_server: LlamaServer):  # noq
 
 @pytest.mark.server
 @requires_llama_cpp
-def test_loglikelihood_real_server_echo(llama_server: LlamaServer):  # noqa: F811
+def test_loglikelihood_real_server_echo(llama_server: LlamaServer):
     backend = llama_server.backend()
     paris, banana = backend.loglikelihood([("The capital of France is", " Paris"),
                                            ("The capital of France is", " banana")])
@@ -319,7 +319,7 @@ def test_loglikelihood_real_server_echo(llama_server: LlamaServer):  # noqa: F81
 
 @pytest.mark.server
 @requires_llama_cpp
-def test_loglikelihood_needs_logits_all(llama_server_factory):  # noqa: F811
+def test_loglikelihood_needs_logits_all(llama_server_factory):
     server = llama_server_factory(logits_all=False)
     backend = server.backend(max_retries=3)
     with pytest.raises(BackendError, match="--logits_all true"):
@@ -350,7 +350,7 @@ class KillAfter(httpx.AsyncBaseTransport):
 
 @pytest.mark.server
 @requires_llama_cpp
-def test_server_killed_mid_batch_leaves_rest_unscored(llama_server_factory):  # noqa: F811
+def test_server_killed_mid_batch_leaves_rest_unscored(llama_server_factory):
     server = llama_server_factory()
     backend = server.backend(concurrency=1, max_retries=1, backoff_s=0.05, transport=KillAfter(server, 2))
     gens = backend.generate([ChatRequest(user(f"Count to {i}."), max_new_tokens=6) for i in range(5)])
@@ -366,7 +366,7 @@ def test_server_killed_mid_batch_leaves_rest_unscored(llama_server_factory):  # 
 
 @pytest.mark.server
 @requires_llama_cpp
-def test_timeout_is_unscored_with_error(llama_server: LlamaServer):  # noqa: F811
+def test_timeout_is_unscored_with_error(llama_server: LlamaServer):
     backend = llama_server.backend(timeout_s=0.01, max_retries=1, backoff_s=0.0)
     g = backend.generate([ChatRequest(user("Write a long story."), max_new_tokens=8)])[0]
     assert g.text is None and g.attempts == 2 and "timeout" in g.error
@@ -425,7 +425,7 @@ def run_judged(backend: OpenAIBackend, out, prompts: dict[str, str]) -> dict[str
 
 @pytest.mark.server
 @requires_llama_cpp
-def test_resume_after_server_killed_completes_only_missing(llama_server_factory, tmp_path):  # noqa: F811
+def test_resume_after_server_killed_completes_only_missing(llama_server_factory, tmp_path):
     server = llama_server_factory()
     prompts = {f"item{i}": f"Name a colour number {i}." for i in range(5)}
     first = run_judged(server.backend(concurrency=1, max_retries=0, transport=KillAfter(server, 2)), tmp_path,
