@@ -46,3 +46,21 @@ def describe_series(series: Series | np.ndarray, precision: int = 2) -> str:
         f"The mean is {fmt(float(v.mean()), precision)} with a standard deviation of "
         f"{fmt(float(v.std()), precision)}."
     )
+
+
+def describer_demo(n_items: int = 12, seed: int = 0) -> tuple[list[Series], dict[str, str], dict[str, str]]:
+    """Self-check inputs for caption metrics: embedded windows, their describer captions, and (seeded)
+    the describer's caption of *another* window, which an honest metric must score lower."""
+    from captionrl.domains.corpora import load_embedded_corpus
+    from captionrl.domains.timeseries import window
+
+    wins: list[Series] = []
+    for s in load_embedded_corpus(["co2", "sunspots", "elnino", "nile"]):
+        wins.extend(window(s, 24, stride=max(24, len(s) // 6)))
+    rng = np.random.default_rng(seed)
+    chosen = [wins[i] for i in sorted(rng.choice(len(wins), size=min(n_items, len(wins)), replace=False))]
+    caps = {w.id: describe_series(w) for w in chosen}
+    ids = list(caps)
+    shift = int(rng.integers(1, len(ids)))
+    other = {i: caps[ids[(k + shift) % len(ids)]] for k, i in enumerate(ids)}
+    return chosen, caps, other

@@ -64,20 +64,10 @@ def load_inputs(specs: Sequence[str], references: str | None) -> tuple[Systems, 
 
 def demo_inputs(n_items: int = 12, seed: int = 0) -> tuple[Systems, dict[str, list[str]]]:
     """Self-check systems from the embedded corpus (see module doc); the other-window pairing is seeded."""
-    from captionrl.domains.corpora import load_embedded_corpus
-    from captionrl.domains.describe import describe_series
-    from captionrl.domains.timeseries import window
+    from captionrl.domains.describe import describer_demo
 
-    wins = []
-    for s in load_embedded_corpus(["co2", "sunspots", "elnino", "nile"]):
-        wins.extend(window(s, 24, stride=max(24, len(s) // 6)))
-    rng = np.random.default_rng(seed)
-    chosen = [wins[i] for i in sorted(rng.choice(len(wins), size=min(n_items, len(wins)), replace=False))]
-    caps = {w.id: describe_series(w) for w in chosen}
-    ids = list(caps)
-    shift = rng.integers(1, len(ids))
-    refs = {i: [s for s in re.split(r"(?<=\.)\s+", caps[i]) if s] for i in ids}
-    other = {i: caps[ids[(k + shift) % len(ids)]] for k, i in enumerate(ids)}
+    _windows, caps, other = describer_demo(n_items, seed)
+    refs = {i: [s for s in re.split(r"(?<=\.)\s+", c) if s] for i, c in caps.items()}
     return {"describer": caps, "other window": other}, refs
 
 

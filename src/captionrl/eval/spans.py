@@ -325,19 +325,9 @@ def load_items(specs: Sequence[str]) -> tuple[dict[str, dict[str, str]], dict[st
 
 def demo_items(n_items: int = 12, seed: int = 0) -> tuple[dict[str, dict[str, str]], dict[str, np.ndarray]]:
     """Embedded windows captioned by the describer, and the describer's caption of another window."""
-    from captionrl.domains.corpora import load_embedded_corpus
-    from captionrl.domains.describe import describe_series
-    from captionrl.domains.timeseries import window
+    from captionrl.domains.describe import describer_demo
 
-    wins = []
-    for s in load_embedded_corpus(["co2", "sunspots", "elnino", "nile"]):
-        wins.extend(window(s, 24, stride=max(24, len(s) // 6)))
-    rng = np.random.default_rng(seed)
-    chosen = [wins[i] for i in sorted(rng.choice(len(wins), size=min(n_items, len(wins)), replace=False))]
-    caps = {w.id: describe_series(w) for w in chosen}
-    ids = list(caps)
-    shift = int(rng.integers(1, len(ids)))
-    other = {i: caps[ids[(k + shift) % len(ids)]] for k, i in enumerate(ids)}
+    chosen, caps, other = describer_demo(n_items, seed)
     return {"describer": caps, "other window": other}, {w.id: np.asarray(w.values) for w in chosen}
 
 
