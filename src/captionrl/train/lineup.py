@@ -190,18 +190,11 @@ def build_data(cfg: LineupConfig) -> LineupData:
     """Windows and candidate sets per split, validated; no model involved."""
     if cfg.data.candidates_file:
         return _data_from_file(cfg)
-    from captionrl.domains.corpora import load_corpus, load_embedded_corpus
-    from captionrl.domains.timeseries import split_by_fraction, window_splits
+    from captionrl.domains.corpora import load_embedded_corpus
+    from captionrl.domains.datasets import split_windows
 
-    if cfg.data.corpus == "embedded" and cfg.data.series:
-        corpus = load_embedded_corpus(cfg.data.series)
-    else:
-        corpus = load_corpus(cfg.data.corpus)
-    segments = [split_by_fraction(s, cfg.data.splits) for s in corpus if len(s) * min(cfg.data.splits) >= cfg.data.window]
-    if not segments:
-        raise DataError("data.window", cfg.data.window, "no source series is long enough for a window in every split",
-                        "use a shorter data.window or a longer corpus")
-    windows = window_splits(segments, cfg.data.window, cfg.data.stride)
+    corpus = load_embedded_corpus(cfg.data.series) if cfg.data.corpus == "embedded" and cfg.data.series else cfg.data.corpus
+    windows = split_windows(corpus, cfg.data.window, stride=cfg.data.stride, fractions=cfg.data.splits)
     want = {"train": cfg.data.n_train, "val": cfg.data.n_val, "test": cfg.data.n_test}
     rows: dict[str, list[dict[str, Any]]] = {}
     pool: dict[str, Any] = {}
