@@ -39,7 +39,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], argparse.ArgumentParser]]:
-    parser = argparse.ArgumentParser(prog="captionrl", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="captionrl",
+        description="Train captioners with RL from verifiable rewards (LineupRL, RubiCap, MoCo Rubric), and measure them.",
+    )
     from captionrl import __version__
 
     parser.add_argument("--version", action="version", version=f"captionrl {__version__}")
