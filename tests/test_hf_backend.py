@@ -99,3 +99,9 @@ def test_empty_continuations_score_zero_in_shared_and_single_paths(embedded_back
     out = embedded_backend.loglikelihood([(RISING, ""), (RISING, " It rises."), (RISING + " x", "")])
     assert out[0] == 0.0 and out[2] == 0.0
     assert out[1] is not None and out[1] < 0
+
+
+def test_duplicate_pairs_are_scored_once_with_the_same_value(embedded_backend):
+    pairs = [(RISING, " It rises."), (RISING, " It falls."), (RISING, " It rises.")]
+    out = embedded_backend.loglikelihood(pairs)
+    assert out[0] == out[2] and out[0] != out[1]

@@ -356,6 +356,10 @@ class HFBackend:
         """
         check_model_calls_allowed(self.name)
         self._ensure_loaded()
+        unique = list(dict.fromkeys(pairs))  # identical pairs (a caption in several candidate sets) run once
+        if len(unique) < len(pairs):
+            scores = dict(zip(unique, self.loglikelihood(unique), strict=True))
+            return [scores[p] for p in pairs]
         results: list[float | None] = [None] * len(pairs)
         by_ctx: dict[str, list[int]] = {}
         for i, (ctx, _cont) in enumerate(pairs):

@@ -103,36 +103,44 @@ def run_identification(
         for s in systems:
             if not s.control:
                 all_systems.extend(controls_for(s, [it.id for it in items], cfg.seed))
-    jobs = [(s, v, m, d, k) for s in all_systems for v in verifiers for m in cfg.modes for d in cfg.directions for k in cfg.ks]
-    total = len(jobs) * len(items)
-    bar = tqdm(total=total, desc="identify", unit="judgment", initial=sum(
-        writer.has(_key(s.name, v, m, d, k, it.id)) for s, v, m, d, k in jobs for it in items))
-    for system, vname, mode, direction, k in jobs:
-        icfg = IdentifyConfig(mode=mode, direction=direction, k=int(k), precision=cfg.precision)
-        judge = IdentificationJudge(verifiers[vname], icfg)
-        todo = [it for it in items if not writer.has(_key(system.name, vname, mode, direction, k, it.id))]
-        if direction == "s2c" and any(d not in system.captions for it in todo for d in distractors[it.id][: k - 1]):
-            bar.update(len(todo))
-            continue  # distractors from an external pool have no captions: s2c is undefined
-        for start in range(0, len(todo), cfg.batch_items):
-            chunk = todo[start : start + cfg.batch_items]
-            captions = [system.captions[it.id] for it in chunk]
+    combos = [(v, m, d, int(k)) for v in verifiers for m in cfg.modes for d in cfg.directions for k in cfg.ks]
+    total = len(combos) * len(all_systems) * len(items)
+    bar = tqdm(total=total, desc="identify", unit="judgment")
+    for vname, mode, direction, k in combos:
+        judge = IdentificationJudge(verifiers[vname], IdentifyConfig(mode=mode, direction=direction, k=k, precision=cfg.precision))
+        # Item-major order: the captions of every system for one item sit together, so the verifier sees
+        # each candidate context once per batch and the backend shares it (prefix cache, dedup).
+        todo, skipped = [], 0
+        for it in items:
+            for system in all_systems:
+                if writer.has(_key(system.name, vname, mode, direction, k, it.id)):
+                    skipped += 1
+                elif direction == "s2c" and any(d not in system.captions for d in distractors[it.id][: k - 1]):
+                    skipped += 1  # distractors from an external pool have no captions: s2c is undefined
+                else:
+                    todo.append((system, it))
+        bar.update(skipped)
+        step = cfg.batch_items * len(all_systems)
+        for start in range(0, len(todo), step):
+            chunk = todo[start : start + step]
+            captions = [system.captions[it.id] for system, it in chunk]
             columns = {
-                "candidates": [[it.values.tolist(), *[pool[d].values.tolist() for d in distractors[it.id][: k - 1]]] for it in chunk],
-                "series": [it.values.tolist() for it in chunk],
-                "distractor_captions": [[system.captions.get(d, "") for d in distractors[it.id][: k - 1]] for it in chunk],
+                "candidates": [[it.values.tolist(), *[pool[d].values.tolist() for d in distractors[it.id][: k - 1]]]
+                               for _, it in chunk],
+                "series": [it.values.tolist() for _, it in chunk],
+                "distractor_captions": [[system.captions.get(d, "") for d in distractors[it.id][: k - 1]]
+                                        for system, it in chunk],
             }
             t0 = time.perf_counter()
             judgments = judge.judge(captions, columns)
             dt = (time.perf_counter() - t0) / len(chunk)
-            for it, cap, j in zip(chunk, captions, judgments, strict=True):
-                writer.write({
-                    "key": _key(system.name, vname, mode, direction, k, it.id),
-                    "system": system.name, "control": system.control, "verifier": vname, "mode": mode,
-                    "direction": direction, "k": int(k), "item_id": it.id, "caption": cap,
-                    "candidate_ids": [it.id, *distractors[it.id][: k - 1]], "seconds": round(dt, 4),
-                    **j.to_record(),
-                })
+            writer.write_many({
+                "key": _key(system.name, vname, mode, direction, k, it.id),
+                "system": system.name, "control": system.control, "verifier": vname, "mode": mode,
+                "direction": direction, "k": k, "item_id": it.id, "caption": cap,
+                "candidate_ids": [it.id, *distractors[it.id][: k - 1]], "seconds": round(dt, 4),
+                **j.to_record(),
+            } for (system, it), cap, j in zip(chunk, captions, judgments, strict=True))
             bar.update(len(chunk))
     bar.close()
     writer.close()
