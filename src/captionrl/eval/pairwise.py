@@ -184,17 +184,20 @@ def system_pairs(names: Sequence[str], baseline: str | None) -> list[tuple[str, 
     return [(n, baseline) for n in names if n != baseline]
 
 
+def systems_for(caption_files: Sequence[str], demo_items: int, seed: int) -> Systems:
+    """The systems of an image-caption evaluation: the user's caption files, or the offline demo systems."""
+    if caption_files:
+        return load_systems(caption_files)
+    from captionrl.eval.qa import offline_items
+
+    return demo_systems(offline_items(demo_items, seed=seed))
+
+
 def run(cfg: PairwiseEvalConfig, judge: Any = None, systems: Systems | None = None) -> dict[str, Any]:
     """Judge every pair in both orders, write records/table/summary; returns the summary."""
     from captionrl.judges.pairwise import PairwiseConfig, PairwiseJudge, Verdict
 
-    if systems is None:
-        if cfg.captions:
-            systems = load_systems(cfg.captions)
-        else:
-            from captionrl.eval.qa import offline_items
-
-            systems = demo_systems(offline_items(cfg.demo_items, seed=cfg.seed))
+    systems = systems if systems is not None else systems_for(cfg.captions, cfg.demo_items, cfg.seed)
     names = list(systems)
     if len(names) < 2:
         raise ConfigError("captions", names, "needs at least two systems", "pass two or more caption files")

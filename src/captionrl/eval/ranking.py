@@ -26,10 +26,9 @@ from captionrl.eval.pairwise import (
     Systems,
     add_backend_arguments,
     backend_from_args,
-    demo_systems,
     item_field,
-    load_systems,
     shared_ids,
+    systems_for,
     write_report,
 )
 from captionrl.judges.rank import CRITERIA, RankConfig, RankJudge
@@ -71,13 +70,7 @@ class RankingEvalConfig:
 
 
 def run(cfg: RankingEvalConfig, judge: RankJudge | None = None, systems: Systems | None = None) -> dict[str, Any]:
-    if systems is None:
-        if cfg.captions:
-            systems = load_systems(cfg.captions)
-        else:
-            from captionrl.eval.qa import offline_items
-
-            systems = demo_systems(offline_items(cfg.demo_items, seed=cfg.seed))
+    systems = systems if systems is not None else systems_for(cfg.captions, cfg.demo_items, cfg.seed)
     names = list(systems)
     if not 2 <= len(names) <= 10:
         raise ConfigError("captions", names, f"{len(names)} systems; blind ranking needs 2 to 10",
