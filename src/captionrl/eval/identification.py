@@ -184,14 +184,17 @@ def summarise(records: Sequence[Mapping[str, Any]], systems: Sequence[str], veri
                 row["length_chars"] = round(float(np.mean([len(c) for c in caps.values()])), 1) if caps else 0.0
                 rows.append(row)
                 for key in row:
-                    if key not in columns:
+                    if key not in columns and key != "system":
                         columns.append(key)
-    return {"protocol": "identification", "rows": rows, "columns": columns,
+    # For `captionrl report`: which columns are quality (and which way is better), which are labels.
+    better: dict[str, str | None] = {c: None for c in ("mode", "K", "length_chars")}
+    better["unscored"] = "lower"
+    return {"protocol": "identification", "rows": rows, "columns": columns, "better": better,
             "config": {**vars(cfg), "verifiers": list(verifiers)}, "chance": {str(k): 1.0 / int(k) for k in cfg.ks}}
 
 
 def markdown_table(summary: Mapping[str, Any]) -> str:
-    cols = [c for c in summary["columns"] if "_soft[" not in c]
+    cols = ["system", *(c for c in summary["columns"] if "_soft[" not in c)]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for row in summary["rows"]:
         lines.append("| " + " | ".join(_cell(row.get(c, "")) for c in cols) + " |")
