@@ -62,3 +62,13 @@ def test_eval_identify_on_a_user_file_resumes(tmp_path, embedded_backend, monkey
     n = len((out / "records.jsonl").read_text().splitlines())
     assert main(args) == 0
     assert len((out / "records.jsonl").read_text().splitlines()) == n
+
+
+def test_caption_command_writes_jsonl_and_resumes(tmp_path):
+    out = tmp_path / "caps.jsonl"
+    args = ["caption", "--captioner", "describer", "--max-items", "3", "--out", str(out)]
+    assert main(args) == 0
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(lines) == 3 and all(r["caption"].startswith("The series has 24 points") for r in lines)
+    assert main(args) == 0  # resumed: nothing appended
+    assert len(out.read_text().splitlines()) == 3

@@ -26,6 +26,7 @@ WATCHED = (
     ("fail", "verifier failures"),
     ("shaping/caption_chars", "caption chars"),
     ("shaping/transcription_frac", "transcribed"),
+    ("unscored_frac", "unscored"),
 )
 """(substring of a metric name, label) pairs shown on the console line and plotted."""
 
