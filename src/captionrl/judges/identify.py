@@ -213,7 +213,8 @@ class IdentificationJudge:
             hard = float(np.mean([d == t for d, t in zip(decisions, truth, strict=True)]))
             soft = float(np.mean([res.probs[t] for res, t in zip(rots, truth, strict=True)]))
             out.append(self._judgment(hard, soft, decisions, method=rots[0].method,
-                                      extra={"truth": truth, "mass": [res.mass for res in rots]}))
+                                      extra={"truth": truth, "mass": [res.mass for res in rots],
+                                             "probs": [res.probs for res in rots], "replies": [res.raw for res in rots]}))
         return out
 
     # ------------------------------------------------------------------ likelihood mode
