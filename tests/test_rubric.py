@@ -16,8 +16,6 @@ from captionrl.judges.rubric import (
     RubricItem,
     RubricJudge,
     RubricStore,
-    RubricWriter,
-    build_rubrics,
     calibrate_threshold,
     judge_records,
     parse_judge_reply,
@@ -25,6 +23,7 @@ from captionrl.judges.rubric import (
     rubric_from_facts,
     validate_rubric,
 )
+from captionrl.judges.rubric_build import RubricWriter, build_rubrics
 from captionrl.records import read_jsonl
 
 GOOD = [{"criterion": "There are two red circles.", "test": "Yes if the caption says two red circles.", "weight": 3},

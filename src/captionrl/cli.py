@@ -33,7 +33,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("train", "moco"): ("captionrl.train.moco", "MoCo Rubric: GRPO with a momentum Generator-Judge"),
     ("train", "moco-sft"): ("captionrl.train.sft", "shared multi-role SFT (Policy, Generator, Judge)"),
     ("train", "sft"): ("captionrl.train.sft", "SFT distillation from a teacher's captions"),
-    ("rubrics", "build"): ("captionrl.judges.rubric", "teacher committee captions + rubric writer -> rubric store"),
+    ("rubrics", "build"): ("captionrl.judges.rubric_build", "teacher committee captions + rubric writer -> rubric store"),
     ("report",): ("captionrl.eval.report", "gather results of several runs into the paper's tables"),
 }
 

@@ -1,11 +1,9 @@
-"""RubiCap rubrics: teacher committee -> rubric writer -> rubric store -> rubric judge.
+"""RubiCap rubrics: the schema, the JSONL store, rubrics from known facts, and the rubric judge.
 
-Pipeline (RubiCap, offline): N teacher backends caption each image (``committee_captions``); a rubric
-writer (LLM or VLM) reads the committee's captions and the student's current captions, keeps the facts
-the teachers agree on, targets the student's deficiencies, and emits weighted binary rubric items
-``{criterion, test, weight in {1,2,3}}`` as JSON (``RubricWriter``). Replies are schema-checked; an
-invalid reply is retried up to ``max_attempts`` times, then the item is recorded as *unscored* (rubric
-``None``), never as an empty rubric. Rubrics live in a JSONL store keyed by item id (``RubricStore``).
+A rubric is a list of weighted binary items ``{criterion, test, weight in {1,2,3}}``, schema-checked by
+``validate_rubric``. Rubrics live in a JSONL store keyed by item id (``RubricStore``); an item whose writer
+failed is stored as *unscored* (``None``). Building rubrics with a teacher committee and a writer model is
+``captionrl.judges.rubric_build`` (``captionrl rubrics build``).
 
 The judge (``RubricJudge``) scores a caption against its rubric with a text-only model: one binary
 decision per criterion, reward = sum(w * satisfied) / sum(w); reasons never enter the reward; a reply that
@@ -24,14 +22,13 @@ Synthetic scenes know their facts, so ``rubric_from_facts`` builds an exact rubr
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import itertools
 import json
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,7 +36,7 @@ from captionrl.backends.base import Backend, ChatRequest
 from captionrl.errors import ConfigError, DataError
 from captionrl.judges import prompts as P
 from captionrl.judges.base import Columns, require_columns, unscored
-from captionrl.records import RecordWriter, read_jsonl, write_json
+from captionrl.records import RecordWriter, read_jsonl
 from captionrl.types import Judgment
 
 WEIGHTS = (1, 2, 3)
@@ -202,234 +199,6 @@ class RubricStore:
 
     def close(self) -> None:
         self._writer.close()
-
-
-# ====================================================================== teacher committee
-def caption_messages(image: Any, instruction: str = P.CAPTION_INSTRUCTION) -> list[dict[str, Any]]:
-    """The caption request for one image (MoCo Rubric A.1.1 style), image part first."""
-    return [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": instruction}]}]
-
-
-def committee_captions(
-    items: Sequence[Any],
-    teachers: Sequence[Backend],
-    out_path: str | Path,
-    *,
-    instruction: str = P.CAPTION_INSTRUCTION,
-    samples: int = 1,
-    max_new_tokens: int = 256,
-    temperature: float = 0.0,
-    seed: int = 0,
-    progress: bool = True,
-) -> dict[str, list[str]]:
-    """Caption every item with every teacher; JSONL records keyed ``item|teacher|k``, resumable.
-
-    A failed generation is recorded with ``caption: null`` and its error, and retried on the next run.
-    Returns item id -> the successful captions (all teachers, in teacher order).
-    """
-    from tqdm.auto import tqdm
-
-    if samples < 1:
-        raise ConfigError("samples", samples, "must be >= 1", "set samples to 1 or more")
-    if not teachers:
-        raise ConfigError("committee", [], "needs at least one teacher backend", "pass --committee SPEC [SPEC ...]")
-    with RecordWriter(out_path) as w:
-        todo = [(it, t, k) for it in items for t in teachers for k in range(samples)
-                if not _done(w, f"{it.id}|{t.name}|{k}")]
-        bar = tqdm(total=len(todo), desc="committee captions", disable=not progress)
-        for teacher in teachers:
-            mine = [(it, k) for it, t, k in todo if t is teacher]
-            for start in range(0, len(mine), 8):
-                chunk = mine[start : start + 8]
-                reqs = [ChatRequest(caption_messages(it.load(), instruction), max_new_tokens=max_new_tokens,
-                                    temperature=temperature, seed=None if temperature == 0 else seed + k)
-                        for it, k in chunk]
-                for (it, k), gen in zip(chunk, teacher.generate(reqs), strict=True):
-                    w.write({"key": f"{it.id}|{teacher.name}|{k}", "item_id": it.id, "teacher": teacher.name,
-                             "sample": k, "caption": gen.text, "error": gen.error, "instruction": instruction,
-                             "temperature": temperature, "seed": seed + k})
-                bar.update(len(chunk))
-        bar.close()
-        return _captions_by_item(w.records())
-
-
-def _done(w: RecordWriter, key: str) -> bool:
-    rec = w.get(key)
-    return rec is not None and rec.get("caption") is not None
-
-
-def _captions_by_item(records: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for r in records:
-        if r.get("caption"):
-            out.setdefault(str(r["item_id"]), []).append(str(r["caption"]))
-    return out
-
-
-# ====================================================================== rubric writer
-@dataclass
-class RubricResult:
-    """What the writer produced for one item: a rubric, or ``None`` with the errors of every attempt."""
-
-    rubric: list[RubricItem] | None
-    attempts: int
-    raws: list[str | None] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    prompt: str = ""
-
-
-class RubricWriter:
-    """Turns committee captions (+ the student's captions) into a validated rubric with an LLM/VLM.
-
-    Attempt 1 is greedy; retries sample at ``retry_temperature`` with seeds ``seed + attempt`` (recorded),
-    so a retry can produce a different, valid reply. ``with_image`` shows the image too (VLM writers).
-    """
-
-    def __init__(
-        self,
-        backend: Backend,
-        *,
-        max_attempts: int = 3,
-        max_new_tokens: int = 768,
-        retry_temperature: float = 0.7,
-        seed: int = 0,
-        min_items: int = 3,
-        max_items: int = 10,
-        with_image: bool = False,
-    ) -> None:
-        if max_attempts < 1:
-            raise ConfigError("max_attempts", max_attempts, "must be >= 1", "set max_attempts to 1 or more")
-        if not 1 <= min_items <= max_items:
-            raise ConfigError("min_items", min_items, f"must be 1..max_items ({max_items})", "set min_items <= max_items")
-        self.backend = backend
-        self.max_attempts = max_attempts
-        self.max_new_tokens = max_new_tokens
-        self.retry_temperature = retry_temperature
-        self.seed = seed
-        self.min_items = min_items
-        self.max_items = max_items
-        self.with_image = with_image
-
-    def prompt(self, teachers: Sequence[str], students: Sequence[str]) -> str:
-        fmt = lambda cs: "\n".join(f"{i + 1}. {c.strip()}" for i, c in enumerate(cs)) or P.NO_STUDENT  # noqa: E731
-        return P.WRITER_TEMPLATE.format(teachers=fmt(teachers), students=fmt(students),
-                                        min_items=self.min_items, max_items=self.max_items)
-
-    def write_batch(
-        self, items: Sequence[Any], teachers: Sequence[Sequence[str]], students: Sequence[Sequence[str]]
-    ) -> list[RubricResult]:
-        """One rubric per item; attempts are batched across the items still lacking a valid rubric."""
-        prompts = [self.prompt(t, s) for t, s in zip(teachers, students, strict=True)]
-        results = [RubricResult(None, 0, prompt=p) for p in prompts]
-        pending = [i for i, t in enumerate(teachers) if t]
-        for i, t in enumerate(teachers):
-            if not t:
-                results[i].errors.append("no committee captions for this item")
-        for attempt in range(self.max_attempts):
-            if not pending:
-                break
-            temp = 0.0 if attempt == 0 else self.retry_temperature
-            reqs = [ChatRequest(self._messages(items[i], prompts[i]), max_new_tokens=self.max_new_tokens,
-                                temperature=temp, seed=self.seed + attempt) for i in pending]
-            still = []
-            for i, gen in zip(pending, self.backend.generate(reqs), strict=True):
-                res = results[i]
-                res.attempts += 1
-                res.raws.append(gen.text)
-                if gen.text is None:
-                    res.errors.append(f"attempt {attempt + 1}: backend error: {gen.error}")
-                    still.append(i)
-                    continue
-                try:
-                    rubric = parse_rubric_reply(gen.text, max_items=self.max_items)
-                    if any(r.criterion == P.WRITER_EXAMPLE_CRITERION for r in rubric):
-                        raise DataError("reply", P.WRITER_EXAMPLE_CRITERION, "copies the prompt's example item",
-                                        "write criteria about this image's captions")
-                    if len(rubric) < self.min_items:
-                        raise DataError("reply", len(rubric), f"has fewer than {self.min_items} items",
-                                        f"write at least {self.min_items} items")
-                    res.rubric = rubric
-                except (DataError, ValueError) as exc:
-                    res.errors.append(f"attempt {attempt + 1}: {exc}")
-                    still.append(i)
-            pending = still
-        return results
-
-    def _messages(self, item: Any, prompt: str) -> list[dict[str, Any]]:
-        content: Any = prompt
-        if self.with_image:
-            content = [{"type": "image", "image": item.load()}, {"type": "text", "text": prompt}]
-        return [{"role": "system", "content": P.WRITER_SYSTEM}, {"role": "user", "content": content}]
-
-
-def build_rubrics(
-    items: Sequence[Any],
-    *,
-    teachers: Sequence[Backend],
-    writer: RubricWriter | None,
-    out_dir: str | Path,
-    student: Backend | None = None,
-    instruction: str = P.CAPTION_INSTRUCTION,
-    max_new_tokens: int = 256,
-    seed: int = 0,
-    progress: bool = True,
-) -> dict[str, Any]:
-    """Committee captions -> (student captions) -> rubrics, all JSONL in ``out_dir``; resumable.
-
-    ``writer=None`` builds rubrics from the items' known facts (synthetic scenes) instead of a model.
-    Writes ``committee.jsonl``, ``student.jsonl`` (if a student is given), ``rubrics.jsonl`` and
-    ``summary.json``; returns the summary.
-    """
-    from tqdm.auto import tqdm
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    committee = committee_captions(items, teachers, out / "committee.jsonl", instruction=instruction,
-                                   max_new_tokens=max_new_tokens, seed=seed, progress=progress) if teachers else {}
-    students: dict[str, list[str]] = {}
-    if student is not None:
-        students = committee_captions(items, [student], out / "student.jsonl", instruction=instruction,
-                                      max_new_tokens=max_new_tokens, seed=seed, progress=progress)
-    store = RubricStore(out / "rubrics.jsonl")
-    todo = [it for it in items if store.record(it.id) is None or store.record(it.id).get("rubric") is None]
-    bar = tqdm(total=len(todo), desc="rubrics", disable=not progress)
-    for start in range(0, len(todo), 8):
-        chunk = todo[start : start + 8]
-        if writer is None:
-            for it in chunk:
-                if not it.facts:
-                    store.put(it.id, None, source="facts", error="item has no facts", attempts=0)
-                else:
-                    store.put(it.id, rubric_from_facts(it.facts), source="facts", error=None, attempts=0)
-        else:
-            results = writer.write_batch(chunk, [committee.get(it.id, []) for it in chunk],
-                                         [students.get(it.id, []) for it in chunk])
-            for it, res in zip(chunk, results, strict=True):
-                store.put(it.id, res.rubric, source=f"writer:{writer.backend.name}", attempts=res.attempts,
-                          error=None if res.rubric is not None else "; ".join(res.errors) or "no valid rubric",
-                          raw=res.raws, prompt=res.prompt, seed=writer.seed)
-        bar.update(len(chunk))
-    bar.close()
-    recs = [store.record(it.id) or {} for it in items]
-    summary = {
-        "protocol": "rubrics",
-        "items": len(items),
-        "rubrics": sum(r.get("rubric") is not None for r in recs),
-        "unscored": sum(r.get("rubric") is None for r in recs),
-        "mean_items": _mean([len(r["rubric"]) for r in recs if r.get("rubric")]),
-        "committee": [t.name for t in teachers],
-        "writer": writer.backend.name if writer else "facts",
-        "student": student.name if student else None,
-        "config": {"instruction": instruction, "max_new_tokens": max_new_tokens, "seed": seed,
-                   "max_attempts": writer.max_attempts if writer else 0},
-    }
-    write_json(out / "summary.json", summary)
-    store.close()
-    return summary
-
-
-def _mean(xs: Sequence[float]) -> float | None:
-    return sum(xs) / len(xs) if xs else None
 
 
 # ====================================================================== rubric judge
@@ -686,58 +455,6 @@ def judge_records(
 
 def _hash(text: str) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:12]
-
-
-# ====================================================================== CLI: captionrl rubrics build
-def backend_from_spec(spec: str) -> Backend:
-    """A backend from a command-line spec (``hf:embedded``, ``tiny-vlm``, ``openai:URL#MODEL``, ``vllm:MODEL``)."""
-    from captionrl.backends import make_backend, parse_backend_spec
-
-    return make_backend(parse_backend_spec(spec))
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--items", required=True,
-                   help="images: a folder, a JSONL manifest, scenes:N[:SEED], easy-vqa[:SPLIT[:LIMIT]] or skimage")
-    p.add_argument("--committee", nargs="*", default=[],
-                   help="teacher backend specs (hf:embedded, hf:PATH, tiny-vlm, openai:URL#MODEL, vllm:MODEL)")
-    p.add_argument("--writer", default="facts",
-                   help="rubric writer backend spec, or 'facts' to build rubrics from known facts (scenes)")
-    p.add_argument("--student", default=None, help="optional student backend whose captions the writer reads")
-    p.add_argument("--out", required=True, help="output folder (rerun with the same folder to resume)")
-    p.add_argument("--limit", type=int, default=None, help="use only the first N items")
-    p.add_argument("--max-attempts", type=int, default=3, help="writer attempts per item before it is unscored")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="caption length for teachers and student")
-    p.add_argument("--writer-max-new-tokens", type=int, default=768, help="rubric reply length")
-    p.add_argument("--writer-sees-image", action="store_true", help="give the image to a VLM writer too")
-    p.add_argument("--seed", type=int, default=0, help="seed of sampled retries (recorded)")
-    p.add_argument("--on-error", choices=["raise", "skip"], default="raise", help="unreadable images: stop or skip")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-
-
-def main(args: argparse.Namespace) -> int:
-    from captionrl.domains.images import load_images
-
-    items = list(load_images(args.items, on_error=args.on_error))
-    if args.limit is not None:
-        items = items[: args.limit]
-    teachers = [backend_from_spec(s) for s in args.committee]
-    writer = None
-    if args.writer != "facts":
-        writer = RubricWriter(backend_from_spec(args.writer), max_attempts=args.max_attempts,
-                              max_new_tokens=args.writer_max_new_tokens, seed=args.seed,
-                              with_image=args.writer_sees_image)
-    elif not all(it.facts for it in items):
-        raise ConfigError("writer", "facts", "some items have no known facts",
-                          "use scenes:N items, or give a --writer backend")
-    if writer is not None and not teachers:
-        raise ConfigError("committee", [], "a rubric writer needs committee captions", "pass --committee SPEC ...")
-    student = backend_from_spec(args.student) if args.student else None
-    summary = build_rubrics(items, teachers=teachers, writer=writer, out_dir=args.out, student=student,
-                            max_new_tokens=args.max_new_tokens, seed=args.seed, progress=not args.quiet)
-    print(json.dumps({k: summary[k] for k in ("items", "rubrics", "unscored", "mean_items")}))
-    print(f"rubrics: {Path(args.out) / 'rubrics.jsonl'}")
-    return 0
 
 
 def load_store_rubrics(path: str | Path) -> dict[str, list[RubricItem] | None]:

@@ -221,7 +221,7 @@ def ensure_rubrics(cfg: RubicapConfig, items: Sequence[Any], *, allow_models: bo
     ``facts`` writes the facts' rubrics (no model); ``build`` runs the committee + writer pipeline
     (``allow_models=False``, as in ``--check``, only reports); ``store`` is read as is.
     """
-    from captionrl.judges.rubric import build_rubrics
+    from captionrl.judges.rubric_build import build_rubrics
 
     store = cfg.store_path()
     if cfg.rubrics.source == "facts":
@@ -232,7 +232,7 @@ def ensure_rubrics(cfg: RubicapConfig, items: Sequence[Any], *, allow_models: bo
         build_rubrics(items, teachers=[], writer=None, out_dir=store.parent, seed=cfg.seed, progress=False)
     elif cfg.rubrics.source == "build" and allow_models:
         from captionrl.backends import make_backend
-        from captionrl.judges.rubric import RubricWriter
+        from captionrl.judges.rubric_build import RubricWriter
 
         r = cfg.rubrics
         teachers = [make_backend(backend_config(b, f"rubrics.committee[{i}]")) for i, b in enumerate(r.committee)]
