@@ -48,45 +48,23 @@ def easy_vqa_items(n: int = 12, seed: int = 0, split: str = "test") -> list[dict
     give a reference caption ("A blue circle."), and each answer becomes a multiple-choice question:
     yes/no, one of 3 shapes, or the colour among 4 (3 seeded distractor colours).
     """
-    try:
-        import easy_vqa
-    except ImportError as exc:  # pragma: no cover - a declared dependency
-        raise DataError("data", "easy-vqa", "package not installed", "pip install easy-vqa") from exc
-    texts, answers, image_ids = easy_vqa.get_test_questions() if split == "test" else easy_vqa.get_train_questions()
-    paths = easy_vqa.get_test_image_paths() if split == "test" else easy_vqa.get_train_image_paths()
-    by_image: dict[int, list[tuple[str, str]]] = defaultdict(list)
-    for q, a, i in zip(texts, answers, image_ids, strict=True):
-        by_image[i].append((q, a))
+    from captionrl.domains.images import load_easy_vqa
+
     rng = random.Random(f"easy-vqa|{seed}")
     items = []
-    for image_id in sorted(by_image):
-        color, shape = _color_shape(by_image[image_id])
-        if color and shape:
-            items.append((image_id, color, shape))
+    for it in load_easy_vqa(split):
+        facts = {f["kind"]: f["value"] for f in it.facts}
+        if "colour" in facts and "shape" in facts:
+            items.append((it, facts["colour"], facts["shape"]))
     rng.shuffle(items)
     out = []
-    for image_id, color, shape in items[:n]:
-        questions = [_mc(q, a, rng, k) for k, (q, a) in enumerate(by_image[image_id])]
+    for it, color, shape in items[:n]:
+        questions = [_mc(q["question"], q["answer"], rng, k) for k, q in enumerate(it.qa)]
         out.append({
-            "id": f"easyvqa-{image_id}", "image": paths[image_id], "benchmark": "easy-vqa",
+            "id": it.id, "image": it.image, "benchmark": "easy-vqa",
             "reference": f"A {color} {shape} on a plain background.", "questions": questions,
         })
     return out
-
-
-def _color_shape(pairs: Sequence[tuple[str, str]]) -> tuple[str | None, str | None]:
-    color = shape = None
-    for q, a in pairs:
-        if a in COLORS:
-            color = a
-        if a in SHAPES:
-            shape = a
-        for w in q.replace("?", "").split():
-            if w in SHAPES and (q.startswith("what is the color of") or q.startswith("what color is the")):
-                shape = w
-            if w in COLORS and q.startswith("what is the ") and q.endswith("shape?"):
-                color = w
-    return color, shape
 
 
 def _mc(question: str, answer: str, rng: random.Random, k: int) -> dict[str, Any]:
