@@ -82,6 +82,33 @@ def render_values(values: Sequence[float], cfg: IdentifyConfig) -> str:
     return text
 
 
+def validate_values(values: Any, field: str) -> list[float]:
+    """A candidate series as floats: one-dimensional, finite, at least 2 values."""
+    arr = np.asarray(values, dtype=float)
+    if arr.ndim != 1 or arr.size < 2 or not np.isfinite(arr).all():
+        raise DataError(field, list(np.ravel(arr))[:6], "must be a finite series of at least 2 values",
+                        "check the candidate sets (captionrl candidates) of this item")
+    return arr.tolist()
+
+
+def validate_candidate_set(cands: Sequence[Any], k: int, field: str, k_field: str = "identify.k") -> list[list[float]]:
+    """The first K candidates, validated: enough of them, finite, all of the true series' length.
+
+    Training calls it while building the dataset (before any model loads); the judge calls it on every
+    batch, so a candidate set from any source fails with the same message.
+    """
+    if len(cands) < k:
+        raise DataError(field, len(cands), f"has {len(cands)} series but K={k}",
+                        f"mine at least K={k} candidates per item, or lower {k_field}")
+    out = [validate_values(c, f"{field}[{j}]") for j, c in enumerate(cands[:k])]
+    lengths = [len(c) for c in out]
+    if len(set(lengths)) != 1:
+        raise DataError(field, lengths,
+                        "series length mismatch in a candidate set (the verifier would tell them apart by length)",
+                        "give every candidate the true series' length (re-mine with captionrl candidates)")
+    return out
+
+
 def rotation(n_candidates: int, r: int) -> list[int]:
     """Candidate order for rotation ``r``: the true candidate (index 0) sits at position ``r``.
 
@@ -122,37 +149,18 @@ class IdentificationJudge:
         n = len(captions)
         if self.cfg.direction == "c2s":
             require_columns(columns, ["candidates"], n, self.name)
-            sets = [self._candidate_set(columns["candidates"][i], i) for i in range(n)]
+            sets = [validate_candidate_set(columns["candidates"][i], self.cfg.k, f"candidates[{i}]") for i in range(n)]
             if self.cfg.mode == "letter":
                 return self._letter_c2s(captions, sets)
             return self._likelihood_c2s(captions, sets)
         require_columns(columns, ["series", "distractor_captions"], n, self.name)
         caps = [self._caption_set(captions[i], columns["distractor_captions"][i], i) for i in range(n)]
-        series = [self._values(columns["series"][i], f"series[{i}]") for i in range(n)]
+        series = [validate_values(columns["series"][i], f"series[{i}]") for i in range(n)]
         if self.cfg.mode == "letter":
             return self._letter_s2c(series, caps)
         return self._likelihood_s2c(series, caps)
 
     # ------------------------------------------------------------------ validation
-    def _values(self, values: Any, field: str) -> list[float]:
-        arr = np.asarray(values, dtype=float)
-        if arr.ndim != 1 or arr.size < 2 or not np.isfinite(arr).all():
-            raise DataError(field, list(np.ravel(arr))[:6], "must be a finite series of at least 2 values",
-                            "check the candidate sets (captionrl candidates) of this item")
-        return arr.tolist()
-
-    def _candidate_set(self, cands: Sequence[Any], row: int) -> list[list[float]]:
-        k = self.cfg.k
-        if len(cands) < k:
-            raise DataError(f"candidates[{row}]", len(cands), f"has {len(cands)} series but K={k}",
-                            f"mine at least K={k} candidates per item, or lower identify.k")
-        out = [self._values(c, f"candidates[{row}][{j}]") for j, c in enumerate(cands[:k])]
-        lengths = {len(c) for c in out}
-        if len(lengths) != 1:
-            raise DataError(f"candidates[{row}]", sorted(lengths), "series length mismatch in a candidate set",
-                            "all K candidates must have the true series' length; re-mine the candidates")
-        return out
-
     def _caption_set(self, caption: str, distractors: Sequence[str], row: int) -> list[str]:
         k = self.cfg.k
         if len(distractors) < k - 1:

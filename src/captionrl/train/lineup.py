@@ -32,6 +32,7 @@ import numpy as np
 from captionrl.backends import BackendConfig
 from captionrl.config import help_field, load_config
 from captionrl.errors import ConfigError, DataError
+from captionrl.judges.identify import validate_candidate_set
 from captionrl.train.common import PolicyConfig, TrainConfig
 
 NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
@@ -235,7 +236,7 @@ def make_row(cfg: LineupConfig, item: Any, distractors: Sequence[Any]) -> dict[s
     values = np.asarray(item.values, dtype=float).tolist()
     text, _ = render_numbers(np.asarray(values), precision=cfg.data.precision, normalise=cfg.data.normalise)
     cands = [values, *[np.asarray(d.values, dtype=float).tolist() for d in distractors]]
-    check_candidate_set(item.id, cands, cfg.reward.k)
+    validate_candidate_set(cands, cfg.reward.k, f"candidates[{item.id}]", k_field="reward.k")
     return {
         "prompt": caption_messages(text, len(values)),
         "item_id": str(item.id),
@@ -244,18 +245,6 @@ def make_row(cfg: LineupConfig, item: Any, distractors: Sequence[Any]) -> dict[s
         "candidates": cands,
         "candidate_ids": [str(item.id), *[str(d.id) for d in distractors]],
     }
-
-
-def check_candidate_set(item_id: str, cands: Sequence[Sequence[float]], k: int) -> None:
-    """K candidates of the true series' length; raised before any model loads."""
-    if len(cands) < k:
-        raise DataError(f"candidates[{item_id}]", len(cands), f"has {len(cands)} series but reward.k={k}",
-                        f"provide at least {k} candidates per item, or lower reward.k")
-    lengths = [len(c) for c in cands[:k]]
-    if len(set(lengths)) != 1:
-        raise DataError(f"candidates[{item_id}]", lengths,
-                        "series length mismatch in a candidate set (the verifier would tell them apart by length)",
-                        "give every candidate the true series' length (re-mine with captionrl candidates)")
 
 
 def _data_from_file(cfg: LineupConfig) -> LineupData:
@@ -274,7 +263,7 @@ def _data_from_file(cfg: LineupConfig) -> LineupData:
             if key not in rec:
                 raise DataError(f"{path.name}:{n + 1}.{key}", sorted(rec), f"missing {key!r}", "write one JSON object per item with item_id and candidates")
         cands = [list(map(float, c)) for c in rec["candidates"]]
-        check_candidate_set(str(rec["item_id"]), cands, cfg.reward.k)
+        validate_candidate_set(cands, cfg.reward.k, f"candidates[{rec['item_id']}]", k_field="reward.k")
         ids = [str(x) for x in rec.get("candidate_ids") or [rec["item_id"], *[f"{rec['item_id']}#d{j}" for j in range(1, len(cands))]]]
         for cid, vals in zip(ids, cands, strict=False):
             pool.setdefault(cid, Series(id=cid, values=np.asarray(vals)))
