@@ -110,14 +110,7 @@ class RecordWriter:
         return list(self._records.values())
 
     def write(self, record: dict[str, Any]) -> None:
-        if self.key_field not in record:
-            raise KeyError(f"record has no {self.key_field!r} field: {sorted(record)}")
-        if self._fh is None:
-            self._fh = self.path.open("a", encoding="utf-8")
-        self._fh.write(dumps(record) + "\n")
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
-        self._records[str(record[self.key_field])] = record
+        self.write_many([record])
 
     def write_many(self, records: Iterable[dict[str, Any]]) -> None:
         """Append many records with one flush and one fsync (a crash loses at most this batch)."""
