@@ -135,9 +135,9 @@ def run(cfg: AgreementEvalConfig, judge: Any = None) -> dict[str, Any]:
 
 def constructed_check(cfg: AgreementEvalConfig, judge: Any = None) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
     """Labels known by construction and the decisions of the pairwise judge and an always-A judge."""
-    from captionrl.eval.hacking import other_text
     from captionrl.eval.qa import offline_items
     from captionrl.judges.pairwise import PairwiseJudge
+    from captionrl.probes import other_text
 
     items = offline_items(cfg.demo_items, seed=cfg.seed)
     rng = random.Random(f"agreement|{cfg.seed}")

@@ -84,7 +84,7 @@ def demo_systems(items: Sequence[Mapping[str, Any]]) -> Systems:
     but wrong), ``generic`` (generic image words) and ``empty``: a working judge must order them
     reference > other_item/generic > empty, which makes the default run a check of the judge itself.
     """
-    from captionrl.eval.hacking import GENERIC_WORDS, other_text
+    from captionrl.probes import GENERIC_WORDS, other_text
 
     systems: Systems = {"reference": {}, "other_item": {}, "generic": {}, "empty": {}}
     refs = [it["reference"] for it in items]
