@@ -8,8 +8,8 @@ import pytest
 
 from captionrl.backends.base import ChoiceResult, Generation
 from captionrl.errors import DataError
-from captionrl.eval.pairwise import PairwiseEvalConfig, demo_systems, load_caption_file, run
-from captionrl.eval.qa import easy_vqa_items
+from captionrl.eval.common import demo_systems, easy_vqa_items, load_caption_file
+from captionrl.eval.pairwise import PairwiseEvalConfig, run
 from captionrl.judges.pairwise import PairwiseConfig, PairwiseJudge, outcome_for_first, parse_pairwise
 
 

@@ -8,7 +8,8 @@ import pytest
 
 from captionrl.backends.base import ChoiceResult
 from captionrl.errors import DataError
-from captionrl.eval.qa import QAEvalConfig, easy_vqa_items, item_questions, load_qa_file, run
+from captionrl.eval.common import easy_vqa_items
+from captionrl.eval.qa import QAEvalConfig, item_questions, load_qa_file, run
 from captionrl.judges.qa import CANNOT_ANSWER, CaptionAnswerer, QAConfig, QAJudge, to_question
 
 

@@ -8,8 +8,7 @@ import re
 import pytest
 
 from captionrl.backends.base import Generation
-from captionrl.eval.pairwise import demo_systems
-from captionrl.eval.qa import easy_vqa_items
+from captionrl.eval.common import demo_systems, easy_vqa_items
 from captionrl.eval.ranking import RankingEvalConfig, ranks_of, run, shuffled_order
 from captionrl.judges.rank import RankConfig, RankJudge, total_score, validate_reply
 

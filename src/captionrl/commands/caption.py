@@ -7,62 +7,9 @@ Writes ``{id, series, caption, next?, domain}`` JSONL, the input of every Lineup
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
-from pathlib import Path
 
-from tqdm.auto import tqdm
-
-from captionrl.backends import Backend, ChatRequest, make_backend, parse_backend_spec
-from captionrl.domains.captioning import caption_messages
-from captionrl.domains.describe import describe_series
-from captionrl.records import RecordWriter
-from captionrl.types import Series
-
-DESCRIBER = "describer"
-
-
-def caption_series(
-    items: Sequence[Series],
-    captioner: Backend | str,
-    out_path: str | Path,
-    *,
-    precision: int = 2,
-    max_new_tokens: int = 96,
-    temperature: float = 0.0,
-    seed: int = 0,
-    batch: int = 8,
-) -> dict[str, str]:
-    """Caption ``items`` (resumable JSONL at ``out_path``); ``captioner="describer"`` needs no model."""
-    from captionrl.domains.timeseries import render_numbers
-
-    writer = RecordWriter(out_path, key_field="id")
-    todo = [it for it in items if not writer.has(it.id)]
-    with tqdm(total=len(items), initial=len(items) - len(todo), desc="caption", unit="item") as bar:
-        for start in range(0, len(todo), batch):
-            chunk = todo[start : start + batch]
-            if captioner == DESCRIBER:
-                texts: list[str | None] = [describe_series(it, precision) for it in chunk]
-                errors: list[str | None] = [None] * len(chunk)
-            else:
-                assert not isinstance(captioner, str)
-                reqs = [
-                    ChatRequest(caption_messages(render_numbers(it, precision)[0], len(it)), max_new_tokens=max_new_tokens,
-                                temperature=temperature, seed=seed)
-                    for it in chunk
-                ]
-                gens = captioner.generate(reqs)
-                texts, errors = [g.text for g in gens], [g.error for g in gens]
-            for it, text, err in zip(chunk, texts, errors, strict=True):
-                if text is None:  # a failed request is retried on the next run, not stored as empty
-                    tqdm.write(f"caption failed for {it.id}: {err}")
-                    continue
-                rec = {"id": it.id, "series": it.values.tolist(), "caption": text.strip(), "domain": it.domain}
-                if "next" in it.meta:
-                    rec["next"] = it.meta["next"]
-                writer.write(rec)
-            bar.update(len(chunk))
-    writer.close()
-    return {r["id"]: r["caption"] for r in writer.records()}
+from captionrl.backends import Backend, make_backend, parse_backend_spec
+from captionrl.domains.captioning import DESCRIBER, caption_series
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

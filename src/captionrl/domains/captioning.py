@@ -1,10 +1,15 @@
-"""The captioner's prompt for a series: one definition shared by training, ``captionrl caption`` and eval."""
+"""The captioner's prompt for a series, and captioning a set of series with it: one definition shared by
+training, ``captionrl caption`` and evaluation."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from captionrl.backends.base import Message
+from captionrl.backends.base import Backend, ChatRequest, Message
+from captionrl.records import RecordWriter
+from captionrl.types import Series
 
 CAPTION_INSTRUCTION = (
     "Describe this time series in a short paragraph for someone who cannot see it: the overall trend, "
@@ -29,3 +34,53 @@ def caption_messages(numbers_text: str, n: int, image: Any = None) -> list[Messa
             }
         ]
     return [{"role": "user", "content": f"Time series of {n} values:\n{numbers_text}\n\n{CAPTION_INSTRUCTION}"}]
+
+
+DESCRIBER = "describer"
+
+
+def caption_series(
+    items: Sequence[Series],
+    captioner: Backend | str,
+    out_path: str | Path,
+    *,
+    precision: int = 2,
+    max_new_tokens: int = 96,
+    temperature: float = 0.0,
+    seed: int = 0,
+    batch: int = 8,
+) -> dict[str, str]:
+    """Caption ``items`` (resumable JSONL at ``out_path``); ``captioner="describer"`` needs no model."""
+    from tqdm.auto import tqdm
+
+    from captionrl.domains.describe import describe_series
+    from captionrl.domains.timeseries import render_numbers
+
+    writer = RecordWriter(out_path, key_field="id")
+    todo = [it for it in items if not writer.has(it.id)]
+    with tqdm(total=len(items), initial=len(items) - len(todo), desc="caption", unit="item") as bar:
+        for start in range(0, len(todo), batch):
+            chunk = todo[start : start + batch]
+            if captioner == DESCRIBER:
+                texts: list[str | None] = [describe_series(it, precision) for it in chunk]
+                errors: list[str | None] = [None] * len(chunk)
+            else:
+                assert not isinstance(captioner, str)
+                reqs = [
+                    ChatRequest(caption_messages(render_numbers(it, precision)[0], len(it)), max_new_tokens=max_new_tokens,
+                                temperature=temperature, seed=seed)
+                    for it in chunk
+                ]
+                gens = captioner.generate(reqs)
+                texts, errors = [g.text for g in gens], [g.error for g in gens]
+            for it, text, err in zip(chunk, texts, errors, strict=True):
+                if text is None:  # a failed request is retried on the next run, not stored as empty
+                    tqdm.write(f"caption failed for {it.id}: {err}")
+                    continue
+                rec = {"id": it.id, "series": it.values.tolist(), "caption": text.strip(), "domain": it.domain}
+                if "next" in it.meta:
+                    rec["next"] = it.meta["next"]
+                writer.write(rec)
+            bar.update(len(chunk))
+    writer.close()
+    return {r["id"]: r["caption"] for r in writer.records()}

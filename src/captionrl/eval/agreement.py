@@ -23,7 +23,7 @@ from typing import Any
 
 from captionrl.config import help_field
 from captionrl.errors import ConfigError, DataError
-from captionrl.eval.pairwise import add_backend_arguments, backend_from_args, write_report
+from captionrl.eval.common import add_backend_arguments, backend_from_args, write_report
 from captionrl.records import RecordWriter, read_jsonl
 
 PROTOCOL = "agreement"
@@ -135,7 +135,7 @@ def run(cfg: AgreementEvalConfig, judge: Any = None) -> dict[str, Any]:
 
 def constructed_check(cfg: AgreementEvalConfig, judge: Any = None) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
     """Labels known by construction and the decisions of the pairwise judge and an always-A judge."""
-    from captionrl.eval.qa import offline_items
+    from captionrl.eval.common import offline_items
     from captionrl.judges.pairwise import PairwiseJudge
     from captionrl.probes import other_text
 

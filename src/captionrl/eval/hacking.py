@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from captionrl.config import help_field
 from captionrl.errors import ConfigError
-from captionrl.eval.pairwise import add_backend_arguments, backend_from_args, write_report
+from captionrl.eval.common import add_backend_arguments, backend_from_args, write_report
 from captionrl.probes import GENERIC_WORDS, PROBES, probe_captions
 from captionrl.records import RecordWriter
 from captionrl.registry import Registry
@@ -95,7 +95,7 @@ def series_probes(n: int = 4, k: int = 4, length: int = 24, seed: int = 0) -> Pr
 
 def image_probes(n: int = 4, seed: int = 0) -> ProbeSet:
     """Offline image items (synthetic scenes when available, else easy-vqa) with references and QA."""
-    from captionrl.eval.qa import offline_items
+    from captionrl.eval.common import offline_items
 
     items = offline_items(n, seed=seed)
     scenes = [it for it in items if it.get("benchmark") == "scenes"]

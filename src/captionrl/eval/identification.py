@@ -256,8 +256,8 @@ def _load_caption_files(specs: Sequence[str]) -> tuple[list[Series], list[Captio
 
 def main(args: Any) -> int:
     from captionrl.backends import parse_backend_spec
-    from captionrl.commands.caption import DESCRIBER, caption_series
     from captionrl.domains.candidates import mine_candidates
+    from captionrl.domains.captioning import DESCRIBER, caption_series
 
     cfg = IdentifyEvalConfig(modes=args.mode, directions=args.direction, ks=args.k, rule=args.rule, seed=args.seed,
                              controls=not args.no_controls)

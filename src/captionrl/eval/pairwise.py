@@ -8,9 +8,6 @@ comparison: win rate = (wins + ties/2) / valid comparisons, per benchmark and av
 the CapArena-style score is wins - losses. Invalid replies (backend errors, refusals, unparseable text)
 are excluded and counted. Outputs: ``records.jsonl`` (one line per ordered comparison, resumable),
 ``table.md`` and ``summary.json``.
-
-This module also holds the helpers the other protocols share: caption-file loading, demo systems built
-from the offline data, backend options and the report writer.
 """
 
 from __future__ import annotations
@@ -20,7 +17,7 @@ import itertools
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,136 +25,20 @@ from tqdm import tqdm
 
 from captionrl.config import help_field
 from captionrl.errors import ConfigError, DataError
-from captionrl.records import RecordWriter, read_jsonl, write_json
+from captionrl.eval.common import (
+    Systems,
+    add_backend_arguments,
+    backend_from_args,
+    caption_length,
+    item_field,
+    shared_ids,
+    systems_for,
+    write_report,
+)
+from captionrl.records import RecordWriter
 
 PROTOCOL = "pairwise"
 DEFAULT_BENCHMARK = "all"
-Systems = dict[str, dict[str, dict[str, Any]]]
-"""system name -> item id -> caption record (``caption`` plus optional reference/image/benchmark)."""
-
-
-# ---------------------------------------------------------------------- shared helpers
-def load_caption_file(path: str | Path) -> dict[str, dict[str, Any]]:
-    """Read one system's captions (JSONL ``{id, caption, ...}``), validating every line."""
-    p = Path(path)
-    if not p.exists():
-        raise DataError("captions", str(path), "file not found", "give a JSONL file with {id, caption} lines")
-    out: dict[str, dict[str, Any]] = {}
-    for n, rec in enumerate(read_jsonl(p)):
-        if "id" not in rec or "caption" not in rec:
-            raise DataError(f"{p.name}:line {n + 1}", sorted(rec), "needs 'id' and 'caption' fields",
-                            'write lines like {"id": "img1", "caption": "A red circle."}')
-        if not isinstance(rec["caption"], str):
-            raise DataError(f"{p.name}:{rec['id']}.caption", rec["caption"], "must be a string",
-                            "write the caption as text ('' for an empty caption)")
-        key = str(rec["id"])
-        if key in out:
-            raise DataError(f"{p.name}:id", key, "appears twice", "give every item one caption per system")
-        out[key] = rec
-    if not out:
-        raise DataError("captions", str(path), "holds no caption lines", "check the file")
-    return out
-
-
-def load_systems(specs: Sequence[str]) -> Systems:
-    """``["sysA.jsonl", "name=sysB.jsonl"]`` -> {name: {id: record}}; names default to file stems."""
-    systems: Systems = {}
-    for spec in specs:
-        name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
-        name = name or Path(path).stem
-        if name in systems:
-            raise ConfigError("captions", spec, f"system name {name!r} is used twice",
-                              "name the files differently or write NAME=PATH")
-        systems[name] = load_caption_file(path)
-    return systems
-
-
-def caption_length(text: str) -> int:
-    """Caption length in words (the unit CapArena reports)."""
-    return len(text.split())
-
-
-def demo_systems(items: Sequence[Mapping[str, Any]]) -> Systems:
-    """Systems of known quality built from offline items, for runs without caption files.
-
-    ``reference`` (the item's reference caption), ``other_item`` (the next different reference: fluent
-    but wrong), ``generic`` (generic image words) and ``empty``: a working judge must order them
-    reference > other_item/generic > empty, which makes the default run a check of the judge itself.
-    """
-    from captionrl.probes import GENERIC_WORDS, other_text
-
-    systems: Systems = {"reference": {}, "other_item": {}, "generic": {}, "empty": {}}
-    refs = [it["reference"] for it in items]
-    for i, it in enumerate(items):
-        base = {k: it[k] for k in ("id", "reference", "image", "benchmark") if k in it}
-        captions = {
-            "reference": it["reference"],
-            "other_item": other_text(refs, i),
-            "generic": GENERIC_WORDS,
-            "empty": "",
-        }
-        for name, cap in captions.items():
-            systems[name][str(it["id"])] = {**base, "caption": cap}
-    return systems
-
-
-def shared_ids(systems: Systems, names: Sequence[str]) -> list[str]:
-    """Item ids captioned by every one of ``names``, in the first system's order."""
-    first = systems[names[0]]
-    return [i for i in first if all(i in systems[n] for n in names[1:])]
-
-
-def item_field(systems: Systems, names: Sequence[str], item_id: str, field: str) -> Any:
-    """A per-item field (reference, image, benchmark) from the first system that has it."""
-    for n in names:
-        v = systems[n].get(item_id, {}).get(field)
-        if v not in (None, ""):
-            return v
-    return None
-
-
-def add_backend_arguments(p: argparse.ArgumentParser, role: str = "judge") -> None:
-    p.add_argument("--backend", nargs="*", default=[], metavar="KEY=VALUE",
-                   help=f"{role} backend settings (BackendConfig), e.g. kind=hf model=embedded dtype=bfloat16; "
-                        "default: the embedded SmolLM2 in-process")
-
-
-def backend_from_args(settings: Sequence[str]) -> Any:
-    from captionrl.backends import make_backend
-    from captionrl.config import apply_overrides
-
-    return make_backend(apply_overrides({}, list(settings)))
-
-
-def fmt_cell(v: Any) -> str:
-    if isinstance(v, float):
-        return "-" if math.isnan(v) else f"{v:.3f}"
-    return "-" if v is None else str(v)
-
-
-def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(fmt_cell(r.get(c)) for c in columns) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
-
-
-def write_report(
-    out: str | Path, protocol: str, rows: list[dict[str, Any]], columns: list[str], config: Any,
-    notes: Sequence[str] = (), **extra: Any,
-) -> dict[str, Any]:
-    """Write ``table.md`` and ``summary.json`` (the shape ``captionrl report`` gathers) and return it."""
-    out = Path(out)
-    cfg = asdict(config) if hasattr(config, "__dataclass_fields__") else dict(config)
-    summary = {"protocol": protocol, "rows": rows, "columns": columns, "config": cfg, "notes": list(notes), **extra}
-    out.mkdir(parents=True, exist_ok=True)
-    text = f"# {protocol}\n\n" + markdown_table(rows, columns)
-    if notes:
-        text += "\n" + "\n".join(f"- {n}" for n in notes) + "\n"
-    (out / "table.md").write_text(text)
-    write_json(out / "summary.json", summary)
-    return summary
-
-
 # ---------------------------------------------------------------------- the protocol
 @dataclass
 class PairwiseEvalConfig:
@@ -182,15 +63,6 @@ def system_pairs(names: Sequence[str], baseline: str | None) -> list[tuple[str, 
     if baseline not in names:
         raise ConfigError("baseline", baseline, "is not one of the systems", f"use one of {list(names)}")
     return [(n, baseline) for n in names if n != baseline]
-
-
-def systems_for(caption_files: Sequence[str], demo_items: int, seed: int) -> Systems:
-    """The systems of an image-caption evaluation: the user's caption files, or the offline demo systems."""
-    if caption_files:
-        return load_systems(caption_files)
-    from captionrl.eval.qa import offline_items
-
-    return demo_systems(offline_items(demo_items, seed=seed))
 
 
 def run(cfg: PairwiseEvalConfig, judge: Any = None, systems: Systems | None = None) -> dict[str, Any]:

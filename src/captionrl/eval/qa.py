@@ -12,7 +12,6 @@ empty captions) so the run checks the answerer itself: the reference caption mus
 from __future__ import annotations
 
 import argparse
-import random
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,89 +22,20 @@ from tqdm import tqdm
 
 from captionrl.config import help_field
 from captionrl.errors import ConfigError, DataError
-from captionrl.eval.pairwise import (
+from captionrl.eval.common import (
     Systems,
     add_backend_arguments,
     backend_from_args,
     demo_systems,
     load_systems,
+    offline_items,
     write_report,
 )
 from captionrl.judges.qa import CaptionAnswerer, MCQuestion, to_question
 from captionrl.records import RecordWriter, read_jsonl
 
 PROTOCOL = "qa"
-COLORS = ("red", "green", "blue", "yellow", "teal", "brown", "black", "gray")
-SHAPES = ("circle", "rectangle", "triangle")
 KNOWN_BENCHMARKS = ("captionqa", "chartqa", "textvqa", "docvqa", "blink")
-
-
-# ---------------------------------------------------------------------- offline data
-def easy_vqa_items(n: int = 12, seed: int = 0, split: str = "test") -> list[dict[str, Any]]:
-    """``n`` easy-vqa images (seeded choice, recorded by the caller) with a reference caption and MC questions.
-
-    easy-vqa ships only QA pairs; each image shows one coloured shape, so the colour and shape answers
-    give a reference caption ("A blue circle."), and each answer becomes a multiple-choice question:
-    yes/no, one of 3 shapes, or the colour among 4 (3 seeded distractor colours).
-    """
-    from captionrl.domains.images import load_easy_vqa
-
-    rng = random.Random(f"easy-vqa|{seed}")
-    items = []
-    for it in load_easy_vqa(split):
-        facts = {f["kind"]: f["value"] for f in it.facts}
-        if "colour" in facts and "shape" in facts:
-            items.append((it, facts["colour"], facts["shape"]))
-    rng.shuffle(items)
-    out = []
-    for it, color, shape in items[:n]:
-        questions = [_mc(q["question"], q["answer"], rng, k) for k, q in enumerate(it.qa)]
-        out.append({
-            "id": it.id, "image": it.image, "benchmark": "easy-vqa",
-            "reference": f"A {color} {shape} on a plain background.", "questions": questions,
-        })
-    return out
-
-
-def _mc(question: str, answer: str, rng: random.Random, k: int) -> dict[str, Any]:
-    if answer in ("yes", "no"):
-        options = ["yes", "no"]
-    elif answer in SHAPES:
-        options = list(SHAPES)
-    else:
-        options = [answer, *rng.sample([c for c in COLORS if c != answer], 3)]
-        rng.shuffle(options)
-    return {"question": question, "options": options, "answer": answer, "qid": str(k)}
-
-
-def offline_items(n: int = 12, seed: int = 0) -> list[dict[str, Any]]:
-    """The offline image items every image protocol defaults to: ``{id, image, reference, questions,
-    benchmark}``. Synthetic scenes join easy-vqa when ``captionrl.domains.scenes`` provides them."""
-    items = easy_vqa_items(n, seed)
-    items.extend(_scene_items(n, seed))
-    return items
-
-
-def _scene_items(n: int, seed: int) -> list[dict[str, Any]]:
-    """Synthetic scenes (known facts, reference caption, exact QA; rubric when the rubric module exists),
-    when ``captionrl.domains.scenes`` is installed in this tree."""
-    try:
-        from captionrl.domains.scenes import generate_scenes
-    except ImportError:
-        return []
-    try:
-        from captionrl.judges.rubric import rubric_from_facts  # type: ignore[import-not-found]
-    except ImportError:
-        rubric_from_facts = None
-    items = []
-    for sc in generate_scenes(n, seed):
-        rec: dict[str, Any] = {"id": sc.id, "image": sc.render(), "benchmark": "scenes",
-                               "reference": sc.reference_caption, "questions": list(sc.qa),
-                               "contradicting": sc.contradicting_caption}
-        if rubric_from_facts is not None:
-            rec["rubric"] = [r.to_dict() for r in rubric_from_facts(sc)]
-        items.append(rec)
-    return items
 
 
 # ---------------------------------------------------------------------- question files

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from captionrl.config import help_field
 from captionrl.errors import BackendError, ConfigError, DataError
-from captionrl.eval.pairwise import (
+from captionrl.eval.common import (
     Systems,
     add_backend_arguments,
     backend_from_args,
