@@ -50,7 +50,7 @@ def test_eval_identify_on_a_user_file_resumes(tmp_path, embedded_backend, monkey
         for i in range(6):
             values = np.cumsum(rng.normal(size=16)).round(2) + 10 * i
             f.write(json.dumps({"id": f"s{i}", "series": values.tolist(), "caption": describe_series(values)}) + "\n")
-    monkeypatch.setattr("captionrl.eval.identification.make_backend", lambda cfg: embedded_backend)
+    monkeypatch.setattr("captionrl.eval.identification.backend_from_spec", lambda spec: embedded_backend)
     out = tmp_path / "ident"
     args = ["eval", "identify", "--captions", f"mine={path}", "--out", str(out), "--direction", "c2s", "--k", "3"]
     assert main(args) == 0
@@ -58,7 +58,7 @@ def test_eval_identify_on_a_user_file_resumes(tmp_path, embedded_backend, monkey
     rows = {r["system"]: r for r in summary["rows"]}
     assert rows["mine"]["c2s"] > 0.6
     assert rows["mine/empty"]["c2s"] == pytest.approx(1 / 3, abs=1e-4)  # all candidates tie: exactly chance
-    assert (out / "table.md").read_text().startswith("| system")
+    assert "| system | mode | K |" in (out / "table.md").read_text()
     n = len((out / "records.jsonl").read_text().splitlines())
     assert main(args) == 0
     assert len((out / "records.jsonl").read_text().splitlines()) == n

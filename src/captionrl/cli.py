@@ -1,8 +1,12 @@
 """``captionrl`` command line: a thin layer over configs, training and evaluation.
 
-Each subcommand lives in the module that does the work, which exposes ``add_arguments(parser)`` and
-``main(args) -> int``; this file only maps command names to modules, imported lazily so that
-``captionrl --help`` is instant and a missing optional dependency only breaks its own command.
+Each subcommand lives in the module that does the work, which exposes ``CONFIG`` (its config dataclass)
+and ``run_command(cfg) -> int``; the parser is generated from ``CONFIG`` (``captionrl.config.
+add_config_arguments``: ``--config FILE.yaml``, ``key=value`` words, a ``--flag`` per top-level field,
+``--help`` listing every field with its default). Modules not yet converted may still expose the older
+``add_arguments(parser)`` + ``main(args) -> int`` pair. This file only maps command names to modules,
+imported lazily so that ``captionrl --help`` is instant and a missing optional dependency only breaks its
+own command.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from captionrl.config import add_config_arguments, config_from_args
 from captionrl.errors import CaptionRLError
 
 # (command words) -> (module, one-line help)
@@ -77,9 +82,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"captionrl {' '.join(key)}: not available in this version ({exc.name} missing)", file=sys.stderr)
             return 2
         raise
-    module.add_arguments(leaves[key])
+    config_cls = getattr(module, "CONFIG", None)
+    if config_cls is not None:
+        add_config_arguments(leaves[key], config_cls)
+    else:
+        module.add_arguments(leaves[key])
     args = parser.parse_args(argv)
     try:
+        if config_cls is not None:
+            return int(module.run_command(config_from_args(config_cls, args)) or 0)
         return int(module.main(args) or 0)
     except CaptionRLError as exc:
         print(f"error: {exc}", file=sys.stderr)

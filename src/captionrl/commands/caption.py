@@ -6,30 +6,46 @@ Writes ``{id, series, caption, next?, domain}`` JSONL, the input of every Lineup
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass
 
-from captionrl.backends import Backend, make_backend, parse_backend_spec
+from captionrl.backends import Backend, backend_from_spec
+from captionrl.config import help_field
 from captionrl.domains.captioning import DESCRIBER, caption_series
+from captionrl.errors import ConfigError
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--corpus", default="embedded", help="'embedded' or a corpus file/folder (see captionrl.domains.corpora)")
-    p.add_argument("--captioner", default="hf:embedded", help="backend spec (hf:embedded, openai:URL#MODEL, ...) or 'describer'")
-    p.add_argument("--length", type=int, default=24, help="window length")
-    p.add_argument("--split", default="test", help="which time-ordered split to caption: train, val or test")
-    p.add_argument("--max-items", type=int, default=32, help="caption at most this many windows (seeded sample)")
-    p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", required=True, help="output JSONL file")
+@dataclass
+class CaptionConfig:
+    """Settings of ``captionrl caption``."""
+
+    out: str = help_field(help="output JSONL file (rerun with the same file to resume)")
+    corpus: str = help_field("embedded", "'embedded' or a corpus file/folder (see captionrl.domains.corpora)")
+    captioner: str = help_field("hf:embedded", "backend spec (hf:embedded, openai:URL#MODEL, ...) or 'describer'")
+    length: int = help_field(24, "window length")
+    split: str = help_field("test", "which time-ordered split to caption: train, val or test")
+    max_items: int = help_field(32, "caption at most this many windows (seeded sample)")
+    max_new_tokens: int = help_field(96, "caption length limit in tokens")
+    temperature: float = help_field(0.0, "sampling temperature (0: greedy)")
+    seed: int = help_field(0, "seed of the window sample and of sampling")
+
+    def __post_init__(self) -> None:
+        if self.split not in ("train", "val", "test"):
+            raise ConfigError("split", self.split, "unknown split", "use train, val or test")
+        if self.captioner != DESCRIBER:
+            from captionrl.backends import parse_backend_spec
+
+            parse_backend_spec(self.captioner)
 
 
-def main(args: argparse.Namespace) -> int:
+CONFIG = CaptionConfig
+
+
+def run_command(cfg: CaptionConfig) -> int:
     from captionrl.domains.datasets import eval_windows
 
-    items = eval_windows(args.corpus, args.length, args.split, args.max_items, args.seed)
-    captioner: Backend | str = DESCRIBER if args.captioner == DESCRIBER else make_backend(parse_backend_spec(args.captioner))
-    caps = caption_series(items, captioner, args.out, max_new_tokens=args.max_new_tokens,
-                          temperature=args.temperature, seed=args.seed)
-    print(f"{len(caps)} captions in {args.out}")
+    items = eval_windows(cfg.corpus, cfg.length, cfg.split, cfg.max_items, cfg.seed)
+    captioner: Backend | str = DESCRIBER if cfg.captioner == DESCRIBER else backend_from_spec(cfg.captioner)
+    caps = caption_series(items, captioner, cfg.out, max_new_tokens=cfg.max_new_tokens,
+                          temperature=cfg.temperature, seed=cfg.seed)
+    print(f"{len(caps)} captions in {cfg.out}")
     return 0

@@ -7,16 +7,13 @@ so each protocol file reads top to bottom without following a circle.
 
 from __future__ import annotations
 
-import argparse
-import math
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from captionrl.errors import ConfigError, DataError
-from captionrl.records import read_jsonl, write_json
+from captionrl.records import read_jsonl
 
 Systems = dict[str, dict[str, dict[str, Any]]]
 """system name -> item id -> caption record (``caption`` plus optional reference/image/benchmark)."""
@@ -219,45 +216,3 @@ class LazyBackend:
         if self._backend is None:
             self._backend = backend_from_spec(self._spec)
         return getattr(self._backend, name)
-
-
-def add_backend_arguments(p: argparse.ArgumentParser, role: str = "judge") -> None:
-    p.add_argument("--backend", nargs="*", default=[], metavar="KEY=VALUE",
-                   help=f"{role} backend settings (BackendConfig), e.g. kind=hf model=embedded dtype=bfloat16; "
-                        "default: the embedded SmolLM2 in-process")
-
-
-def backend_from_args(settings: Sequence[str]) -> Any:
-    from captionrl.backends import make_backend
-    from captionrl.config import apply_overrides
-
-    return make_backend(apply_overrides({}, list(settings)))
-
-
-def fmt_cell(v: Any) -> str:
-    if isinstance(v, float):
-        return "-" if math.isnan(v) else f"{v:.3f}"
-    return "-" if v is None else str(v)
-
-
-def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(fmt_cell(r.get(c)) for c in columns) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
-
-
-def write_report(
-    out: str | Path, protocol: str, rows: list[dict[str, Any]], columns: list[str], config: Any,
-    notes: Sequence[str] = (), **extra: Any,
-) -> dict[str, Any]:
-    """Write ``table.md`` and ``summary.json`` (the shape ``captionrl report`` gathers) and return it."""
-    out = Path(out)
-    cfg = asdict(config) if hasattr(config, "__dataclass_fields__") else dict(config)
-    summary = {"protocol": protocol, "rows": rows, "columns": columns, "config": cfg, "notes": list(notes), **extra}
-    out.mkdir(parents=True, exist_ok=True)
-    text = f"# {protocol}\n\n" + markdown_table(rows, columns)
-    if notes:
-        text += "\n" + "\n".join(f"- {n}" for n in notes) + "\n"
-    (out / "table.md").write_text(text)
-    write_json(out / "summary.json", summary)
-    return summary

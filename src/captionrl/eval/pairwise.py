@@ -2,7 +2,7 @@
 
 Input: one JSONL file per captioning system, lines ``{id, caption, reference?, image?, benchmark?}``;
 the system is named after the file (or ``NAME=PATH``). Items are matched by ``id`` across systems. With
-``--baseline`` every system is compared with the baseline (the paper's protocol); without it, every pair
+``baseline`` every system is compared with the baseline (the paper's protocol); without it, every pair
 of systems is compared. Each pair of captions is judged twice, once in each order, and each order is one
 comparison: win rate = (wins + ties/2) / valid comparisons, per benchmark and averaged over benchmarks;
 the CapArena-style score is wins - losses. Invalid replies (backend errors, refusals, unparseable text)
@@ -12,12 +12,11 @@ are excluded and counted. Outputs: ``records.jsonl`` (one line per ordered compa
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +26,14 @@ from captionrl.config import help_field
 from captionrl.errors import ConfigError, DataError
 from captionrl.eval.common import (
     Systems,
-    add_backend_arguments,
-    backend_from_args,
+    backend_from_spec,
     caption_length,
+    check_spec,
     item_field,
     shared_ids,
     systems_for,
-    write_report,
 )
+from captionrl.eval.result import EvalResult, print_result, write_result
 from captionrl.records import RecordWriter
 
 PROTOCOL = "pairwise"
@@ -54,7 +53,17 @@ class PairwiseEvalConfig:
     demo_items: int = help_field(12, "items of the offline demo data when no caption files are given")
     seed: int = help_field(0, "seed of the demo data selection")
     batch: int = help_field(16, "comparisons per judge call")
-    backend: list[str] = help_field([], "judge backend settings KEY=VALUE (default: embedded SmolLM2)")
+    judge: str = help_field("hf:embedded", "judge backend spec: hf:embedded, hf:PATH, openai:URL#MODEL, vllm:MODEL (+ ,key=value)")
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("choose", "generate"):
+            raise ConfigError("mode", self.mode, "unknown mode", "use choose or generate")
+        if self.evidence not in ("reference", "image"):
+            raise ConfigError("evidence", self.evidence, "unknown evidence", "use reference or image")
+        check_spec("judge", self.judge)
+
+
+CONFIG = PairwiseEvalConfig
 
 
 def system_pairs(names: Sequence[str], baseline: str | None) -> list[tuple[str, str]]:
@@ -65,8 +74,9 @@ def system_pairs(names: Sequence[str], baseline: str | None) -> list[tuple[str, 
     return [(n, baseline) for n in names if n != baseline]
 
 
-def run(cfg: PairwiseEvalConfig, judge: Any = None, systems: Systems | None = None) -> dict[str, Any]:
-    """Judge every pair in both orders, write records/table/summary; returns the summary."""
+def run(cfg: PairwiseEvalConfig, *, judge: Any = None, systems: Systems | None = None) -> EvalResult:
+    """Judge every pair in both orders, write records/table/summary; ``judge``/``systems`` replace the
+    configured ones (tests inject in-process judges)."""
     from captionrl.judges.pairwise import PairwiseConfig, PairwiseJudge, Verdict
 
     systems = systems if systems is not None else systems_for(cfg.captions, cfg.demo_items, cfg.seed)
@@ -74,8 +84,8 @@ def run(cfg: PairwiseEvalConfig, judge: Any = None, systems: Systems | None = No
     if len(names) < 2:
         raise ConfigError("captions", names, "needs at least two systems", "pass two or more caption files")
     if judge is None:
-        judge = PairwiseJudge(backend_from_args(cfg.backend),
-                              PairwiseConfig(mode=cfg.mode, evidence=cfg.evidence, min_mass=cfg.min_mass))  # type: ignore[arg-type]
+        judge = PairwiseJudge(backend_from_spec(cfg.judge),
+                              PairwiseConfig(mode=cfg.mode, evidence=cfg.evidence, min_mass=cfg.min_mass))
     ev_field = judge.config.evidence
     out = Path(cfg.out)
     todo: list[dict[str, Any]] = []
@@ -90,7 +100,7 @@ def run(cfg: PairwiseEvalConfig, judge: Any = None, systems: Systems | None = No
                     ev = item_field(systems, [x, y], item_id, ev_field)
                     if ev is None:
                         raise DataError(f"{x}/{y}:{item_id}.{ev_field}", None, f"no {ev_field} for this item",
-                                        f"add a '{ev_field}' field to the caption files (or change --evidence)")
+                                        f"add a '{ev_field}' field to the caption files (or change evidence=)")
                     todo.append({
                         "key": key, "id": item_id, "pair": [x, y], "order": order, "system_a": a, "system_b": b,
                         "benchmark": item_field(systems, [x, y], item_id, "benchmark") or DEFAULT_BENCHMARK,
@@ -112,8 +122,11 @@ def run(cfg: PairwiseEvalConfig, judge: Any = None, systems: Systems | None = No
     notes = [f"{stats['excluded']} of {stats['attempted']} comparisons excluded as invalid "
              f"(errors, refusals, unparseable replies); win rate = (wins + ties/2) / valid comparisons, "
              "each pair judged in both orders"]
-    return write_report(out, PROTOCOL, rows, columns, cfg, notes=notes, judge=getattr(judge.backend, "name", "?"),
-                        **stats)
+    better: dict[str, str | None] = {c: "higher" for c in columns if c.startswith("win_rate")}
+    better.update(caparena="higher", wins=None, losses=None, ties=None, invalid="lower", mean_words=None)
+    result = EvalResult(PROTOCOL, rows, columns, better=better, config=asdict(cfg), records=str(out / "records.jsonl"),
+                        notes=notes, extra={"judge": getattr(judge.backend, "name", "?"), **stats})
+    return write_result(result, out)
 
 
 def aggregate(records: Sequence[Mapping[str, Any]], systems: Systems) -> tuple[list[dict[str, Any]], list[str], dict[str, Any]]:
@@ -161,30 +174,13 @@ def aggregate(records: Sequence[Mapping[str, Any]], systems: Systems) -> tuple[l
         rows.append(row)
     rows.sort(key=lambda r: -r["win_rate"] if not math.isnan(r["win_rate"]) else 1.0)
     per_bench = [f"win_rate/{b}" for b in benchmarks] if len(benchmarks) > 1 else []
-    columns = ["system", "win_rate", *per_bench, "caparena", "wins", "losses", "ties", "invalid", "mean_words"]
+    columns = ["win_rate", *per_bench, "caparena", "wins", "losses", "ties", "invalid", "mean_words"]
     return rows, columns, {"attempted": len(records), "excluded": excluded, "benchmarks": benchmarks}
 
 
 # ---------------------------------------------------------------------- CLI
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--captions", nargs="*", default=[], metavar="[NAME=]FILE",
-                   help="caption files, one per system; omit for demo systems on offline data")
-    p.add_argument("--out", default="runs/eval-pairwise", help="output folder (rerun to resume)")
-    p.add_argument("--baseline", default=None, help="compare every system with this one")
-    p.add_argument("--mode", default="choose", choices=["choose", "generate"])
-    p.add_argument("--evidence", default="reference", choices=["reference", "image"])
-    p.add_argument("--min-mass", type=float, default=0.0, help="choose: mass on A/B/C below this = invalid")
-    p.add_argument("--limit", type=int, default=None, help="at most this many items per pair of systems")
-    p.add_argument("--demo-items", type=int, default=12, help="offline demo items when no captions are given")
-    p.add_argument("--seed", type=int, default=0)
-    add_backend_arguments(p)
-
-
-def main(args: argparse.Namespace) -> int:
-    cfg = PairwiseEvalConfig(captions=list(args.captions), out=args.out, baseline=args.baseline, mode=args.mode,
-                             evidence=args.evidence, min_mass=args.min_mass, limit=args.limit,
-                             demo_items=args.demo_items, seed=args.seed, backend=list(args.backend))
-    summary = run(cfg)
-    print((Path(cfg.out) / "table.md").read_text())
-    print(f"records, table.md and summary.json in {cfg.out} ({summary['excluded']} invalid excluded)")
+def run_command(cfg: PairwiseEvalConfig) -> int:
+    result = run(cfg)
+    print_result(result, cfg.out)
+    print(f"{result.extra['excluded']} invalid comparisons excluded")
     return 0
