@@ -234,10 +234,13 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         else:
             kw.update(type=kind[1], metavar=f.name.upper())
         parser.add_argument(*names, **kw)
-    what = f"{positional.upper()}... or " if positional else ""
-    parser.add_argument("words", nargs="*", metavar="KEY=VALUE",
-                        help=f"{what}setting overrides, e.g. out=runs/x (dotted keys for nested sections; "
-                             "put them before the flags that take lists)")
+    what = ""
+    if positional:
+        f = next(f for f in dataclasses.fields(cls) if f.name == positional)
+        what = f"{positional.upper()} (bare words): {f.metadata.get('help', '')} (default: {_default(f)!r}). "
+    parser.add_argument("words", nargs="*", metavar=f"{positional.upper()}|KEY=VALUE" if positional else "KEY=VALUE",
+                        help=(what + "KEY=VALUE: setting overrides, e.g. out=runs/x (dotted keys for nested "
+                              "sections; put them before the flags that take lists)").replace("%", "%%"))
     rows = [r for r in describe(cls) if r[0] not in flagged]  # nested sections and dicts: no --flag
     if rows:
         width = max(len(k) for k, _, _ in rows)

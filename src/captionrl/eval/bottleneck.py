@@ -347,23 +347,33 @@ def _corpora(items: Sequence[Item]) -> list[_Corpus]:
     return out
 
 
-def _targets(c: _Corpus, items: Sequence[Item], task: str) -> np.ndarray | None:
+def _windows(c: _Corpus, items: Sequence[Item], task: str) -> list[np.ndarray] | None:
+    """The raw target windows of ``items`` (None: some item of the corpus has no ``next`` to forecast)."""
     if task == "reconstruct":
-        return (np.stack([it.series for it in items]) - c.mean) / c.std
-    if any(it.next is None for it in c.train + c.test):
+        return [it.series for it in items]
+    nexts = [it.next for it in c.train + c.test]
+    if any(n is None for n in nexts):
         return None
-    if len({len(it.next) for it in c.train + c.test}) > 1:  # type: ignore[arg-type]
+    if len({len(n) for n in nexts if n is not None}) > 1:
         raise DataError(f"corpus[{c.name}].next", "ragged", "forecast targets differ in length",
                         "give every item of a corpus a 'next' window of the same length")
-    return (np.stack([it.next for it in items]) - c.mean) / c.std  # type: ignore[arg-type]
+    return [it.next for it in items if it.next is not None]
+
+
+def _targets(c: _Corpus, items: Sequence[Item], task: str) -> np.ndarray | None:
+    """Standardised targets of ``items`` (None when the corpus cannot be forecast)."""
+    windows = _windows(c, items, task)
+    return None if windows is None else (np.stack(windows) - c.mean) / c.std
 
 
 def naive_predictions(c: _Corpus, task: str) -> np.ndarray:
     """Last-value persistence (forecast) or the mean standardised training window (reconstruct)."""
     if task == "forecast":
-        h = len(c.test[0].next)  # type: ignore[arg-type]
-        return np.stack([np.full(h, (it.series[-1] - c.mean) / c.std) for it in c.test])
-    mean_window = _targets(c, c.train, "reconstruct").mean(0)  # type: ignore[union-attr]
+        windows = _windows(c, c.test, task)
+        if windows is None:
+            raise DataError(f"corpus[{c.name}].next", None, "items have no next window", "give 'next' or skip forecast")
+        return np.stack([np.full(len(w), (it.series[-1] - c.mean) / c.std) for w, it in zip(windows, c.test, strict=True)])
+    mean_window = ((np.stack([it.series for it in c.train]) - c.mean) / c.std).mean(0)
     return np.tile(mean_window, (len(c.test), 1))
 
 

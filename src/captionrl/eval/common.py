@@ -125,32 +125,20 @@ def _mc(question: str, answer: str, rng: random.Random, k: int) -> dict[str, Any
 
 def offline_items(n: int = 12, seed: int = 0) -> list[dict[str, Any]]:
     """The offline image items every image protocol defaults to: ``{id, image, reference, questions,
-    benchmark}``. Synthetic scenes join easy-vqa when ``captionrl.domains.scenes`` provides them."""
+    benchmark}``: easy-vqa images and synthetic scenes (which also carry a rubric)."""
     items = easy_vqa_items(n, seed)
     items.extend(_scene_items(n, seed))
     return items
 
 
 def _scene_items(n: int, seed: int) -> list[dict[str, Any]]:
-    """Synthetic scenes (known facts, reference caption, exact QA; rubric when the rubric module exists),
-    when ``captionrl.domains.scenes`` is installed in this tree."""
-    try:
-        from captionrl.domains.scenes import generate_scenes
-    except ImportError:
-        return []
-    try:
-        from captionrl.judges.rubric import rubric_from_facts  # type: ignore[import-not-found]
-    except ImportError:
-        rubric_from_facts = None
-    items = []
-    for sc in generate_scenes(n, seed):
-        rec: dict[str, Any] = {"id": sc.id, "image": sc.render(), "benchmark": "scenes",
-                               "reference": sc.reference_caption, "questions": list(sc.qa),
-                               "contradicting": sc.contradicting_caption}
-        if rubric_from_facts is not None:
-            rec["rubric"] = [r.to_dict() for r in rubric_from_facts(sc)]
-        items.append(rec)
-    return items
+    """Synthetic scenes: known facts, reference caption, exact QA and the rubric built from the facts."""
+    from captionrl.domains.scenes import generate_scenes
+    from captionrl.judges.rubric import rubric_from_facts
+
+    return [{"id": sc.id, "image": sc.render(), "benchmark": "scenes", "reference": sc.reference_caption,
+             "questions": list(sc.qa), "contradicting": sc.contradicting_caption,
+             "rubric": [r.to_dict() for r in rubric_from_facts(sc)]} for sc in generate_scenes(n, seed)]
 
 
 def demo_systems(items: Sequence[Mapping[str, Any]]) -> Systems:

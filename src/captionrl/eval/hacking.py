@@ -153,7 +153,7 @@ def _qa(backend: Any, probes: ProbeSet) -> Any:
 
 
 def _rubric(backend: Any, probes: ProbeSet) -> Any:
-    from captionrl.judges.rubric import RubricJudge  # type: ignore[import-not-found]
+    from captionrl.judges.rubric import RubricJudge
 
     if "rubric" not in probes.columns:
         raise LookupError("the items carry no rubric column")
@@ -161,7 +161,7 @@ def _rubric(backend: Any, probes: ProbeSet) -> Any:
 
 
 def _entail(backend: Any, probes: ProbeSet) -> Any:
-    from captionrl.judges.entail import EntailmentJudge  # type: ignore[import-not-found]
+    from captionrl.judges.entail import EntailmentJudge
 
     return EntailmentJudge(backend)
 
