@@ -42,6 +42,7 @@ import numpy as np
 
 from captionrl.config import help_field
 from captionrl.errors import ConfigError, DataError
+from captionrl.eval.common import split_spec
 from captionrl.eval.result import EvalResult, print_result, write_result
 from captionrl.records import RecordWriter, read_jsonl
 
@@ -142,7 +143,7 @@ def parse_captions_arg(specs: Sequence[str]) -> list[tuple[str, Path]]:
     """``a.jsonl`` or ``name=path`` -> (system name, path); names default to file stems and must differ."""
     out: list[tuple[str, Path]] = []
     for spec in specs:
-        name, _, path = spec.partition("=") if "=" in spec else (Path(spec).stem, "", spec)
+        name, path = split_spec(spec)
         p = Path(path)
         if not p.exists():
             raise DataError("--captions", spec, "file not found", "give JSONL files with {id, series, caption, next?}")
