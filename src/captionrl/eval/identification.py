@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -165,7 +165,7 @@ def run_identification(
     bar.close()
     writer.close()
     result = summarise(writer.records(), [s.name for s in all_systems], list(verifiers), cfg)
-    return write_result(result, out)
+    return write_result(replace(result, records=str(out / "records.jsonl")), out)
 
 
 def _key(system: str, verifier: str, mode: str, direction: str, k: int, item: str) -> str:
@@ -211,8 +211,7 @@ def summarise(records: Sequence[Mapping[str, Any]], systems: Sequence[str], veri
              + ", ".join(f"K={k}: {v:.3f}" for k, v in chance.items())
              + "); *_above_chance is (acc - 1/K) / (1 - 1/K); *_soft is the mean probability of the truth"]
     return EvalResult("identification", rows, columns, better=better, labels=["mode", "K"],
-                      config={**asdict(cfg), "verifier_names": list(verifiers)}, records=str(Path(cfg.out) / "records.jsonl"),
-                      notes=notes, extra={"chance": chance})
+                      config={**asdict(cfg), "verifier_names": list(verifiers)}, notes=notes, extra={"chance": chance})
 
 
 # ---------------------------------------------------------------------- the protocol
