@@ -91,7 +91,7 @@ def test_one_result_type_one_writer_and_its_round_trip(tmp_path):
     back = EvalResult.from_summary(data)
     assert (back.protocol, back.columns, back.labels, back.marked, back.extra) == ("demo", ["K", "acc"], ["K"],
                                                                                   {"acc": ["a"]}, {"attempted": 2})
-    assert back.direction("K") is None and back.direction("acc") == "higher"
+    assert report.direction("K", back.summary()["better"]) is None  # a label column is never marked
     with pytest.raises(DataError, match="higher, lower"):
         EvalResult("demo", [], [], better={"acc": "up"})
     with pytest.raises(DataError, match="system"):

@@ -51,16 +51,6 @@ class EvalResult:
         if "system" in self.columns:
             raise DataError("columns", self.columns, "list 'system'", "columns name the values beside the system")
 
-    def direction(self, column: str) -> str | None:
-        """'higher', 'lower' or None; label columns are never quality columns."""
-        return None if column in self.labels else self.better.get(column)
-
-    def row(self, system: str) -> dict[str, Any]:
-        for r in self.rows:
-            if r["system"] == system:
-                return r
-        raise KeyError(system)
-
     def summary(self) -> dict[str, Any]:
         """The ``summary.json`` object: the fields above, then the protocol's extra figures at top level."""
         better = {**self.better, **dict.fromkeys(self.labels)}
