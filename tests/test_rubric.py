@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from captionrl.backends.base import ChatRequest, ChoiceResult, Generation
-from captionrl.domains.scenes import generate_scenes
+from captionrl.domains.images import load_images
+from captionrl.domains.scenes import generate_scenes, rubric_from_facts
 from captionrl.errors import DataError
 from captionrl.judges.base import Judge
 from captionrl.judges.rubric import (
@@ -20,7 +21,6 @@ from captionrl.judges.rubric import (
     judge_records,
     parse_judge_reply,
     parse_rubric_reply,
-    rubric_from_facts,
     validate_rubric,
 )
 from captionrl.judges.rubric_build import RubricWriter, build_rubrics
@@ -125,7 +125,7 @@ def test_generate_mode_reward_is_weighted_and_ignores_reasons():
 
 
 def test_writer_retries_invalid_output_then_records_unscored(tmp_path):
-    items = [s.to_item() for s in generate_scenes(2, seed=0)]
+    items = load_images("scenes:2:0").items
     copied = json.dumps([{"criterion": "The cake carries the text 24 CARROT CAKE.", "test": "t", "weight": 3}, GOOD[1]])
     flaky = ScriptedBackend(["not json", json.dumps([{**GOOD[0], "weight": 9}]), copied, json.dumps(GOOD)])
     res = RubricWriter(flaky, max_attempts=4, min_items=2).write_batch(items[:1], [["a caption"]], [[]])[0]
@@ -202,7 +202,7 @@ def test_pipeline_with_tiny_vlm_committee_resumes_after_interruption(tmp_path, e
     from captionrl.testing import tiny_vlm_dir
 
     vlm = HFBackend(str(tiny_vlm_dir()), batch_size=4)
-    items = [s.to_item() for s in generate_scenes(3, seed=0)]
+    items = load_images("scenes:3:0").items
     t1, t2 = Interrupting(vlm, "tiny-a"), Interrupting(vlm, "tiny-b", fail_on=1)
     writer = RubricWriter(embedded_backend, max_attempts=1, max_new_tokens=24, min_items=1)
     with pytest.raises(KeyboardInterrupt):

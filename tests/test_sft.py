@@ -10,11 +10,9 @@ from pathlib import Path
 import pytest
 
 from captionrl.errors import ConfigError, DataError
+from captionrl.judges.roles import GENERATOR_INSTRUCTION, JUDGE_INSTRUCTION, POLICY_INSTRUCTION
 from captionrl.records import read_jsonl
 from captionrl.train.sft import (
-    GENERATOR_INSTRUCTION,
-    JUDGE_INSTRUCTION,
-    POLICY_INSTRUCTION,
     RoleRecords,
     build_distill_rows,
     build_multirole_rows,

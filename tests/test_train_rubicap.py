@@ -102,8 +102,8 @@ def _manifest(tmp_path: Path, n: int) -> Path:
 
 
 def test_store_rubrics_feed_the_dataset_and_gaps_are_named(tmp_path, forbid_models):
-    from captionrl.domains.scenes import generate_scenes
-    from captionrl.judges.rubric import RubricStore, rubric_from_facts
+    from captionrl.domains.scenes import generate_scenes, rubric_from_facts
+    from captionrl.judges.rubric import RubricStore
 
     manifest = _manifest(tmp_path, 4)
     scenes = generate_scenes(4, seed=2)
@@ -169,11 +169,11 @@ class _DeadJudgeBackend:
 
 
 def test_judge_outage_is_unscored_not_zero(tmp_path):
-    from captionrl.domains.scenes import scene_rows
     from captionrl.judges.rubric import RubricJudge
     from captionrl.train.logging import SampleLog, load_samples
 
-    rows = scene_rows(2, seed=0)
+    cfg = load_rubicap_config(None, ["data.items=scenes:2:0", f"train.out_dir={tmp_path / 'run'}"])
+    rows = build_data(cfg).rows
     samples = SampleLog(tmp_path)
     reward = RubricReward(RubricJudge(_DeadJudgeBackend(), mode="likelihood"), samples)
     logged: dict[str, float] = {}

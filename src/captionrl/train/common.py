@@ -20,10 +20,13 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from captionrl.config import help_field, to_dict
 from captionrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from captionrl.backends import BackendConfig
 
 ALGORITHMS = ("rloo", "grpo")
 
@@ -177,6 +180,37 @@ def quiet_offline_env(out_dir: str | Path) -> None:
     """No telemetry pings (the trainer runs offline) and TensorBoard files in a known folder of the run."""
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(Path(out_dir) / "tensorboard"))
+
+
+def probe_openai(cfg: BackendConfig, field: str = "verifier", timeout_s: float = 5.0) -> None:
+    """Fail fast, before the policy loads, when an OpenAI-compatible server (a ``BackendConfig``) does not
+    answer or does not serve the configured model; other backend kinds pass unchecked."""
+    if cfg.kind != "openai":
+        return
+    import httpx
+
+    url = str(cfg.base_url).rstrip("/") + "/models"
+    headers = {}
+    key = os.environ.get(cfg.api_key_env)
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    try:
+        resp = httpx.get(url, headers=headers, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise ConfigError(
+            f"{field}.base_url", cfg.base_url, f"the verifier server does not answer ({type(exc).__name__}: {exc})",
+            f"start it first (e.g. vllm serve {cfg.model} --port PORT) or fix {field}.base_url",
+        ) from exc
+    if resp.status_code != 200:
+        raise ConfigError(f"{field}.base_url", cfg.base_url, f"GET {url} returned HTTP {resp.status_code}",
+                          f"check the server and {field}.api_key_env")
+    try:
+        served = [m.get("id") for m in resp.json().get("data", [])]
+    except (ValueError, AttributeError):
+        served = []
+    if served and cfg.model not in served:
+        raise ConfigError(f"{field}.model", cfg.model, f"is not served at {cfg.base_url} (it serves {served})",
+                          f"set {field}.model to one of {served}")
 
 
 def cuda_available() -> bool:

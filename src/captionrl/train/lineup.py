@@ -33,7 +33,7 @@ from captionrl.backends import BackendConfig
 from captionrl.config import help_field, load_config
 from captionrl.errors import ConfigError, DataError
 from captionrl.judges.identify import validate_candidate_set
-from captionrl.train.common import PolicyConfig, TrainConfig
+from captionrl.train.common import PolicyConfig, TrainConfig, probe_openai
 
 NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
 
@@ -143,39 +143,6 @@ class LineupConfig:
 def load_lineup_config(path: str | Path | None, overrides: Sequence[str] = ()) -> LineupConfig:
     """YAML + ``key=value`` overrides -> validated ``LineupConfig`` (no model is touched)."""
     return load_config(LineupConfig, path, overrides)
-
-
-# ---------------------------------------------------------------------- preflight
-def probe_openai(cfg: BackendConfig, field: str = "verifier", timeout_s: float = 5.0) -> None:
-    """Fail fast, before the policy loads, when an OpenAI-compatible verifier does not answer."""
-    if cfg.kind != "openai":
-        return
-    import os
-
-    import httpx
-
-    url = str(cfg.base_url).rstrip("/") + "/models"
-    headers = {}
-    key = os.environ.get(cfg.api_key_env)
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
-    try:
-        resp = httpx.get(url, headers=headers, timeout=timeout_s)
-    except httpx.HTTPError as exc:
-        raise ConfigError(
-            f"{field}.base_url", cfg.base_url, f"the verifier server does not answer ({type(exc).__name__}: {exc})",
-            f"start it first (e.g. vllm serve {cfg.model} --port PORT) or fix {field}.base_url",
-        ) from exc
-    if resp.status_code != 200:
-        raise ConfigError(f"{field}.base_url", cfg.base_url, f"GET {url} returned HTTP {resp.status_code}",
-                          f"check the server and {field}.api_key_env")
-    try:
-        served = [m.get("id") for m in resp.json().get("data", [])]
-    except (ValueError, AttributeError):
-        served = []
-    if served and cfg.model not in served:
-        raise ConfigError(f"{field}.model", cfg.model, f"is not served at {cfg.base_url} (it serves {served})",
-                          f"set {field}.model to one of {served}")
 
 
 # ---------------------------------------------------------------------- data

@@ -59,6 +59,7 @@ from captionrl.judges.online_rubric import (
     rubric_stats,
     stable_int,
 )
+from captionrl.judges.roles import generator_messages, policy_messages
 from captionrl.momentum import VARIANTS, MomentumSettings, reward_interval_steps
 from captionrl.rewards import JudgeReward, completion_text
 from captionrl.train.common import PolicyConfig, TrainConfig
@@ -204,24 +205,9 @@ def load_moco_config(path: str | Path | None, overrides: Sequence[str] = ()) -> 
 
 
 # ---------------------------------------------------------------------- data
-def second_reference(scene: Any) -> str:
-    """A second reference of the same facts in other words (A.1.2 gives the Generator two references)."""
-    from captionrl.domains.scenes import NUMBER_WORDS
-
-    parts = []
-    for g in scene.groups:
-        noun = g.shape if g.count == 1 else g.shape + "s"
-        where = "in the middle" if g.position == "center" else f"toward the {g.position}"
-        parts.append(f"{NUMBER_WORDS[g.count].capitalize()} {g.colour} {noun} sit {where} of a plain white canvas.")
-    if scene.text:
-        parts.append(f'Near the upper left corner the text "{scene.text}" appears in black letters.')
-    return " ".join(parts)
-
-
 def build_rows(cfg: MocoConfig) -> list[dict[str, Any]]:
     """Dataset rows: Policy prompt (image placeholder), image, item id, two references, facts (JSON)."""
-    from captionrl.domains.scenes import generate_scenes
-    from captionrl.train.sft import policy_messages
+    from captionrl.domains.scenes import generate_scenes, second_reference
 
     d = cfg.data
     rows = []
@@ -479,8 +465,6 @@ def _mean_scored(js: Sequence[Any]) -> float | None:
 def generator_rows(cfg: MocoConfig, rows: Sequence[Mapping[str, Any]], current: Mapping[str, list[str]],
                    earlier: Mapping[str, list[str]], phase: int) -> list[dict[str, Any]]:
     """Generator training rows: the MoCo Generator prompt over a seeded subset of the current captions."""
-    from captionrl.train.sft import generator_messages
-
     out = []
     for r in rows:
         item = str(r["item_id"])

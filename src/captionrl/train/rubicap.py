@@ -38,9 +38,9 @@ import numpy as np
 
 from captionrl.backends import BackendConfig
 from captionrl.config import apply_overrides, from_dict, help_field, load_yaml
+from captionrl.domains.captioning import IMAGE_CAPTION_INSTRUCTION
 from captionrl.errors import ConfigError, DataError
-from captionrl.judges.prompts import CAPTION_INSTRUCTION
-from captionrl.train.common import PolicyConfig, TrainConfig
+from captionrl.train.common import PolicyConfig, TrainConfig, probe_openai
 
 TINY_VLM = "tiny-vlm"
 """Policy name resolved to ``captionrl.testing.tiny_vlm.tiny_vlm_dir()`` (the offline test VLM)."""
@@ -57,7 +57,7 @@ class RubicapDataConfig:
 
     items: str = help_field("scenes:64:0", "images: scenes:N[:SEED] (synthetic, known facts), easy-vqa[:SPLIT[:LIMIT]], a folder, a JSONL manifest ({id, image, ...}) or a datasets.save_to_disk folder")
     n_train: int | None = help_field(None, "training items (null = all; a seeded sample of the items otherwise)")
-    instruction: str = help_field(CAPTION_INSTRUCTION, "the caption request shown after the image")
+    instruction: str = help_field(IMAGE_CAPTION_INSTRUCTION, "the caption request shown after the image")
     on_error: str = help_field("raise", "unreadable images: raise (stop and name the item) or skip (leave out and count)")
 
     def __post_init__(self) -> None:
@@ -249,7 +249,7 @@ def ensure_rubrics(cfg: RubicapConfig, items: Sequence[Any], *, allow_models: bo
 
 def build_data(cfg: RubicapConfig, *, allow_models: bool = True) -> RubicapData:
     """Items + rubrics -> TRL rows ``{prompt, image, item_id, rubric}``; no policy involved."""
-    from captionrl.domains.scenes import caption_prompt
+    from captionrl.domains.captioning import image_caption_messages
     from captionrl.judges.rubric import RubricStore
 
     items = load_items(cfg)
@@ -269,7 +269,7 @@ def build_data(cfg: RubicapConfig, *, allow_models: bool = True) -> RubicapData:
                 continue
             rubric = store.get(it.id)  # schema-checked
             rows.append({
-                "prompt": caption_prompt(cfg.data.instruction),
+                "prompt": image_caption_messages(cfg.data.instruction),
                 "image": str(it.image) if lazy else it.load(),
                 "item_id": str(it.id),
                 "rubric": [r.to_dict() for r in rubric or []],
@@ -357,8 +357,6 @@ class RubricReward(_reward_base()):  # type: ignore[misc]
 # ---------------------------------------------------------------------- run
 def preflight(cfg: RubicapConfig) -> None:
     """Fail fast, before anything loads, when a configured server does not answer."""
-    from captionrl.train.lineup import probe_openai
-
     probe_openai(cfg.judge, "judge")
     if cfg.rubrics.source == "build":
         for i, b in enumerate(cfg.rubrics.committee):
