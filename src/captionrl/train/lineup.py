@@ -18,6 +18,7 @@ Run folder (``train.out_dir``): ``config.yaml``, ``checkpoints/``, ``metrics.jso
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import re
@@ -25,14 +26,15 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from captionrl.backends import BackendConfig
 from captionrl.config import help_field, load_config
-from captionrl.errors import ConfigError, DataError
-from captionrl.judges.identify import validate_candidate_set
+from captionrl.domains.lineup_data import LineupData, LineupDataConfig, add_charts, build_lineup_data
+from captionrl.errors import ConfigError
+from captionrl.judges.identify import IdentifyConfig, IdentifyScoring
 from captionrl.train.common import PolicyConfig, TrainConfig, probe_openai
 
 NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
@@ -40,56 +42,18 @@ NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
 
 # ---------------------------------------------------------------------- config
 @dataclass
-class LineupDataConfig:
-    """Which series the captioner learns on, and how they are cut and shown."""
+class LineupRewardConfig(IdentifyScoring):
+    """The identification reward (``IdentifyScoring``'s mode, k, signal and lam) and its shaping."""
 
-    corpus: str = help_field("embedded", "'embedded' (real series shipped in statsmodels), or a CSV / JSONL / CaTS-Bench folder path")
-    series: list[str] | None = help_field(None, "embedded corpus only: names of the series to use (null = all)")
-    window: int = help_field(32, "values per series window (the paper's charts: the benchmark's lengths)")
-    stride: int | None = help_field(None, "step between windows (null = window, no overlap)")
-    splits: list[float] = help_field([0.7, 0.1, 0.2], "time-ordered train/val/test fractions of each source series")
-    precision: int = help_field(2, "decimals when printing values (to the captioner and the verifier)")
-    normalise: str | None = help_field(None, "print values as they are (null), or zscore / minmax normalised")
-    n_train: int | None = help_field(None, "training items (null = all train windows; a seeded sample otherwise)")
-    n_val: int = help_field(0, "validation items for checkpoint selection by the training reward (0 = keep the last checkpoint)")
-    n_test: int = help_field(32, "held-out test items of the final identification evaluation")
-    candidates_file: str | None = help_field(None, "JSONL of prepared candidate sets ({item_id, split, series, candidates, candidate_ids}) instead of mining")
-    distractors: str = help_field("nearest", "distractor rule: nearest (by summary statistics, the paper's) or random (ablation)")
+    FIELD_PREFIX: ClassVar[str] = "reward"
 
-    def __post_init__(self) -> None:
-        if self.window < 4:
-            raise ConfigError("data.window", self.window, "too short to caption", "set data.window: 32")
-        if self.distractors not in ("nearest", "random"):
-            raise ConfigError("data.distractors", self.distractors, "unknown rule", "use nearest or random")
-        if len(self.splits) != 3 or abs(sum(self.splits) - 1) > 1e-6 or min(self.splits) <= 0:
-            raise ConfigError("data.splits", self.splits, "need three positive fractions summing to 1", "set data.splits: [0.7, 0.1, 0.2]")
-        if self.normalise not in (None, "zscore", "minmax"):
-            raise ConfigError("data.normalise", self.normalise, "unknown normalisation", "use null, zscore or minmax")
-        if self.n_val < 0 or self.n_test < 0 or (self.n_train is not None and self.n_train < 1):
-            raise ConfigError("data.n_train/n_val/n_test", (self.n_train, self.n_val, self.n_test),
-                              "item counts must be positive (n_val, n_test may be 0)", "set e.g. n_train: 64, n_test: 16")
-
-
-@dataclass
-class LineupRewardConfig:
-    """The identification reward and its shaping."""
-
-    k: int = help_field(4, "K: candidates per identification question (the true series and K-1 distractors)")
-    mode: str = help_field("likelihood", "verifier mode: letter (the paper's K-rotation multiple choice; needs a capable verifier) or likelihood (argmax log p(caption | series); works with small verifiers)")
-    signal: str = help_field("hard", "reward = lam * hard accuracy (the paper) or soft accuracy (probability on the truth: a denser signal)")
-    lam: float = help_field(1.0, "lambda: reward = lambda * accuracy")
     max_caption_chars: int | None = help_field(None, "captions longer than this are penalised (null = no length shaping)")
     length_penalty: float = help_field(0.0, "penalty per 100 characters above max_caption_chars")
     max_transcription: float = help_field(0.25, "free fraction of the series' values a caption may copy verbatim (key values are welcome)")
     transcription_penalty: float = help_field(1.0, "penalty per unit of transcribed fraction above max_transcription (copying the numbers wins a likelihood verifier without describing anything)")
 
     def __post_init__(self) -> None:
-        if not isinstance(self.k, int) or self.k < 2:
-            raise ConfigError("reward.k", self.k, "K must be at least 2 (the true series and one distractor)", "set reward.k: 4")
-        if self.mode not in ("letter", "likelihood"):
-            raise ConfigError("reward.mode", self.mode, "unknown verifier mode", "use letter or likelihood")
-        if self.signal not in ("hard", "soft"):
-            raise ConfigError("reward.signal", self.signal, "unknown signal", "use hard or soft")
+        super().__post_init__()
         if self.length_penalty < 0 or self.transcription_penalty < 0:
             raise ConfigError("reward.*_penalty", (self.length_penalty, self.transcription_penalty),
                               "penalties must be >= 0", "set them to 0 to switch shaping off")
@@ -133,133 +97,15 @@ class LineupConfig:
             if d not in ("c2s", "s2c"):
                 raise ConfigError("eval.directions", d, "unknown direction", "use c2s and/or s2c")
 
-    def identify_config(self) -> Any:
-        from captionrl.judges.identify import IdentifyConfig
-
-        return IdentifyConfig(mode=self.reward.mode, direction="c2s", k=self.reward.k, signal=self.reward.signal,
-                              lam=self.reward.lam, precision=self.data.precision, normalise=self.data.normalise)
+    def identify_config(self) -> IdentifyConfig:
+        """The training reward's judge settings: the reward's scoring, c2s, series printed as the data says."""
+        scoring = {f.name: getattr(self.reward, f.name) for f in dataclasses.fields(IdentifyScoring)}
+        return IdentifyConfig(**scoring, direction="c2s", precision=self.data.precision, normalise=self.data.normalise)
 
 
 def load_lineup_config(path: str | Path | None, overrides: Sequence[str] = ()) -> LineupConfig:
     """YAML + ``key=value`` overrides -> validated ``LineupConfig`` (no model is touched)."""
     return load_config(LineupConfig, path, overrides)
-
-
-# ---------------------------------------------------------------------- data
-@dataclass
-class LineupData:
-    """Items per split as dataset rows, plus the Series objects the evaluation needs."""
-
-    rows: dict[str, list[dict[str, Any]]]
-    pool: dict[str, Any]  # id -> Series (every window that can be a candidate)
-
-
-def build_data(cfg: LineupConfig) -> LineupData:
-    """Windows and candidate sets per split, validated; no model involved."""
-    if cfg.data.candidates_file:
-        return _data_from_file(cfg)
-    from captionrl.domains.corpora import load_embedded_corpus
-    from captionrl.domains.datasets import split_windows
-
-    corpus = load_embedded_corpus(cfg.data.series) if cfg.data.corpus == "embedded" and cfg.data.series else cfg.data.corpus
-    windows = split_windows(corpus, cfg.data.window, stride=cfg.data.stride, fractions=cfg.data.splits)
-    want = {"train": cfg.data.n_train, "val": cfg.data.n_val, "test": cfg.data.n_test}
-    rows: dict[str, list[dict[str, Any]]] = {}
-    pool: dict[str, Any] = {}
-    for split, n in want.items():
-        items = windows.get(split, [])
-        if n == 0:
-            rows[split] = []
-            continue
-        if len(items) < cfg.reward.k:
-            raise DataError(f"data.{split}", len(items), f"too few {split} windows for K={cfg.reward.k} candidates",
-                            "use a shorter data.window, a smaller data.stride, or more series")
-        for s in items:
-            pool[s.id] = s
-        sets = mine(items, cfg.reward.k, cfg.seed, cfg.data.distractors)
-        rng = np.random.default_rng([cfg.seed, ["train", "val", "test"].index(split)])
-        chosen = list(range(len(items)))
-        if n is not None and n < len(items):
-            chosen = sorted(rng.choice(len(items), size=n, replace=False).tolist())
-        rows[split] = [make_row(cfg, items[i], [pool[c] for c in sets[items[i].id]]) for i in chosen]
-    if not rows["train"]:
-        raise DataError("data.n_train", cfg.data.n_train, "no training items", "check data.corpus and data.window")
-    return LineupData(rows=rows, pool=pool)
-
-
-def mine(items: Sequence[Any], k: int, seed: int, rule: str) -> dict[str, list[str]]:
-    """item id -> its K-1 distractor ids (nearest first), mined within the item's own split."""
-    from captionrl.domains.candidates import mine_candidates
-
-    sets = mine_candidates(items, items, k=k, rule=rule, seed=seed, progress=False)
-    return {cs.item_id: list(cs.distractor_ids) for cs in sets}
-
-
-def make_row(cfg: LineupConfig, item: Any, distractors: Sequence[Any]) -> dict[str, Any]:
-    """One dataset row in TRL's shape: chat ``prompt`` plus the columns the reward reads."""
-    from captionrl.domains.captioning import caption_messages
-    from captionrl.domains.timeseries import render_numbers
-
-    values = np.asarray(item.values, dtype=float).tolist()
-    text, _ = render_numbers(np.asarray(values), precision=cfg.data.precision, normalise=cfg.data.normalise)
-    cands = [values, *[np.asarray(d.values, dtype=float).tolist() for d in distractors]]
-    validate_candidate_set(cands, cfg.reward.k, f"candidates[{item.id}]", k_field="reward.k")
-    return {
-        "prompt": caption_messages(text, len(values)),
-        "item_id": str(item.id),
-        "series": values,
-        "series_text": text,
-        "candidates": cands,
-        "candidate_ids": [str(item.id), *[str(d.id) for d in distractors]],
-    }
-
-
-def _data_from_file(cfg: LineupConfig) -> LineupData:
-    from captionrl.domains.captioning import caption_messages
-    from captionrl.domains.timeseries import render_numbers
-    from captionrl.records import read_jsonl
-    from captionrl.types import Series
-
-    path = Path(str(cfg.data.candidates_file))
-    if not path.exists():
-        raise ConfigError("data.candidates_file", str(path), "file not found", "give a JSONL of candidate sets, or null to mine them")
-    rows: dict[str, list[dict[str, Any]]] = {"train": [], "val": [], "test": []}
-    pool: dict[str, Any] = {}
-    for n, rec in enumerate(read_jsonl(path)):
-        for key in ("item_id", "candidates"):
-            if key not in rec:
-                raise DataError(f"{path.name}:{n + 1}.{key}", sorted(rec), f"missing {key!r}", "write one JSON object per item with item_id and candidates")
-        cands = [list(map(float, c)) for c in rec["candidates"]]
-        validate_candidate_set(cands, cfg.reward.k, f"candidates[{rec['item_id']}]", k_field="reward.k")
-        ids = [str(x) for x in rec.get("candidate_ids") or [rec["item_id"], *[f"{rec['item_id']}#d{j}" for j in range(1, len(cands))]]]
-        for cid, vals in zip(ids, cands, strict=False):
-            pool.setdefault(cid, Series(id=cid, values=np.asarray(vals)))
-        text, _ = render_numbers(np.asarray(cands[0]), precision=cfg.data.precision, normalise=cfg.data.normalise)
-        split = str(rec.get("split", "train"))
-        rows.setdefault(split, []).append({
-            "prompt": caption_messages(text, len(cands[0])), "item_id": str(rec["item_id"]), "series": cands[0],
-            "series_text": text, "candidates": cands[: cfg.reward.k], "candidate_ids": ids[: cfg.reward.k],
-        })
-    if not rows["train"]:
-        raise DataError("data.candidates_file", str(path), "holds no training items (split: train)", "add items with split: train")
-    limits = {"train": cfg.data.n_train, "val": cfg.data.n_val, "test": cfg.data.n_test}
-    for split, n in limits.items():
-        if n is not None:
-            rows[split] = rows[split][:n]
-    return LineupData(rows=rows, pool=pool)
-
-
-def add_charts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """VLM policies read the chart: an ``image`` column and a prompt without the numbers."""
-    from captionrl.domains.captioning import CAPTION_INSTRUCTION
-    from captionrl.domains.timeseries import render_chart
-
-    out = []
-    for r in rows:
-        img = render_chart(np.asarray(r["series"]))
-        text = f"The chart shows a time series of {len(r['series'])} values. {CAPTION_INSTRUCTION}"
-        out.append({**r, "prompt": [{"role": "user", "content": text}], "image": img})
-    return out
 
 
 # ---------------------------------------------------------------------- reward shaping
@@ -358,7 +204,7 @@ def run(cfg: LineupConfig, verifier: Any = None) -> dict[str, Any]:
     probe_openai(cfg.verifier)
     for name, vcfg in cfg.eval.verifiers.items():
         probe_openai(_backend_config(vcfg, f"eval.verifiers.{name}"), f"eval.verifiers.{name}")
-    data = build_data(cfg)
+    data = build_lineup_data(cfg.data, cfg.reward.k, cfg.seed)
     common.apply_threads(cfg.train.threads)
 
     from captionrl.backends import make_backend
@@ -538,7 +384,7 @@ def main(args: argparse.Namespace) -> int:
     cfg = load_lineup_config(args.config, args.overrides)
     if args.check:
         probe_openai(cfg.verifier)
-        data = build_data(cfg)
+        data = build_lineup_data(cfg.data, cfg.reward.k, cfg.seed)
         print(json.dumps({k: len(v) for k, v in data.rows.items()}))
         return 0
     result = run(cfg)
