@@ -192,7 +192,8 @@ def test_lineup_trains_for_real_and_logs_the_verifiers_rewards(tmp_path, embedde
 
     from captionrl.embedded import embedded_model_dir
     from captionrl.judges.identify import IdentificationJudge
-    from captionrl.train.logging import load_metrics, load_samples
+    from captionrl.train.curves import load_metrics
+    from captionrl.train.logging import load_samples
 
     out = tmp_path / "run"
     cfg = load_lineup_config(ROOT / "configs" / "lineup-cpu.yaml", [*TINY, f"train.out_dir={out}"])

@@ -210,7 +210,8 @@ def test_rubicap_cpu_run_interrupts_resumes_trains_every_parameter_and_logs_the_
 
     from captionrl.judges.rubric import load_store_rubrics
     from captionrl.testing.tiny_vlm import tiny_vlm_dir
-    from captionrl.train.logging import load_metrics, load_samples
+    from captionrl.train.curves import load_metrics
+    from captionrl.train.logging import load_samples
 
     out = tmp_path / "run"
     cfg = load_rubicap_config(CPU, [*TINY, f"train.out_dir={out}"])

@@ -38,7 +38,7 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 RESUME_SAFE_KEYS = ("train.threads", "train.report_to", "train.logging_steps", "train.max_steps",
-                    "train.resume", "eval")
+                    "train.resume", "eval", "check", "build_rubrics")
 """Settings that may change between an interrupted run and its resume (they do not change what was
 learnt so far). ``train.max_steps`` may grow to train longer; everything else must match the saved config."""
 
@@ -165,6 +165,20 @@ class TrainConfig:
                                   "is an RLOO setting", "remove it, or use train.scale_rewards with grpo")
 
 
+@dataclass
+class GRPOTrainConfig(TrainConfig):
+    """``TrainConfig`` of the GRPO-only recipes (RubiCap, MoCo Rubric): GRPO by default, and any other
+    algorithm refused before ``TrainConfig``'s GRPO-only keys could hide the real cause."""
+
+    algorithm: str = help_field("grpo", "grpo (this recipe trains with GRPO, as its paper does)")
+
+    def __post_init__(self) -> None:
+        if self.algorithm != "grpo":
+            raise ConfigError("train.algorithm", self.algorithm, "this recipe trains with GRPO (its paper's algorithm)",
+                              "set train.algorithm: grpo (use 'captionrl train lineup' for RLOO)")
+        super().__post_init__()
+
+
 # ---------------------------------------------------------------------- runtime
 def apply_threads(threads: int | None) -> None:
     """Set torch's CPU threads when the user asked for a number (never hard-coded: the user knows the box)."""
@@ -211,6 +225,12 @@ def probe_openai(cfg: BackendConfig, field: str = "verifier", timeout_s: float =
     if served and cfg.model not in served:
         raise ConfigError(f"{field}.model", cfg.model, f"is not served at {cfg.base_url} (it serves {served})",
                           f"set {field}.model to one of {served}")
+
+
+def probe_servers(servers: Sequence[tuple[BackendConfig, str]]) -> None:
+    """``probe_openai`` for each (backend config, config field) a run needs."""
+    for cfg, field in servers:
+        probe_openai(cfg, field)
 
 
 def cuda_available() -> bool:
@@ -460,3 +480,45 @@ def save_final_model(trainer: Any, folder: str | Path) -> Path:
     if trainer.accelerator.is_main_process and trainer.processing_class is not None:
         trainer.processing_class.save_pretrained(str(p))
     return p
+
+
+# ---------------------------------------------------------------------- commands
+def backend_config(value: Any, field: str) -> BackendConfig:
+    """A ``BackendConfig`` from a mapping in a run config, with errors that name the config field."""
+    from captionrl.backends import BackendConfig
+    from captionrl.config import from_dict
+
+    if isinstance(value, BackendConfig):
+        return value
+    return from_dict(BackendConfig, value or {}, prefix=field + ".")
+
+
+def print_result(result: Mapping[str, Any], keys: Sequence[str]) -> None:
+    """The console summary of a finished run: where each named output went, and how to open TensorBoard."""
+    for key in keys:
+        if result.get(key) is not None:
+            print(f"{key + ':':<11} {result[key]}")
+    if result.get("tensorboard"):
+        print(f"tensorboard: tensorboard --logdir {result['tensorboard']}")
+    if "reward_first" in result:
+        print(f"reward:     {result['reward_first']} (first step) -> {result['reward_last']} (last step); "
+              f"{result.get('step_seconds')} s/step")
+
+
+def add_legacy_arguments(p: Any, example_config: str, example_overrides: str, check_help: str,
+                         flags: Mapping[str, str] | None = None) -> None:
+    """The argparse form of a training command (``--config``, ``key=value`` overrides, ``--check`` and any
+    other boolean flag of the config), kept until ``cli.py`` builds every parser from ``CONFIG``."""
+    p.add_argument("--config", default=None, help=f"YAML run config, e.g. {example_config}")
+    p.add_argument("overrides", nargs="*", help=f"key=value overrides, e.g. {example_overrides}")
+    p.add_argument("--check", action="store_true", help=check_help)
+    for flag, text in (flags or {}).items():
+        p.add_argument(f"--{flag.replace('_', '-')}", action="store_true", help=text)
+
+
+def load_legacy_config(cls: type, args: Any, flags: Sequence[str] = ("check",), extra: Sequence[str] = ()) -> Any:
+    """``--config`` + overrides (+ the boolean flags set on the command line) -> the command's config."""
+    from captionrl.config import load_config
+
+    on = [f"{f}=true" for f in flags if getattr(args, f, False)]
+    return load_config(cls, args.config, [*extra, *args.overrides, *on])

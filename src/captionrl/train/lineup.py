@@ -22,9 +22,8 @@ import dataclasses
 import json
 import math
 import re
-import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -35,7 +34,17 @@ from captionrl.config import help_field, load_config
 from captionrl.domains.lineup_data import LineupData, LineupDataConfig, add_charts, build_lineup_data
 from captionrl.errors import ConfigError
 from captionrl.judges.identify import IdentifyConfig, IdentifyScoring
-from captionrl.train.common import PolicyConfig, TrainConfig, probe_openai
+from captionrl.train import common
+from captionrl.train.common import (
+    PolicyConfig,
+    TrainConfig,
+    add_legacy_arguments,
+    load_legacy_config,
+    print_result,
+    probe_openai,
+)
+from captionrl.train.common import backend_config as _backend_config
+from captionrl.train.skeleton import Recipe, Run, train
 
 NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
 
@@ -77,20 +86,15 @@ class LineupConfig:
     """A LineupRL run: fully described by its YAML plus overrides, saved as out_dir/config.yaml."""
 
     seed: int = help_field(0, "one seed for everything: item sampling, distractors, shuffling, sampling of captions")
-    policy: PolicyConfig = help_field(None, "the captioner being trained")  # type: ignore[assignment]
-    verifier: BackendConfig = help_field(None, "the frozen verifier behind the reward")  # type: ignore[assignment]
-    data: LineupDataConfig = help_field(None, "series, windows, candidate sets")  # type: ignore[assignment]
-    reward: LineupRewardConfig = help_field(None, "identification reward and shaping")  # type: ignore[assignment]
-    train: TrainConfig = help_field(None, "TRL trainer settings")  # type: ignore[assignment]
-    eval: LineupEvalConfig = help_field(None, "held-out evaluation at the end")  # type: ignore[assignment]
+    check: bool = help_field(False, "validate the config and the data, then stop (loads no model)")
+    policy: PolicyConfig = field(default_factory=PolicyConfig, metadata={"help": "the captioner being trained"})
+    verifier: BackendConfig = field(default_factory=BackendConfig, metadata={"help": "the frozen verifier behind the reward"})
+    data: LineupDataConfig = field(default_factory=LineupDataConfig, metadata={"help": "series, windows, candidate sets"})
+    reward: LineupRewardConfig = field(default_factory=LineupRewardConfig, metadata={"help": "identification reward and shaping"})
+    train: TrainConfig = field(default_factory=TrainConfig, metadata={"help": "TRL trainer settings"})
+    eval: LineupEvalConfig = field(default_factory=LineupEvalConfig, metadata={"help": "held-out evaluation at the end"})
 
     def __post_init__(self) -> None:
-        self.policy = self.policy or PolicyConfig()
-        self.verifier = self.verifier or BackendConfig()
-        self.data = self.data or LineupDataConfig()
-        self.reward = self.reward or LineupRewardConfig()
-        self.train = self.train or TrainConfig()
-        self.eval = self.eval or LineupEvalConfig()
         if self.train.seed is None:
             self.train.seed = self.seed
         for d in self.eval.directions:
@@ -190,71 +194,80 @@ class ShapedReward:
 
 
 # ---------------------------------------------------------------------- run
+class LineupRecipe(Recipe):
+    """LineupRL in the shared skeleton: lineups as data, the shaped identification reward, and at the end
+    checkpoint selection on the validation items and the held-out identification evaluation."""
+
+    title = "LineupRL"
+
+    def __init__(self, cfg: LineupConfig, verifier: Any = None) -> None:
+        super().__init__(cfg)
+        self.verifier = verifier
+        self.use_chart = False
+        self.reward: ShapedReward | None = None
+        self.samples: Any = None
+
+    def servers(self) -> list[tuple[Any, str]]:
+        cfg = self.cfg
+        return [(cfg.verifier, "verifier"),
+                *[(_backend_config(v, f"eval.verifiers.{n}"), f"eval.verifiers.{n}") for n, v in cfg.eval.verifiers.items()]]
+
+    def dataset(self, run: Run) -> LineupData:
+        return build_lineup_data(self.cfg.data, self.cfg.reward.k, self.cfg.seed)
+
+    def load_policy(self, run: Run) -> None:
+        from captionrl.backends import make_backend
+
+        cfg = self.cfg
+        self.verifier = self.verifier if self.verifier is not None else make_backend(cfg.verifier)
+        super().load_policy(run)
+        self.use_chart = cfg.policy.input == "chart" or (cfg.policy.input == "auto" and run.is_vlm)
+        if self.use_chart and not run.is_vlm:
+            raise ConfigError("policy.input", "chart", f"{cfg.policy.model} is a language-only model",
+                              "set policy.input: numbers, or use a VLM policy")
+
+    def train_dataset(self, run: Run) -> Any:
+        from datasets import Dataset
+
+        rows = run.data.rows["train"]
+        return Dataset.from_list(add_charts(rows) if self.use_chart else rows)
+
+    def reward_functions(self, run: Run) -> list[Any]:
+        from captionrl.rewards import make_identification_reward
+        from captionrl.train.logging import SampleLog
+
+        self.samples = SampleLog(run.out)
+        self.reward = ShapedReward(make_identification_reward(self.verifier, self.cfg.identify_config()),
+                                   self.cfg.reward, self.samples)
+        return [self.reward]
+
+    def close(self, run: Run) -> None:
+        if self.samples is not None:
+            self.samples.close()
+
+    def final_evaluation(self, run: Run) -> dict[str, Any]:
+        """Checkpoint selection by the training reward on the validation items (when there are any), then
+        the held-out identification evaluation of the selected (or last) policy."""
+        cfg, data, out = self.cfg, run.data, run.out
+        result: dict[str, Any] = {}
+        if data.rows.get("val"):
+            best = select_checkpoint(cfg, data, run.processing, self.reward, out, self.use_chart)
+            result["selection"] = best
+            if best.get("checkpoint"):
+                result["model"] = best["checkpoint"]
+        if cfg.eval.enabled and data.rows.get("test"):
+            best = result.get("selection", {}).get("checkpoint")
+            policy = load_checkpoint_policy(cfg, Path(best)) if best else common.unwrap_for_inference(run.trainer)
+            result["eval"] = evaluate(cfg, data, policy, run.processing, self.verifier, out / "eval", self.use_chart)
+        return result
+
+
 def run(cfg: LineupConfig, verifier: Any = None) -> dict[str, Any]:
-    """Train, save, plot, evaluate; returns the paths of what was written (and a few figures).
+    """Train, save, evaluate, plot; returns what the result file holds (paths and a few figures).
 
     ``verifier`` overrides ``cfg.verifier`` with an already-loaded backend (tests share one model).
     """
-    from captionrl.train import common
-    from captionrl.train.logging import MetricsLog, SampleLog, plot_curves
-
-    out = Path(cfg.train.out_dir)
-    common.quiet_offline_env(out)
-    resume_from = common.prepare_run_dir(cfg, out, cfg.train.resume)  # config diff check, before any load
-    probe_openai(cfg.verifier)
-    for name, vcfg in cfg.eval.verifiers.items():
-        probe_openai(_backend_config(vcfg, f"eval.verifiers.{name}"), f"eval.verifiers.{name}")
-    data = build_lineup_data(cfg.data, cfg.reward.k, cfg.seed)
-    common.apply_threads(cfg.train.threads)
-
-    from captionrl.backends import make_backend
-    from captionrl.rewards import make_identification_reward
-
-    t0 = time.perf_counter()
-    verifier = verifier if verifier is not None else make_backend(cfg.verifier)
-    model, processing, is_vlm = common.load_policy(cfg.policy)
-    use_chart = cfg.policy.input == "chart" or (cfg.policy.input == "auto" and is_vlm)
-    if use_chart and not is_vlm:
-        raise ConfigError("policy.input", "chart", f"{cfg.policy.model} is a language-only model", "set policy.input: numbers, or use a VLM policy")
-    train_rows = add_charts(data.rows["train"]) if use_chart else data.rows["train"]
-
-    from datasets import Dataset
-
-    dataset = Dataset.from_list(train_rows)
-    samples = SampleLog(out)
-    reward = ShapedReward(make_identification_reward(verifier, cfg.identify_config()), cfg.reward, samples)
-    args = common.trainer_args(cfg.train, seed=int(cfg.train.seed or 0))
-    trainer = common.build_trainer(
-        cfg.train, args, model, processing, [reward], dataset,
-        callbacks=[MetricsLog(out / "metrics.jsonl")], peft_config=common.lora_config(cfg.policy),
-    )
-    if resume_from is not None:
-        print(f"resuming from {resume_from}")
-    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
-    samples.close()
-    train_s = time.perf_counter() - t0
-    result: dict[str, Any] = {"out_dir": str(out), "train_seconds": round(train_s, 1)}
-    model_dir = common.save_final_model(trainer, out / "model")  # every rank: ZeRO-3 gathers the weights
-    if not trainer.accelerator.is_main_process:
-        return result
-
-    result["model"] = str(model_dir)
-    if data.rows.get("val"):
-        best = select_checkpoint(cfg, data, processing, reward, out, use_chart)
-        result["selection"] = best
-        if best.get("checkpoint"):
-            result["model"] = best["checkpoint"]
-    curves = plot_curves(out / "metrics.jsonl", out / "curves.png")
-    result["curves"] = str(curves) if curves else None
-    result["tensorboard"] = str(out / "tensorboard") if cfg.train.report_to else None
-    if cfg.eval.enabled and data.rows.get("test"):
-        best = result.get("selection", {}).get("checkpoint")
-        policy = load_checkpoint_policy(cfg, Path(best)) if best else common.unwrap_for_inference(trainer)
-        result["eval"] = evaluate(cfg, data, policy, processing, verifier, out / "eval", use_chart)
-    from captionrl.records import write_json
-
-    write_json(out / "result.json", result)
-    return result
+    return train(LineupRecipe(cfg, verifier)).result
 
 
 def load_checkpoint_policy(cfg: LineupConfig, ckpt: Path) -> Any:
@@ -316,14 +329,6 @@ def select_checkpoint(cfg: LineupConfig, data: LineupData, processing: Any, rewa
     return {"checkpoint": str(out / "checkpoints" / best) if best else None, "scores": scores}
 
 
-def _backend_config(value: Any, field: str) -> BackendConfig:
-    from captionrl.config import from_dict
-
-    if isinstance(value, BackendConfig):
-        return value
-    return from_dict(BackendConfig, value or {}, prefix=field + ".")
-
-
 def generate_captions(model: Any, processing: Any, rows: Sequence[Mapping[str, Any]], max_new_tokens: int,
                       use_chart: bool, name: str) -> dict[str, str]:
     """Greedy captions of ``rows`` by an in-memory policy (the same prompts it was trained on)."""
@@ -373,28 +378,32 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
             "rows": summary.get("rows", [])}
 
 
-# ---------------------------------------------------------------------- CLI
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", default=None, help="YAML run config, e.g. configs/lineup-cpu.yaml")
-    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.max_steps=10 train.out_dir=runs/x")
-    p.add_argument("--check", action="store_true", help="validate the config and the data, then stop (loads no model)")
+# ---------------------------------------------------------------------- command
+CONFIG = LineupConfig
 
 
-def main(args: argparse.Namespace) -> int:
-    cfg = load_lineup_config(args.config, args.overrides)
-    if args.check:
+def run_command(cfg: LineupConfig) -> int:
+    """``captionrl train lineup``: check (data only) or train, then print where everything went."""
+    if cfg.check:
         probe_openai(cfg.verifier)
         data = build_lineup_data(cfg.data, cfg.reward.k, cfg.seed)
         print(json.dumps({k: len(v) for k, v in data.rows.items()}))
         return 0
     result = run(cfg)
-    if "model" in result:
-        print(f"model:      {result['model']}")
-        print(f"curves:     {result.get('curves')}")
-        if result.get("tensorboard"):
-            print(f"tensorboard: tensorboard --logdir {result['tensorboard']}")
+    if "curves" in result:
+        print_result(result, ["model", "curves", "metrics"])
         ev = result.get("eval")
         if ev:
             print(f"evaluation: {ev['table']}")
             print(Path(ev["table"]).read_text())
     return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Legacy flags (until cli.py builds every parser from ``CONFIG``)."""
+    add_legacy_arguments(p, "configs/lineup-cpu.yaml", "train.max_steps=10 train.out_dir=runs/x",
+                         "validate the config and the data, then stop (loads no model)")
+
+
+def main(args: argparse.Namespace) -> int:
+    return run_command(load_legacy_config(CONFIG, args))

@@ -51,8 +51,15 @@ from captionrl.judges.roles import (
     policy_messages,
     rubric_json,
 )
-from captionrl.records import RecordWriter, read_jsonl, write_json
-from captionrl.train.common import PolicyConfig
+from captionrl.records import RecordWriter, read_jsonl
+from captionrl.train.common import (
+    PolicyConfig,
+    add_legacy_arguments,
+    cuda_available,
+    load_legacy_config,
+    lora_config,
+)
+from captionrl.train.skeleton import Recipe, Run, train
 
 RECIPES = ("moco-sft", "sft")
 ROLES = ("policy", "generator", "judge")
@@ -391,6 +398,7 @@ class SFTRunConfig:
 
     recipe: str = help_field("moco-sft", "moco-sft (shared multi-role SFT) or sft (distillation from captions)")
     seed: int = help_field(0, "seed of shuffling, candidate draws, row sampling and the trainer")
+    check: bool = help_field(False, "validate config and data, print row counts per role, load no model")
     policy: PolicyConfig = field(default_factory=PolicyConfig, metadata={"help": "the model being fine-tuned (LoRA or full)"})
     data: SFTDataConfig = field(default_factory=SFTDataConfig, metadata={"help": "SFT records"})
     train: SFTTrainConfig = field(default_factory=SFTTrainConfig, metadata={"help": "optimisation and checkpoints"})
@@ -455,8 +463,6 @@ def _text_only(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def sft_args(cfg: SFTRunConfig, output_dir: Path) -> Any:
     from trl import SFTConfig
 
-    from captionrl.train.common import cuda_available
-
     t = cfg.train
     on_cpu = t.use_cpu if t.use_cpu is not None else not cuda_available()
     kw: dict[str, Any] = {
@@ -486,79 +492,80 @@ def sft_args(cfg: SFTRunConfig, output_dir: Path) -> Any:
         raise ConfigError("train", cfg.recipe, f"TRL rejected the settings: {exc}", "adjust the named setting") from exc
 
 
+class SFTRecipe(Recipe):
+    """SFT in the shared skeleton: prompt-completion rows as data, TRL's ``SFTTrainer`` instead of an RL
+    trainer (no reward functions), ``sft_summary.json`` as the result file."""
+
+    title = "SFT"
+    result_file = "sft_summary.json"
+    curve_keys = ("loss", "mean_token_accuracy", "learning_rate")
+
+    def __init__(self, cfg: SFTRunConfig, model: Any = None, processing: Any = None, callbacks: Sequence[Any] = ()) -> None:
+        super().__init__(cfg, callbacks)
+        self.given = (model, processing)
+        self.rows: list[dict[str, Any]] = []
+        self.dropped: list[str] = []
+
+    def trainer_args(self, run: Run) -> Any:
+        return sft_args(self.cfg, run.out / "checkpoints")
+
+    def dataset(self, run: Run) -> list[dict[str, Any]]:
+        """Every record link checked before any model loads (text only; images are read once the policy
+        says it is a VLM)."""
+        return build_rows(self.cfg, with_images=False)
+
+    def load_policy(self, run: Run) -> None:
+        model, processing = self.given
+        if model is None:
+            super().load_policy(run)
+        else:
+            run.model, run.processing, run.is_vlm = model, processing, hasattr(processing, "image_processor")
+
+    def build_trainer(self, run: Run) -> Any:
+        from datasets import Dataset
+        from trl import SFTTrainer
+
+        cfg, out = self.cfg, run.out
+        rows = build_rows(cfg, with_images=True) if run.is_vlm else run.data
+        tokenizer = getattr(run.processing, "tokenizer", run.processing)
+        self.rows, self.dropped = drop_too_long(rows, tokenizer, cfg.train.max_length)
+        if self.dropped:
+            print(f"warning: dropped {len(self.dropped)} row(s) whose prompt exceeds train.max_length={cfg.train.max_length} "
+                  f"(e.g. {self.dropped[:3]}); raise train.max_length to keep them")
+        if not self.rows:
+            raise ConfigError("train.max_length", cfg.train.max_length, "every row's prompt is longer", "raise train.max_length")
+        with RecordWriter(out / "data.jsonl") as w:
+            w.write_many({k: v for k, v in r.items() if k != "images"} for r in self.rows if not w.has(r["key"]))
+        columns = ["prompt", "completion"] + (["images"] if run.is_vlm else [])
+        dataset = Dataset.from_list([{k: r[k] for k in columns} for r in self.rows])
+        return SFTTrainer(model=run.model, args=run.args, train_dataset=dataset, processing_class=run.processing,
+                          peft_config=lora_config(cfg.policy), callbacks=self.callbacks(run))
+
+    def reward_functions(self, run: Run) -> list[Any]:
+        return []
+
+    def summary(self, run: Run) -> dict[str, Any]:
+        return {"recipe": self.cfg.recipe, "rows": dict(Counter(r["role"] for r in self.rows)),
+                "dropped_too_long": self.dropped, "train_loss": run.train_output.training_loss,
+                "resumed_from": str(run.resume_from) if run.resume_from else None,
+                "log_history": run.trainer.state.log_history}
+
+
 def run(cfg: SFTRunConfig, model: Any = None, processing: Any = None, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
     """Build the rows, train with TRL's ``SFTTrainer`` (resuming from ``out_dir`` when it holds a
-    checkpoint), save the model and ``sft_summary.json``. ``model``/``processing`` skip loading;
-    ``callbacks`` are extra ``TrainerCallback``s."""
-    from datasets import Dataset
-    from trl import SFTTrainer
-
-    from captionrl.train.callbacks import plot_curves
-    from captionrl.train.common import (
-        apply_threads,
-        load_policy,
-        lora_config,
-        prepare_run_dir,
-        quiet_offline_env,
-        save_final_model,
-    )
-
-    out = Path(cfg.train.out_dir)
-    ckpt = prepare_run_dir(cfg, out, cfg.train.resume)
-    apply_threads(cfg.train.threads)
-    quiet_offline_env(out)
-    if model is None:
-        model, processing, is_vlm = load_policy(cfg.policy)
-    else:
-        is_vlm = hasattr(processing, "image_processor")
-    tokenizer = getattr(processing, "tokenizer", processing)
-    rows = build_rows(cfg, with_images=is_vlm)
-    rows, dropped = drop_too_long(rows, tokenizer, cfg.train.max_length)
-    if dropped:
-        print(f"warning: dropped {len(dropped)} row(s) whose prompt exceeds train.max_length={cfg.train.max_length} "
-              f"(e.g. {dropped[:3]}); raise train.max_length to keep them")
-    if not rows:
-        raise ConfigError("train.max_length", cfg.train.max_length, "every row's prompt is longer", "raise train.max_length")
-    with RecordWriter(out / "data.jsonl") as w:
-        for r in rows:
-            if not w.has(r["key"]):
-                w.write({k: v for k, v in r.items() if k != "images"})
-    columns = ["prompt", "completion"] + (["images"] if is_vlm else [])
-    dataset = Dataset.from_list([{k: r[k] for k in columns} for r in rows])
-    trainer = SFTTrainer(model=model, args=sft_args(cfg, out / "checkpoints"), train_dataset=dataset,
-                         processing_class=processing, peft_config=lora_config(cfg.policy),
-                         callbacks=list(callbacks))
-    result = trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
-    model_dir = save_final_model(trainer, out / "model")
-    history = trainer.state.log_history
-    curves = None
-    if any("loss" in h for h in history):
-        curves = out / "curves.png"
-        plot_curves(history, keys=["loss", "mean_token_accuracy", "learning_rate"], path=curves)
-    summary = {
-        "recipe": cfg.recipe, "rows": dict(Counter(r["role"] for r in rows)), "dropped_too_long": dropped,
-        "steps": trainer.state.global_step, "train_loss": result.training_loss,
-        "resumed_from": str(ckpt) if ckpt else None, "model": str(model_dir),
-        "curves": str(curves) if curves else None, "log_history": history,
-    }
-    write_json(out / "sft_summary.json", summary)
-    return {**summary, "trainer": trainer}
+    checkpoint), save the model and ``sft_summary.json``; returns the summary and the trainer.
+    ``model``/``processing`` skip loading; ``callbacks`` are extra ``TrainerCallback``s."""
+    done = train(SFTRecipe(cfg, model, processing, callbacks))
+    return {**done.result, "trainer": done.trainer}
 
 
-# ---------------------------------------------------------------------- CLI
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    recipe = "sft" if p.prog.split()[-1] == "sft" else "moco-sft"
-    example = "data.demo=true train.max_steps=5" if recipe == "moco-sft" else "data.path=teacher.jsonl"
-    p.add_argument("--config", default=None, help="YAML run config")
-    p.add_argument("overrides", nargs="*", help=f"key=value overrides, e.g. {example} train.out_dir=runs/x")
-    p.add_argument("--check", action="store_true", help="validate config and data, print row counts per role, load no model")
-    p.set_defaults(sft_recipe=recipe)
+# ---------------------------------------------------------------------- command
+CONFIG = SFTRunConfig
 
 
-def main(args: argparse.Namespace) -> int:
-    recipe = getattr(args, "sft_recipe", None) or ("sft" if getattr(args, "subcommand", "") == "sft" else "moco-sft")
-    cfg = load_sft_config(args.config, args.overrides, recipe=recipe)
-    if args.check:
+def run_command(cfg: SFTRunConfig) -> int:
+    """``captionrl train moco-sft`` / ``train sft`` (``recipe=sft``): check the rows or train."""
+    if cfg.check:
         rows = build_rows(cfg, with_images=False)
         print(json.dumps(dict(Counter(r["role"] for r in rows))))
         return 0
@@ -569,3 +576,17 @@ def main(args: argparse.Namespace) -> int:
     if result.get("curves"):
         print(f"curves: {result['curves']}")
     return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Legacy flags (until cli.py builds every parser from ``CONFIG``)."""
+    recipe = "sft" if p.prog.split()[-1] == "sft" else "moco-sft"
+    example = "data.demo=true train.max_steps=5" if recipe == "moco-sft" else "data.path=teacher.jsonl"
+    add_legacy_arguments(p, "configs/x.yaml", f"{example} train.out_dir=runs/x",
+                         CONFIG.__dataclass_fields__["check"].metadata["help"])
+    p.set_defaults(sft_recipe=recipe)
+
+
+def main(args: argparse.Namespace) -> int:
+    recipe = getattr(args, "sft_recipe", None) or ("sft" if getattr(args, "subcommand", "") == "sft" else "moco-sft")
+    return run_command(load_legacy_config(CONFIG, args, extra=[f"recipe={recipe}"]))
