@@ -23,12 +23,11 @@ without any writer; ``RubricItem`` itself is a plain value type of ``captionrl.t
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,7 +36,7 @@ from captionrl.domains.scenes import rubric_from_facts  # noqa: F401  (re-export
 from captionrl.errors import ConfigError, DataError
 from captionrl.judges import prompts as P
 from captionrl.judges.base import Columns, require_columns, unscored
-from captionrl.records import RecordWriter, read_jsonl
+from captionrl.records import RecordWriter
 from captionrl.types import Judgment, RubricItem
 
 WEIGHTS = (1, 2, 3)
@@ -356,7 +355,7 @@ def parse_judge_reply(text: str, n: int) -> tuple[list[bool], list[str]]:
     return [decisions[i] for i in range(1, n + 1)], [reasons[i] for i in range(1, n + 1)]
 
 
-# ====================================================================== calibration and recording
+# ====================================================================== calibration
 def calibrate_threshold(values: Sequence[float], labels: Sequence[bool]) -> tuple[float, float]:
     """The decision threshold that maximises accuracy on labelled criterion values; returns (threshold,
     accuracy). Thresholds are midpoints between sorted values, so the rule ``value >= t`` is unambiguous."""
@@ -371,47 +370,3 @@ def calibrate_threshold(values: Sequence[float], labels: Sequence[bool]) -> tupl
         if acc > best[1]:
             best = (t, acc)
     return best
-
-
-def judge_records(
-    judge: Any,
-    rows: Sequence[Mapping[str, Any]],
-    out_path: str | Path,
-    *,
-    caption_field: str = "caption",
-    key: Callable[[Mapping[str, Any]], str] | None = None,
-    batch_size: int = 8,
-    progress: bool = True,
-) -> list[dict[str, Any]]:
-    """Judge ``rows`` (each a caption plus its columns) into a resumable JSONL; returns all records.
-
-    The default key is ``item_id`` + a hash of the caption, so rerunning with the same file skips the
-    rows already judged (unscored ones included: they are evidence, not gaps).
-    """
-    from tqdm.auto import tqdm
-
-    keyf = key or (lambda r: f"{r.get('item_id', '')}|{_hash(str(r[caption_field]))}")
-    with RecordWriter(out_path) as w:
-        todo = [r for r in rows if not w.has(keyf(r))]
-        bar = tqdm(total=len(todo), desc=f"judge {getattr(judge, 'name', '')}", disable=not progress)
-        for start in range(0, len(todo), batch_size):
-            chunk = todo[start : start + batch_size]
-            cols = {k: [r.get(k) for r in chunk] for k in chunk[0] if k != caption_field}
-            for r, j in zip(chunk, judge.judge([r[caption_field] for r in chunk], cols), strict=True):
-                w.write({"key": keyf(r), "item_id": r.get("item_id"), "caption": r[caption_field],
-                         "judge": getattr(judge, "name", ""), **j.to_record()})
-            bar.update(len(chunk))
-        bar.close()
-        return [w.get(keyf(r)) or {} for r in rows]
-
-
-def _hash(text: str) -> str:
-    return hashlib.sha1(text.encode()).hexdigest()[:12]
-
-
-def load_store_rubrics(path: str | Path) -> dict[str, list[RubricItem] | None]:
-    """Every rubric of a store file (item id -> rubric or None), for trainers that want a plain dict."""
-    out: dict[str, list[RubricItem] | None] = {}
-    for rec in read_jsonl(path):
-        out[str(rec["key"])] = validate_rubric(rec["rubric"]) if rec.get("rubric") is not None else None
-    return out

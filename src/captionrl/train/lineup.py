@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from captionrl.backends import BackendConfig
-from captionrl.config import help_field, load_config
+from captionrl.config import help_field
 from captionrl.domains.lineup_data import LineupData, LineupDataConfig, add_charts, build_lineup_data
 from captionrl.errors import ConfigError
 from captionrl.judges.identify import IdentifyConfig, IdentifyScoring
@@ -105,11 +105,6 @@ class LineupConfig:
         """The training reward's judge settings: the reward's scoring, c2s, series printed as the data says."""
         scoring = {f.name: getattr(self.reward, f.name) for f in dataclasses.fields(IdentifyScoring)}
         return IdentifyConfig(**scoring, direction="c2s", precision=self.data.precision, normalise=self.data.normalise)
-
-
-def load_lineup_config(path: str | Path | None, overrides: Sequence[str] = ()) -> LineupConfig:
-    """YAML + ``key=value`` overrides -> validated ``LineupConfig`` (no model is touched)."""
-    return load_config(LineupConfig, path, overrides)
 
 
 # ---------------------------------------------------------------------- reward shaping

@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from captionrl.config import help_field, load_config
+from captionrl.config import help_field
 from captionrl.errors import ConfigError
 from captionrl.judges.online_rubric import (
     MocoRubricJudge,
@@ -202,11 +202,6 @@ class MocoConfig:
         t = self.train
         return reward_interval_steps(t.steps_per_generation or t.gradient_accumulation_steps, t.num_iterations,
                                      t.gradient_accumulation_steps)
-
-
-def load_moco_config(path: str | Path | None, overrides: Sequence[str] = ()) -> MocoConfig:
-    """YAML + ``key=value`` overrides -> validated ``MocoConfig`` (no model is touched)."""
-    return load_config(MocoConfig, path, overrides)
 
 
 # ---------------------------------------------------------------------- data

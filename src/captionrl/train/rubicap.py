@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from captionrl.backends import BackendConfig
-from captionrl.config import help_field, load_config
+from captionrl.config import help_field
 from captionrl.domains.captioning import IMAGE_CAPTION_INSTRUCTION
 from captionrl.errors import ConfigError, DataError
 from captionrl.train.common import (
@@ -169,11 +169,6 @@ class RubicapConfig:
         if self.rubrics.source == "store":
             return Path(str(self.rubrics.store))
         return Path(self.rubrics.store or Path(self.train.out_dir) / "rubrics") / "rubrics.jsonl"
-
-
-def load_rubicap_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RubicapConfig:
-    """YAML + ``key=value`` overrides -> validated ``RubicapConfig`` (no model is touched)."""
-    return load_config(RubicapConfig, path, overrides)
 
 
 # ---------------------------------------------------------------------- data

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from captionrl.config import help_field, load_config
+from captionrl.config import help_field
 from captionrl.errors import ConfigError, DataError
 from captionrl.judges.roles import (
     POLICY_INSTRUCTION,
@@ -413,11 +413,6 @@ class SFTRunConfig:
                               "set data.captions, data.rubrics and data.judgments, or data.demo=true")
         if self.recipe == "sft" and not d.path:
             raise ConfigError("data.path", d.path, "sft needs the teacher's captions", "set data.path=<file.jsonl>")
-
-
-def load_sft_config(path: str | Path | None = None, overrides: Sequence[str] = (), recipe: str | None = None) -> SFTRunConfig:
-    extra = [f"recipe={recipe}"] if recipe else []
-    return load_config(SFTRunConfig, path, [*extra, *overrides])
 
 
 # ---------------------------------------------------------------------- run
