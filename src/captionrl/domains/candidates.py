@@ -437,8 +437,6 @@ class CandidatesConfig:
     quiet: bool = help_field(False, "no progress bar")
 
     def __post_init__(self) -> None:
-        if not self.out:
-            raise ConfigError("out", self.out, "is required", "give an output folder, e.g. --out runs/candidates")
         if self.rule not in RULES:
             raise ConfigError("rule", self.rule, "unknown distractor rule", f"use one of {', '.join(RULES)}")
         if self.fill not in ("error", "interpolate"):
@@ -454,6 +452,8 @@ CONFIG = CandidatesConfig
 
 def run_command(cfg: CandidatesConfig) -> int:
     """Mine, write ``candidates.jsonl`` (resumable), ``summary.json`` and ``table.md``; print one line."""
+    if not cfg.out:
+        raise ConfigError("out", cfg.out, "is required", "give an output folder, e.g. --out runs/candidates")
     from collections import Counter
 
     from captionrl.domains.corpora import load_corpus
