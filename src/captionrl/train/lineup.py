@@ -2,8 +2,9 @@
 
 Figure 2(b) of the paper: for each series the policy samples a group of G captions; a frozen verifier
 reads each caption and the K candidate series (the true one and K-1 mined distractors) and must pick the
-described one; the group's rewards drive an RLOO (or GRPO) update. Everything trainer-side is TRL
-(``train.common``); this module only builds the data, the reward and the end-of-run report.
+described one; the group's rewards drive an RLOO (or GRPO) update. The steps are the shared skeleton's
+(``train.skeleton``), the dataset is ``domains.lineup_data`` and the trainer is TRL's (``train.common``);
+this module is the recipe: its config, the shaped reward and the end-of-run selection and evaluation.
 
 Reward shaping is a *wrapper* around the identification reward, not extra TRL reward functions: TRL sums
 several reward functions with ``nansum`` and treats a row as unscored only when *all* of them return
@@ -43,7 +44,7 @@ from captionrl.train.common import (
     print_result,
     probe_openai,
 )
-from captionrl.train.common import backend_config as _backend_config
+from captionrl.train.common import backend_config as _backend_config  # the name evaluate() uses
 from captionrl.train.skeleton import Recipe, Run, train
 
 NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")

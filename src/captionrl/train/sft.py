@@ -536,9 +536,6 @@ class SFTRecipe(Recipe):
         return SFTTrainer(model=run.model, args=run.args, train_dataset=dataset, processing_class=run.processing,
                           peft_config=lora_config(cfg.policy), callbacks=self.callbacks(run))
 
-    def reward_functions(self, run: Run) -> list[Any]:
-        return []
-
     def summary(self, run: Run) -> dict[str, Any]:
         return {"recipe": self.cfg.recipe, "rows": dict(Counter(r["role"] for r in self.rows)),
                 "dropped_too_long": self.dropped, "train_loss": run.train_output.training_loss,
