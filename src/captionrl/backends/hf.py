@@ -38,6 +38,11 @@ def resolve_model_path(model: str) -> tuple[str, str | None]:
         from captionrl.testing.tiny_vlm import tiny_vlm_dir
 
         return str(tiny_vlm_dir()), None
+    from captionrl.testing.tiny_qwen_vl import FAMILIES, register_image_only_processors, tiny_qwen_vl_dir
+
+    register_image_only_processors()  # Qwen-VL processors load without torchvision (images only)
+    if model in tuple(f"tiny-{f}" for f in FAMILIES):  # random tiny Qwen2.5-VL / Qwen3-VL, built on first use
+        return str(tiny_qwen_vl_dir(model.removeprefix("tiny-"))), None
     p = Path(model).expanduser()
     if p.suffix == ".gguf":
         if not p.exists():
@@ -50,7 +55,7 @@ def resolve_model_path(model: str) -> tuple[str, str | None]:
     if not p.exists() and (model.count("/") != 1 or model.startswith((".", "/", "~"))):
         raise ConfigError(
             "model", model, "is not 'embedded', an existing folder or .gguf file, nor a hub id (owner/name)",
-            "write hf:embedded, hf:/path/to/model, tiny-vlm, or a hub id such as HuggingFaceTB/SmolLM2-360M-Instruct",
+            "write hf:embedded, hf:/path/to/model, tiny-vlm, tiny-qwen2.5-vl, tiny-qwen3-vl, or a hub id such as HuggingFaceTB/SmolLM2-360M-Instruct",
         )
     if p.exists() and not (p / "config.json").exists():
         raise ConfigError(

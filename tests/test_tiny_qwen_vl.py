@@ -1,0 +1,194 @@
+"""Tiny Qwen2.5-VL / Qwen3-VL fixtures: built offline, real processor classes and chat templates, usable as
+``tiny-qwen2.5-vl`` / ``tiny-qwen3-vl`` by the hf backend and as the policy of RubiCap (GRPO) and LineupRL
+(RLOO, chart input) through TRL.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from captionrl.config import load_config
+from captionrl.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+FAMILIES = ["qwen2.5-vl", "qwen3-vl"]
+
+
+def _msgs(image, text="Describe this image."):
+    return [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": text}]}]
+
+
+# ---------------------------------------------------------------------- fast: no model
+def test_bad_recipe_is_named():
+    from captionrl.testing.tiny_qwen_vl import tiny_qwen_vl_recipe
+
+    with pytest.raises(ConfigError, match="family"):
+        tiny_qwen_vl_recipe("qwen2-vl")
+    with pytest.raises(ConfigError, match="hidden"):
+        tiny_qwen_vl_recipe("qwen3-vl", hidden=40)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tokenizer_has_the_family_special_tokens_and_splits_digits(family):
+    from transformers import Qwen2Tokenizer
+
+    from captionrl.testing.tiny_qwen_vl import SPECIAL_TOKENS, build_tokenizer
+
+    tok = build_tokenizer(family)
+    assert isinstance(tok, Qwen2Tokenizer)
+    ids = tok.convert_tokens_to_ids(SPECIAL_TOKENS)
+    assert ids == list(range(ids[0], ids[0] + len(SPECIAL_TOKENS)))  # one id each, in the family's order
+    assert (tok.eos_token, tok.pad_token) == ("<|im_end|>", "<|endoftext|>")
+    text = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>peak 127<|im_end|>"
+    pieces = tok.convert_ids_to_tokens(tok(text)["input_ids"])
+    assert pieces[:2] == ["<|im_start|>", "user"] and pieces[-4:] == ["1", "2", "7", "<|im_end|>"]
+    assert tok.decode(tok(text)["input_ids"]) == text
+    assert (tok.convert_tokens_to_ids("<think>") is not None) == (family == "qwen3-vl")
+
+
+def test_chat_templates_render_the_family_format():
+    from jinja2 import Environment
+
+    from captionrl.testing.tiny_qwen_vl import QWEN2_5_VL_CHAT_TEMPLATE, QWEN3_VL_CHAT_TEMPLATE
+
+    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe."}]},
+            {"role": "assistant", "content": "A red circle."}]
+    env = Environment()
+    q25 = env.from_string(QWEN2_5_VL_CHAT_TEMPLATE).render(messages=msgs, add_generation_prompt=True)
+    assert q25 == (
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+        "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Describe.<|im_end|>\n"
+        "<|im_start|>assistant\nA red circle.<|im_end|>\n<|im_start|>assistant\n"
+    )
+    q3 = env.from_string(QWEN3_VL_CHAT_TEMPLATE).render(messages=msgs, add_generation_prompt=True)
+    assert q3 == q25.split("<|im_end|>\n", 1)[1]  # Qwen3-VL: the same turns, no default system turn
+    sys = [{"role": "system", "content": "Be brief."}, msgs[0]]
+    assert env.from_string(QWEN3_VL_CHAT_TEMPLATE).render(messages=sys).startswith(
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n<|vision_start|>")
+
+
+# ---------------------------------------------------------------------- slow: builds and loads models
+@pytest.fixture(scope="module", params=FAMILIES)
+def tiny(request):
+    from captionrl.backends.hf import HFBackend
+
+    backend = HFBackend(f"tiny-{request.param}", batch_size=4)
+    backend._ensure_loaded()
+    return request.param, backend
+
+
+@pytest.mark.slow
+def test_folder_is_a_family_checkpoint_with_the_real_processor(tiny):
+    import torch
+    from PIL import Image
+    from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessorPil, Qwen3VLProcessor
+
+    from captionrl.backends.hf import resolve_model_path
+
+    family, backend = tiny
+    folder = Path(resolve_model_path(f"tiny-{family}")[0])
+    cfg = json.loads((folder / "config.json").read_text())
+    arch = {"qwen2.5-vl": "Qwen2_5_VLForConditionalGeneration", "qwen3-vl": "Qwen3VLForConditionalGeneration"}
+    assert cfg["architectures"] == [arch[family]] and "vision_config" in cfg
+    assert "NOT a model" in json.loads((folder / "captionrl_fixture.json").read_text())["fixture"]
+    real = Qwen2_5_VLProcessor if family == "qwen2.5-vl" else Qwen3VLProcessor
+    proc = backend._processor
+    assert isinstance(proc, real) and isinstance(proc.image_processor, Qwen2VLImageProcessorPil)
+    assert json.loads((folder / "processor_config.json").read_text())["processor_class"] == real.__name__
+    assert proc.image_processor.patch_size == {"qwen2.5-vl": 14, "qwen3-vl": 16}[family]
+
+    # the processor expands the template's one <|image_pad|> to (h/patch)*(w/patch)/merge**2 tokens
+    text = backend.render_chat(_msgs(None))
+    assert text.count("<|vision_start|><|image_pad|><|vision_end|>") == 1
+    assert text.startswith("<|im_start|>system\n" if family == "qwen2.5-vl" else "<|im_start|>user\n")
+    patch = proc.image_processor.patch_size
+    for size, expected in (((64, 64), 4), ((4 * patch * 2, 2 * patch * 2), 8), ((400, 300), None)):
+        enc = proc(text=[text], images=[Image.new("RGB", size, (200, 30, 30))], return_tensors="pt")
+        t, h, w = enc["image_grid_thw"][0].tolist()
+        n_pad = int((enc["input_ids"] == proc.image_token_id).sum())
+        assert n_pad == t * h * w // 4 and enc["pixel_values"].shape[0] == t * h * w
+        if expected is None:  # 400x300 is scaled down under max_pixels (16 tokens), keeping its aspect
+            assert 4 < n_pad <= 16 and w > h
+        else:
+            assert n_pad == expected
+    # different pixels reach the language model
+    enc = proc(text=[text, text], images=[[Image.new("RGB", (64, 64), (255, 0, 0))],
+                                          [Image.new("RGB", (64, 64), (0, 0, 255))]], return_tensors="pt")
+    with torch.no_grad():
+        logits = backend.model(**enc).logits[:, -1]
+    assert not torch.allclose(logits[0], logits[1])
+
+
+@pytest.mark.slow
+def test_model_generate_and_backend_generate_with_images(tiny):
+    import torch
+
+    from captionrl.backends.base import ChatRequest
+    from captionrl.domains.scenes import make_scene
+
+    _family, backend = tiny
+    proc, model = backend._processor, backend.model
+    red = make_scene(0).render()
+    enc = proc(text=[backend.render_chat(_msgs(None))], images=[red], return_tensors="pt")
+    with torch.inference_mode():
+        out = model.generate(**enc, max_new_tokens=6, do_sample=True, temperature=1.0)
+    assert out.shape[1] == enc["input_ids"].shape[1] + 6 or proc.tokenizer.eos_token_id in out[0].tolist()
+
+    text_only = [{"role": "user", "content": "Name a colour."}]
+    reqs = [ChatRequest(_msgs(red), max_new_tokens=8, temperature=1.0, seed=1),
+            ChatRequest(_msgs(make_scene(5).render()), max_new_tokens=8, temperature=1.0, seed=1),
+            ChatRequest(text_only, max_new_tokens=8, temperature=1.0, seed=1)]
+    got = backend.generate(reqs)
+    assert all(g.error is None and g.text is not None for g in got), got
+    assert any(g.text for g in got)  # a random model still writes tokens
+    assert backend.generate([reqs[1]])[0].error is None
+
+
+@pytest.mark.slow
+def test_rubicap_grpo_step_with_tiny_qwen2_5_vl_policy(tmp_path, embedded_backend):
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from captionrl.backends.hf import resolve_model_path
+    from captionrl.train import rubicap
+    from captionrl.train.curves import load_metrics
+    from captionrl.train.rubicap import RubicapConfig
+
+    out = tmp_path / "run"
+    cfg = load_config(RubicapConfig, ROOT / "configs" / "rubicap-cpu.yaml", [
+        "policy.model=tiny-qwen2.5-vl", "data.items=scenes:2:0", "train.num_generations=2",
+        "train.per_device_train_batch_size=2", "train.max_completion_length=8", "train.max_steps=1",
+        "train.save_steps=1", "train.report_to=[]", "train.threads=1", "train.learning_rate=1.0e-3",
+        f"train.out_dir={out}",
+    ])
+    result = rubicap.run(cfg, judge_backend=embedded_backend)
+    metrics = load_metrics(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1] and metrics[0]["rubric/unscored_frac"] == 0.0
+    base = AutoModelForImageTextToText.from_pretrained(resolve_model_path("tiny-qwen2.5-vl")[0])
+    trained = AutoModelForImageTextToText.from_pretrained(result["model"])
+    moved = [n for (n, p0), (_, p1) in zip(base.named_parameters(), trained.named_parameters(), strict=True)
+             if not torch.equal(p0, p1)]
+    assert any("visual" in n for n in moved) and any("language_model" in n for n in moved), moved[:5]
+
+
+@pytest.mark.slow
+def test_lineup_rloo_step_with_tiny_qwen2_5_vl_policy_on_charts(tmp_path, embedded_backend):
+    from captionrl.train import lineup
+    from captionrl.train.curves import load_metrics
+    from captionrl.train.lineup import LineupConfig
+
+    out = tmp_path / "run"
+    cfg = load_config(LineupConfig, ROOT / "configs" / "lineup-cpu.yaml", [
+        "policy.model=tiny-qwen2.5-vl", "policy.input=chart",
+        "data.window=8", "data.n_train=2", "data.n_test=2", "data.series=[nile,sunspots]",
+        "reward.k=2", "reward.signal=soft", "train.algorithm=rloo", "train.num_generations=2",
+        "train.per_device_train_batch_size=2", "train.max_completion_length=8", "train.max_steps=1",
+        "train.save_steps=1", "train.learning_rate=1.0e-5", "train.beta=0.0", "train.report_to=[]",
+        "train.threads=1", "eval.enabled=false", f"train.out_dir={out}",
+    ])
+    lineup.run(cfg, verifier=embedded_backend)
+    metrics = load_metrics(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1] and "reward" in metrics[0]
