@@ -147,19 +147,40 @@ def test_model_generate_and_backend_generate_with_images(tiny):
     assert backend.generate([reqs[1]])[0].error is None
 
 
+@pytest.fixture
+def vision_calls(monkeypatch):
+    """Counts image-grid rows through the vision towers, so a test sees that pixels reached the policy."""
+    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as q25
+    from transformers.models.qwen3_vl import modeling_qwen3_vl as q3
+
+    calls: list[int] = []
+    for cls in (q25.Qwen2_5_VisionTransformerPretrainedModel, q3.Qwen3VLVisionModel):
+        original = cls.forward
+
+        def forward(self, hidden_states, grid_thw, *a, _original=original, **kw):
+            calls.append(int(grid_thw.shape[0]))
+            return _original(self, hidden_states, grid_thw, *a, **kw)
+
+        monkeypatch.setattr(cls, "forward", forward)
+    return calls
+
+
 @pytest.mark.slow
-def test_rubicap_grpo_step_with_tiny_qwen2_5_vl_policy(tmp_path, embedded_backend):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_rubicap_grpo_step_with_tiny_qwen_vl_policy(family, tmp_path, embedded_backend, vision_calls):
     import torch
-    from transformers import AutoModelForImageTextToText
+    from transformers import AutoModelForImageTextToText, AutoProcessor
 
     from captionrl.backends.hf import resolve_model_path
+    from captionrl.testing.tiny_qwen_vl import CHAT_TEMPLATES
     from captionrl.train import rubicap
     from captionrl.train.curves import load_metrics
+    from captionrl.train.logging import load_samples
     from captionrl.train.rubicap import RubicapConfig
 
     out = tmp_path / "run"
     cfg = load_config(RubicapConfig, ROOT / "configs" / "rubicap-cpu.yaml", [
-        "policy.model=tiny-qwen2.5-vl", "data.items=scenes:2:0", "train.num_generations=2",
+        f"policy.model=tiny-{family}", "data.items=scenes:2:0", "train.num_generations=2",
         "train.per_device_train_batch_size=2", "train.max_completion_length=8", "train.max_steps=1",
         "train.save_steps=1", "train.report_to=[]", "train.threads=1", "train.learning_rate=1.0e-3",
         f"train.out_dir={out}",
@@ -167,15 +188,20 @@ def test_rubicap_grpo_step_with_tiny_qwen2_5_vl_policy(tmp_path, embedded_backen
     result = rubicap.run(cfg, judge_backend=embedded_backend)
     metrics = load_metrics(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1] and metrics[0]["rubric/unscored_frac"] == 0.0
-    base = AutoModelForImageTextToText.from_pretrained(resolve_model_path("tiny-qwen2.5-vl")[0])
+    assert len(load_samples(out)) == 2 and vision_calls  # the image of each prompt went through the tower
+    base = AutoModelForImageTextToText.from_pretrained(resolve_model_path(f"tiny-{family}")[0])
     trained = AutoModelForImageTextToText.from_pretrained(result["model"])
     moved = [n for (n, p0), (_, p1) in zip(base.named_parameters(), trained.named_parameters(), strict=True)
              if not torch.equal(p0, p1)]
     assert any("visual" in n for n in moved) and any("language_model" in n for n in moved), moved[:5]
+    # the saved model reloads with its family's processor (what `captionrl caption` on a checkpoint needs)
+    saved = AutoProcessor.from_pretrained(result["model"])
+    assert type(saved).__name__ == {"qwen2.5-vl": "Qwen2_5_VLProcessor", "qwen3-vl": "Qwen3VLProcessor"}[family]
+    assert saved.chat_template == CHAT_TEMPLATES[family]
 
 
 @pytest.mark.slow
-def test_lineup_rloo_step_with_tiny_qwen2_5_vl_policy_on_charts(tmp_path, embedded_backend):
+def test_lineup_rloo_step_with_tiny_qwen2_5_vl_policy_on_charts(tmp_path, embedded_backend, vision_calls):
     from captionrl.train import lineup
     from captionrl.train.curves import load_metrics
     from captionrl.train.lineup import LineupConfig
@@ -191,4 +217,5 @@ def test_lineup_rloo_step_with_tiny_qwen2_5_vl_policy_on_charts(tmp_path, embedd
     ])
     lineup.run(cfg, verifier=embedded_backend)
     metrics = load_metrics(out / "metrics.jsonl")
-    assert [m["step"] for m in metrics] == [1] and "reward" in metrics[0]
+    assert [m["step"] for m in metrics] == [1] and metrics[0]["reward"] == metrics[0]["reward"]  # not NaN
+    assert sum(vision_calls) >= 2  # the charts (not only numbers) reached the policy's vision tower

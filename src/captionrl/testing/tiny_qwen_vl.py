@@ -11,13 +11,16 @@ offline, so this module assembles both families locally from transformers' own c
 - processor: the real ``Qwen2_5_VLProcessor`` / ``Qwen3VLProcessor`` with the family's image processor
   (``Qwen2VLImageProcessorPil``: patch 14 for Qwen2.5-VL, 16 for Qwen3-VL, merge 2, temporal patch 2, as in
   the released models) limited to small images (``max_pixels``), so a 64x64 image yields 4 image tokens; the
-  family's chat template (below, as a string constant);
+  family's chat template (below, as a string constant). The family's video processor needs torchvision;
+  where torchvision does not import (this project's CPU machines) the processor is the real class without
+  its video sub-processor, see ``processor_class``;
 - model: ``Qwen2_5_VLForConditionalGeneration`` / ``Qwen3VLForConditionalGeneration`` with 2 text layers,
   hidden 64 and a 2-block vision tower of width 32, randomly initialised (seeded): it writes random tokens,
   and is only meant to prove that every joint (processor, template, TRL collation, generation) works.
 
 Each is saved once under ``captionrl.embedded.cache_dir()/models`` and loads with ``AutoProcessor`` and
-``AutoModelForImageTextToText`` like a released checkpoint. Same seed -> same folder contents.
+``AutoModelForImageTextToText`` like a released checkpoint (``hf`` backend and policy names
+``tiny-qwen2.5-vl`` / ``tiny-qwen3-vl``). Same seed -> same weights.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-TINY_QWEN_VL_VERSION = 1
+TINY_QWEN_VL_VERSION = 2
 """Bump when the recipe changes so stale cached folders are rebuilt, not reused."""
 
 FAMILIES = ("qwen2.5-vl", "qwen3-vl")
@@ -379,13 +382,23 @@ def _processor(spec: dict[str, Any], tok: Any) -> Any:
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     factor = spec["patch_size"] * spec["merge_size"]
-    image_processor = Qwen2VLImageProcessorPil(
-        patch_size=spec["patch_size"], merge_size=spec["merge_size"],
-        temporal_patch_size=spec["temporal_patch_size"],
-        min_pixels=4 * factor * factor, max_pixels=spec["max_image_tokens"] * factor * factor,
-    )
+    sizes: dict[str, Any] = {
+        "patch_size": spec["patch_size"], "merge_size": spec["merge_size"],
+        "temporal_patch_size": spec["temporal_patch_size"],
+        "min_pixels": 4 * factor * factor, "max_pixels": spec["max_image_tokens"] * factor * factor,
+    }
+    if spec["family"] == "qwen3-vl":  # Qwen3-VL normalises with mean = std = 0.5, Qwen2.5-VL with CLIP's
+        sizes.update(image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+    image_processor = Qwen2VLImageProcessorPil(**sizes)
     cls = processor_class(spec["family"])
-    return cls(image_processor=image_processor, tokenizer=tok, chat_template=CHAT_TEMPLATES[spec["family"]])
+    kwargs: dict[str, Any] = {}
+    if _torchvision_works():  # the real class requires its video processor (torchvision-based)
+        from transformers import Qwen2VLVideoProcessor, Qwen3VLVideoProcessor
+
+        video_class = Qwen2VLVideoProcessor if spec["family"] == "qwen2.5-vl" else Qwen3VLVideoProcessor
+        kwargs["video_processor"] = video_class(**sizes)
+    return cls(image_processor=image_processor, tokenizer=tok, chat_template=CHAT_TEMPLATES[spec["family"]],
+               **kwargs)
 
 
 def build_tiny_qwen_vl(target: Path, spec: dict[str, Any]) -> Path:
