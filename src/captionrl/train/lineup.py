@@ -368,7 +368,7 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
                               ks=[cfg.reward.k], seed=cfg.seed, precision=cfg.data.precision)
     summary = run_identification(items, systems, distractors, data.pool, verifiers, ecfg, out_dir)
     return {"table": str(out_dir / "table.md"), "summary": str(out_dir / "summary.json"),
-            "rows": summary.get("rows", [])}
+            "rows": summary.rows}
 
 
 # ---------------------------------------------------------------------- command
