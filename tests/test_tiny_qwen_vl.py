@@ -219,3 +219,35 @@ def test_lineup_rloo_step_with_tiny_qwen2_5_vl_policy_on_charts(tmp_path, embedd
     metrics = load_metrics(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1] and metrics[0]["reward"] == metrics[0]["reward"]  # not NaN
     assert sum(vision_calls) >= 2  # the charts (not only numbers) reached the policy's vision tower
+
+
+@pytest.mark.slow
+def test_lineup_paper_config_dry_run_with_tiny_qwen2_5_vl(tmp_path, embedded_backend, vision_calls):
+    """configs/lineup-paper.yaml as a user dry-runs it: only the models, sizes and CPU switches replaced.
+
+    Kept from the paper config: chart input, RLOO with beta 0.05 (a reference model), gradient
+    checkpointing, letter-mode verifier (K=2 here, the paper's 4 costs twice the verifier time), checkpoint selection on validation items and the
+    held-out identification evaluation of the trained and the initial captioner.
+    """
+    from captionrl.train import lineup
+    from captionrl.train.curves import load_metrics
+    from captionrl.train.lineup import LineupConfig
+
+    out = tmp_path / "run"
+    cfg = load_config(LineupConfig, ROOT / "configs" / "lineup-paper.yaml", [
+        "policy.model=tiny-qwen2.5-vl", "policy.dtype=float32", "verifier.kind=hf", "verifier.model=embedded",
+        "data.window=8", "data.n_train=4", "data.n_val=2", "data.n_test=2", "reward.k=2",
+        "train.num_generations=2", "train.per_device_train_batch_size=2", "train.max_completion_length=8",
+        "train.max_steps=2", "train.save_steps=1", "train.report_to=[]", "train.threads=1",
+        "train.use_cpu=true", "train.bf16=false", f"train.out_dir={out}",
+    ])
+    assert (cfg.policy.input, cfg.reward.mode, cfg.train.beta, cfg.train.gradient_checkpointing) == (
+        "chart", "letter", 0.05, True)
+    result = lineup.run(cfg, verifier=embedded_backend)
+    metrics = load_metrics(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2] and all("kl" in m for m in metrics)
+    assert metrics[0]["identification/unscored_frac"] == 0.0  # the verifier scored every caption
+    assert set(result["selection"]["scores"]) == {"checkpoint-1", "checkpoint-2"}
+    rows = {r["system"]: r for r in result["eval"]["rows"]}
+    assert {"trained", "initial"} <= set(rows) and rows["trained"]["mode"] == "letter"
+    assert sum(vision_calls) >= 8  # training, selection and evaluation all captioned charts
