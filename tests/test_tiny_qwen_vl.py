@@ -251,3 +251,36 @@ def test_lineup_paper_config_dry_run_with_tiny_qwen2_5_vl(tmp_path, embedded_bac
     rows = {r["system"]: r for r in result["eval"]["rows"]}
     assert {"trained", "initial"} <= set(rows) and rows["trained"]["mode"] == "letter"
     assert sum(vision_calls) >= 8  # training, selection and evaluation all captioned charts
+
+
+@pytest.mark.slow
+def test_rubicap_paper_config_dry_run_with_tiny_qwen2_5_vl(tmp_path, embedded_backend, vision_calls):
+    """configs/rubicap-paper.yaml with its models, data and rubric source replaced by offline ones.
+
+    Kept from the paper config: GRPO with the standard loss and beta 0.04 (a reference model), warmup,
+    gradient checkpointing, and the judge's generate mode with hard yes/no decisions.
+    """
+    from captionrl.train import rubicap
+    from captionrl.train.curves import load_metrics
+    from captionrl.train.logging import load_samples
+    from captionrl.train.rubicap import RubicapConfig
+
+    out = tmp_path / "run"
+    cfg = load_config(RubicapConfig, ROOT / "configs" / "rubicap-paper.yaml", [
+        "policy.model=tiny-qwen2.5-vl", "policy.dtype=float32", "judge.kind=hf", "judge.model=embedded",
+        "data.items=scenes:2:0", "rubrics.source=facts", "reward.max_new_tokens=48",
+        "train.num_generations=2", "train.per_device_train_batch_size=2", "train.gradient_accumulation_steps=1",
+        "train.max_completion_length=8", "train.max_steps=1", "train.save_steps=1", "train.report_to=[]",
+        "train.threads=1", "train.use_cpu=true", "train.bf16=false", f"train.out_dir={out}",
+    ])
+    assert (cfg.reward.mode, cfg.train.loss_type, cfg.train.beta, cfg.train.gradient_checkpointing) == (
+        "generate", "grpo", 0.04, True)
+    rubicap.run(cfg, judge_backend=embedded_backend)
+    metrics = load_metrics(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1] and "kl" in metrics[0]
+    samples = load_samples(out)
+    assert len(samples) == 2 and vision_calls
+    # SmolLM2-135M rarely writes the JSON generate mode asks for: such a reply is unscored (None, with the
+    # reason), never 0; a reply that parses scores in [0, 1]
+    for s in samples:
+        assert (s["reward"] is None and "unparseable judge reply" in s["error"]) or 0.0 <= s["reward"] <= 1.0, s
