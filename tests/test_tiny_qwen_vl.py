@@ -31,6 +31,17 @@ def test_bad_recipe_is_named():
         tiny_qwen_vl_recipe("qwen3-vl", hidden=40)
 
 
+def test_backend_names_resolve_and_typos_are_named():
+    from captionrl.backends import parse_backend_spec
+    from captionrl.backends.hf import resolve_model_path
+
+    for name in ("tiny-qwen2.5-vl", "hf:tiny-qwen3-vl,batch_size=2"):
+        spec = parse_backend_spec(name)
+        assert spec.kind == "hf" and spec.model.startswith("tiny-qwen")
+    with pytest.raises(ConfigError, match=r"tiny-qwen2\.5-vl"):
+        resolve_model_path("tiny-qwen2-vl")  # the error lists the names that exist
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_tokenizer_has_the_family_special_tokens_and_splits_digits(family):
     from transformers import Qwen2Tokenizer
@@ -47,6 +58,7 @@ def test_tokenizer_has_the_family_special_tokens_and_splits_digits(family):
     assert pieces[:2] == ["<|im_start|>", "user"] and pieces[-4:] == ["1", "2", "7", "<|im_end|>"]
     assert tok.decode(tok(text)["input_ids"]) == text
     assert (tok.convert_tokens_to_ids("<think>") is not None) == (family == "qwen3-vl")
+    assert build_tokenizer(family).get_vocab() == tok.get_vocab()  # same text, same merges: reproducible
 
 
 def test_chat_templates_render_the_family_format():
