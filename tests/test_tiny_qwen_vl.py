@@ -126,6 +126,11 @@ def test_folder_is_a_family_checkpoint_with_the_real_processor(tiny):
             assert 4 < n_pad <= 16 and w > h
         else:
             assert n_pad == expected
+    if type(proc).__qualname__.endswith("ImageOnly"):  # no torchvision here: videos are refused, by name
+        from captionrl.errors import DataError
+
+        with pytest.raises(DataError, match="videos"):
+            proc(text=[text], videos=[[Image.new("RGB", (64, 64))] * 2], return_tensors="pt")
     # different pixels reach the language model
     enc = proc(text=[text, text], images=[[Image.new("RGB", (64, 64), (255, 0, 0))],
                                           [Image.new("RGB", (64, 64), (0, 0, 255))]], return_tensors="pt")

@@ -149,7 +149,7 @@ PATCH_SIZE = {"qwen2.5-vl": 14, "qwen3-vl": 16}
 
 
 def _tokenizer_corpus() -> list[str]:
-    """A few KB of deterministic caption-like text (shapes, colours, counts, chart words, digits)."""
+    """~40 KB of deterministic caption-like text (shapes, colours, counts, chart words, digits, chat roles)."""
     colours = ["red", "green", "blue", "yellow", "purple", "orange", "black", "white", "grey", "brown"]
     shapes = ["circle", "square", "triangle", "star", "line", "bar", "dot", "curve", "peak", "trough"]
     places = ["top left", "top right", "bottom left", "bottom right", "centre", "middle", "edge"]
@@ -172,8 +172,9 @@ def build_tokenizer(family: str, *, vocab_size: int = 1024) -> Any:
     """A real ``Qwen2Tokenizer`` for ``family``: byte-level BPE merges trained here, the family's specials.
 
     The BPE is trained with Qwen's own pre-tokenizer (regex split + byte-level), so text splits exactly as
-    the released tokenizer splits it (digits one by one); only the merges (fewer, learned on generated
-    text) differ. Special tokens follow the vocabulary in the family's order.
+    the released tokenizer splits it (digits one by one); only the merges differ (~280 learned on generated
+    text, so ~530 BPE tokens: the corpus runs out before ``vocab_size``). Special tokens follow the
+    vocabulary in the family's order.
     """
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
     from transformers import Qwen2Tokenizer
@@ -262,7 +263,8 @@ def _model_config(spec: dict[str, Any], tok: Any) -> Any:
         "vision_end_token_id": tok.convert_tokens_to_ids("<|vision_end|>"),
     }
     head_dim = h // 4
-    # Multimodal rotary sections (temporal, height, width) must sum to head_dim / 2, as 16+24+24 of 128 do.
+    # Multimodal rotary sections (temporal, height, width) must sum to head_dim / 2, as 16+24+24 of 128 do
+    # in the released models; at head_dim 16 this gives 2+3+3.
     quarter = head_dim // 8
     mrope = [head_dim // 2 - 2 * quarter * 3 // 2, quarter * 3 // 2, quarter * 3 // 2]
     text = {
@@ -303,8 +305,9 @@ def processor_class(family: str) -> Any:
     'VIDEO_PROCESSOR_MAPPING' has no attribute '_extra_content'"), even for images only. torchvision's
     PyPI wheels are CUDA builds that fail to import next to a CPU torch ("operator torchvision::nms does
     not exist"), so a CPU-only machine gets ``<Class>ImageOnly``: the real class with the video
-    sub-processor left out (same ``__name__``, so what it saves names the real class). Every image and text method (chat template, ``<|image_pad|>`` expansion by
-    ``image_grid_thw``, ``model_input_names``) is the real class's own; videos raise.
+    sub-processor left out (same ``__name__``, so what it saves names the real class). Every image and
+    text method (chat template, ``<|image_pad|>`` expansion by ``image_grid_thw``, ``model_input_names``)
+    is the real class's own; a call with videos raises ``DataError``.
     """
     from transformers import Qwen2_5_VLProcessor, Qwen3VLProcessor
 
@@ -356,10 +359,20 @@ def register_image_only_processors() -> None:
             # arguments with this signature's sub-processors, so the absent video processor is dropped.
             _real.__init__(self, image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
 
+        def __call__(self: Any, *args: Any, _real: Any = real, **kwargs: Any) -> Any:
+            if kwargs.get("videos") is not None:  # ProcessorMixin would skip them silently, unexpanded
+                from captionrl.errors import DataError
+
+                raise DataError("videos", f"{len(kwargs['videos'])} video(s)", f"{_real.__name__} is loaded "
+                                "without its video processor (torchvision does not import here)",
+                                "pass images (e.g. frames as images), or install a torchvision that imports")
+            return _real.__call__(self, *args, **kwargs)
+
         # Same __name__ as the real class: saved folders name the real class (processor_config.json,
         # tokenizer_config.json), so they load as released checkpoints do wherever torchvision works.
         image_only = type(real.__name__, (real,), {
-            "__init__": __init__, "__module__": __name__, "__qualname__": f"{real.__name__}ImageOnly",
+            "__init__": __init__, "__call__": __call__, "__module__": __name__,
+            "__qualname__": f"{real.__name__}ImageOnly",
         })
         _IMAGE_ONLY[real.__name__] = image_only
         AutoProcessor.register(config_class, image_only, exist_ok=True)
