@@ -164,6 +164,22 @@ def test_model_generate_and_backend_generate_with_images(tiny):
     assert backend.generate([reqs[1]])[0].error is None
 
 
+@pytest.mark.slow
+def test_choose_with_a_shared_prefix_matches_plain_batches(tiny):
+    """The KV-cache prefix sharing of ``choose`` (multimodal rotary positions here) changes no probability."""
+    from captionrl.backends.hf import HFBackend
+
+    _family, backend = tiny
+    stem = "Series A: " + ", ".join(str(i) for i in range(30)) + ". Which series is it? Answer with a letter. "
+    prompts = [[{"role": "user", "content": stem + tail}] for tail in ("One.", "Two, longer.", "Three")]
+    shared = backend.choose(prompts, ["A", "B"])
+    plain = HFBackend.from_model(backend.model, backend._processor, share_prefix=False).choose(prompts, ["A", "B"])
+    assert all(r.error is None for r in shared + plain)
+    for a, b in zip(shared, plain, strict=True):
+        assert a.probs["A"] == pytest.approx(b.probs["A"], abs=1e-4)
+    assert len({round(r.probs["A"], 6) for r in shared}) > 1  # the differing suffixes were scored
+
+
 @pytest.fixture
 def vision_calls(monkeypatch):
     """Counts image-grid rows through the vision towers, so a test sees that pixels reached the policy."""
