@@ -23,6 +23,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("models",): ("captionrl.commands.models", "list backends and check that the embedded model loads"),
     ("caption",): ("captionrl.commands.caption", "caption series (or images) with a captioner backend"),
     ("candidates",): ("captionrl.domains.candidates", "mine distractor candidate sets for a corpus"),
+    ("data", "prepare"): ("captionrl.domains.prepare", "a benchmark's local copy -> a prepared dataset folder (splits, lineups, manifest)"),
     ("eval", "identify"): ("captionrl.eval.identification", "caption->series and series->caption identification"),
     ("eval", "bottleneck"): ("captionrl.eval.bottleneck", "caption-only forecasting and reconstruction"),
     ("eval", "entail"): ("captionrl.eval.entailment", "fraction of reference captions a caption entails"),

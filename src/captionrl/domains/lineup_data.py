@@ -47,6 +47,7 @@ class LineupDataConfig:
     n_test: int = help_field(32, "held-out test items of the final identification evaluation")
     candidates_file: str | None = help_field(None, "candidates.jsonl written by 'captionrl candidates' (mine there with --length data.window --stride data.stride) instead of mining here")
     distractors: str = help_field("nearest", "distractor rule: nearest (by summary statistics, the paper's) or random (ablation)")
+    prepared: str | None = help_field(None, "a folder written by 'captionrl data prepare': its splits, items and lineups (corpus, window, splits, candidates_file and distractors are then unused)")
 
     def __post_init__(self) -> None:
         if self.window < 4:
@@ -106,7 +107,9 @@ def validate_candidate_set(cands: Sequence[Any], k: int, field: str, k_field: st
 def build_lineup_data(cfg: LineupDataConfig, k: int, seed: int, *, k_field: str = "reward.k") -> LineupData:
     """Lineups per split (mined, or read from ``cfg.candidates_file``), a seeded sample of each split's
     items, and one validated TRL row per item; no model involved."""
-    if cfg.candidates_file:
+    if cfg.prepared:
+        sets, pool = _lineups_from_prepared(cfg, k, k_field)
+    elif cfg.candidates_file:
         sets, pool = _lineups_from_file(cfg)
     else:
         sets, pool = _mine(cfg, k, seed)
@@ -117,6 +120,9 @@ def build_lineup_data(cfg: LineupDataConfig, k: int, seed: int, *, k_field: str 
     for i, (split, n) in enumerate(cfg.wanted().items()):
         found = by_split.get(split, [])
         chosen = range(len(found))
+        if n is not None and n > len(found):
+            raise DataError(f"data.n_{split}", n, f"asks for {n} {split} items but only {len(found)} exist",
+                            f"set data.n_{split}: {len(found)} or less (null = all), or prepare/mine more data")
         if n is not None and n < len(found):
             rng = np.random.default_rng([seed, i])
             chosen = sorted(rng.choice(len(found), size=n, replace=False).tolist())
@@ -141,6 +147,16 @@ def _mine(cfg: LineupDataConfig, k: int, seed: int) -> tuple[list[CandidateSet],
                             "use a shorter data.window, a smaller data.stride, or more series")
     sets = mine_within_splits(wanted, k=k, rule=cfg.distractors, seed=seed, progress=False)
     return sets, {s.id: s for items in wanted.values() for s in items}
+
+
+def _lineups_from_prepared(cfg: LineupDataConfig, k: int, k_field: str) -> tuple[list[CandidateSet], dict[str, Series]]:
+    from captionrl.domains.prepare import load_prepared
+
+    prepared = load_prepared(str(cfg.prepared), field="data.prepared")
+    if prepared.k < k:
+        raise DataError("data.prepared", str(cfg.prepared), f"holds lineups of K={prepared.k}, fewer than {k_field}={k}",
+                        f"set {k_field}: {prepared.k} or less, or prepare again with k={k}")
+    return prepared.sets, prepared.pool
 
 
 def _lineups_from_file(cfg: LineupDataConfig) -> tuple[list[CandidateSet], dict[str, Series]]:

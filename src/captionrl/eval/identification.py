@@ -37,6 +37,8 @@ class IdentifyEvalConfig:
     captions: list[str] = help_field([], "JSONL files of {id, series, caption}, one per captioner ([NAME=]FILE); empty: the embedded corpus captioned by the describer and by captioner")
     out: str = help_field("runs/eval-identify", "output folder (rerun with the same folder to resume)")
     pool: str | None = help_field(None, "distractor pool: 'embedded' or a corpus path (default: the files' own series)")
+    prepared: str | None = help_field(None, "a folder written by 'captionrl data prepare': its lineups and pool (and, without captions files, its items to caption)")
+    split: str = help_field("test", "split of the prepared folder to evaluate")
     verifiers: list[str] = help_field(["hf:embedded"], "verifier backend specs (hf:embedded, openai:http://127.0.0.1:8000/v1#MODEL, ...)", flags=("--verifier",))
     modes: list[str] = help_field(["likelihood"], "verifier modes: likelihood and/or letter", flags=("--mode",))
     directions: list[str] = help_field(["c2s", "s2c"], "c2s (caption -> series) and/or s2c (series -> caption)", flags=("--direction",))
@@ -60,6 +62,8 @@ class IdentifyEvalConfig:
             IdentifyConfig(direction=d)
         if self.rule not in ("nearest", "random"):
             raise ConfigError("rule", self.rule, "unknown distractor rule", "use nearest or random")
+        if self.split not in ("train", "val", "test"):
+            raise ConfigError("split", self.split, "unknown split", "use train, val or test")
         if not self.verifiers:
             raise ConfigError("verifiers", [], "needs at least one verifier", "use e.g. --verifier hf:embedded")
         for v in self.verifiers:
@@ -250,17 +254,36 @@ def run(cfg: IdentifyEvalConfig, *, verifiers: Mapping[str, Backend] | None = No
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
+    prepared = None
+    if cfg.prepared:
+        from captionrl.domains.prepare import load_prepared
+
+        prepared = load_prepared(cfg.prepared)
+        if prepared.k < max(cfg.ks):
+            raise ConfigError("ks", cfg.ks, f"{cfg.prepared} holds lineups of K={prepared.k}",
+                              f"use K <= {prepared.k}, or prepare again with k={max(cfg.ks)}")
     if cfg.captions:
         items, systems = _load_caption_files(cfg.captions)
     else:
-        from captionrl.domains.datasets import eval_windows
+        from captionrl.domains.datasets import eval_windows, sample
 
-        items = eval_windows("embedded", cfg.length, "test", cfg.max_items, cfg.seed)
+        items = (sample(prepared.items[cfg.split], cfg.max_items, cfg.seed) if prepared is not None
+                 else eval_windows("embedded", cfg.length, "test", cfg.max_items, cfg.seed))
         systems = [CaptionSet(DESCRIBER, caption_series(items, DESCRIBER, out / "captions-describer.jsonl"))]
         if captioner is not None or cfg.captioner != "none":
             name = cfg.captioner.replace(":", "-").replace("/", "_")
             model = captioner if captioner is not None else backend_from_spec(cfg.captioner)
             systems.append(CaptionSet(name, caption_series(items, model, out / f"captions-{name}.jsonl")))
+    if prepared is not None:
+        by_item = {cs.item_id: list(cs.distractor_ids) for cs in prepared.sets}
+        unknown = [it.id for it in items if it.id not in by_item]
+        if unknown:
+            raise DataError("captions", unknown[:3], f"{len(unknown)} captioned item(s) are not in {cfg.prepared}",
+                            "caption the prepared items (captionrl caption prepared=...)")
+        if verifiers is None:
+            verifiers = {_verifier_name(parse_backend_spec(v)): backend_from_spec(v) for v in cfg.verifiers}
+        return run_identification(items, systems, {it.id: by_item[it.id] for it in items}, prepared.pool,
+                                  verifiers, cfg, out)
     if cfg.pool:
         from captionrl.domains.datasets import split_windows
 
