@@ -340,3 +340,34 @@ def test_cli_prepare_then_caption_with_describer(tmp_path, capsys):
     # a bad input through the CLI: exit 2 with the message, no traceback
     assert main(["data", "prepare", "source=ett", f"path={src}", f"out={tmp_path / 'x'}"]) == 2
     assert "is not a ett file" in capsys.readouterr().err
+
+
+def test_lineup_training_on_a_prepared_folder_fails_before_any_model(tmp_path, monkeypatch):
+    """`train lineup` with data.prepared: too many items asked is a DataError raised with model loads forbidden."""
+    from captionrl.config import load_config
+    from captionrl.train import lineup
+    from captionrl.train.lineup import LineupConfig
+
+    monkeypatch.setenv("CAPTIONRL_FORBID_MODEL_CALLS", "1")
+    _, out = run_prepare(tmp_path, "jsonl", write_jsonl(tmp_path / "j"))
+    cfg = load_config(LineupConfig, None, [f"data.prepared={out}", "data.n_train=50", "data.n_test=6", "reward.k=4",
+                                           f"train.out_dir={tmp_path / 'run'}"])
+    with pytest.raises(DataError) as err:
+        lineup.run(cfg)
+    assert err.value.field == "data.n_train" and "asks for 50 train items but only 12 exist" in str(err.value)
+
+
+@pytest.mark.slow
+def test_eval_identify_reads_the_prepared_lineups(tmp_path, embedded_backend, monkeypatch):
+    """`eval identify prepared=DIR`: items captioned by the describer, lineups taken from the folder."""
+    _, out = run_prepare(tmp_path, "jsonl", write_jsonl(tmp_path / "j"))
+    monkeypatch.setattr("captionrl.eval.identification.backend_from_spec", lambda spec: embedded_backend)
+    res = tmp_path / "ident"
+    assert main(["eval", "identify", f"prepared={out}", f"out={res}", "captioner=none", "directions=[c2s]",
+                 "ks=[3]", "controls=false"]) == 0
+    prepared = load_prepared(out)
+    lineups = {cs.item_id: cs.candidate_ids(3) for cs in prepared.sets}
+    recs = [json.loads(line) for line in (res / "records.jsonl").read_text().splitlines()]
+    assert len(recs) == 6 and {r["item_id"] for r in recs} == {it.id for it in prepared.items["test"]}
+    assert all(r["candidate_ids"] == lineups[r["item_id"]] for r in recs)
+    assert main(["eval", "identify", f"prepared={out}", f"out={res}", "ks=[8]"]) == 2  # K above the folder's
