@@ -371,3 +371,13 @@ def test_eval_identify_reads_the_prepared_lineups(tmp_path, embedded_backend, mo
     assert len(recs) == 6 and {r["item_id"] for r in recs} == {it.id for it in prepared.items["test"]}
     assert all(r["candidate_ids"] == lineups[r["item_id"]] for r in recs)
     assert main(["eval", "identify", f"prepared={out}", f"out={res}", "ks=[8]"]) == 2  # K above the folder's
+
+
+def test_ett_frequency_from_the_file_name(tmp_path):
+    """ETTm1/ETTm2 are 15-minute data (4x the rows per month); an unknown name asks for freq."""
+    short = write_ett(tmp_path / "m", name="ETTm2.csv", rows=14400)
+    _fails(tmp_path, "ett", short, "57600 rows at freq='15min'")
+    odd = write_ett(tmp_path / "o", name="transformer.csv", rows=14400)
+    _fails(tmp_path, "ett", odd, "freq=h", exc=ConfigError)
+    m, _ = run_prepare(tmp_path, "ett", odd, freq="h", length=96, horizon=0)
+    assert m["splits"]["freq"] == "h" and m["windows"]["horizon"] == 0

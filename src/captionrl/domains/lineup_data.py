@@ -56,6 +56,9 @@ class LineupDataConfig:
             raise ConfigError("data.distractors", self.distractors, "unknown rule", "use nearest or random")
         if len(self.splits) != 3 or abs(sum(self.splits) - 1) > 1e-6 or min(self.splits) <= 0:
             raise ConfigError("data.splits", self.splits, "need three positive fractions summing to 1", "set data.splits: [0.7, 0.1, 0.2]")
+        if self.prepared and self.candidates_file:
+            raise ConfigError("data.candidates_file", self.candidates_file, "set together with data.prepared",
+                              "use one: a prepared folder carries its own lineups (set candidates_file: null)")
         if self.normalise not in (None, "zscore", "minmax"):
             raise ConfigError("data.normalise", self.normalise, "unknown normalisation", "use null, zscore or minmax")
         if self.n_val < 0 or self.n_test < 0 or (self.n_train is not None and self.n_train < 1):
@@ -105,8 +108,9 @@ def validate_candidate_set(cands: Sequence[Any], k: int, field: str, k_field: st
 
 # ---------------------------------------------------------------------- the build
 def build_lineup_data(cfg: LineupDataConfig, k: int, seed: int, *, k_field: str = "reward.k") -> LineupData:
-    """Lineups per split (mined, or read from ``cfg.candidates_file``), a seeded sample of each split's
-    items, and one validated TRL row per item; no model involved."""
+    """Lineups per split (mined, or read from ``cfg.candidates_file`` or a ``cfg.prepared`` folder), a seeded
+    sample of each split's items (more than exist is an error), and one validated TRL row per item; no model
+    involved."""
     if cfg.prepared:
         sets, pool = _lineups_from_prepared(cfg, k, k_field)
     elif cfg.candidates_file:

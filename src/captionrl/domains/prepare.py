@@ -764,21 +764,6 @@ def load_prepared(path: str | Path, field: str = "prepared") -> Prepared:
     return Prepared(p, manifest, items, sets)
 
 
-def take(prepared: Prepared, split: str, n: int | None, seed: int, field: str) -> list[Series]:
-    """``n`` items of one split (seeded), all when ``n`` is None; more than exist is an error naming both."""
-    items = prepared.items.get(split)
-    if items is None:
-        raise ConfigError("split", split, "unknown split", "use train, val or test")
-    if n is None or n == len(items):
-        return list(items)
-    if n > len(items):
-        raise DataError(field, n, f"asks for {n} {split} items but {prepared.path} holds {len(items)}",
-                        f"set {field}={len(items)} or less, or prepare more items")
-    from captionrl.domains.datasets import sample
-
-    return sample(items, n, seed)
-
-
 def run_command(cfg: PrepareConfig) -> int:
     """Prepare, then print one line per split and what was skipped."""
     m = prepare(cfg)
