@@ -381,3 +381,9 @@ def test_ett_frequency_from_the_file_name(tmp_path):
     _fails(tmp_path, "ett", odd, "freq=h", exc=ConfigError)
     m, _ = run_prepare(tmp_path, "ett", odd, freq="h", length=96, horizon=0)
     assert m["splits"]["freq"] == "h" and m["windows"]["horizon"] == 0
+
+
+def test_repeated_id_names_both_rows(tmp_path):
+    rows = [[0, "[1, 2, 3, 4, 5]", "a"], [1, "[2, 3, 4, 5, 6]", "b"], [0, "[3, 4, 5, 6, 1]", "c"]]
+    bad = _write_csv(tmp_path / "b" / "bedtime.csv", ["idx", "series", "annotations"], rows)
+    _fails(tmp_path, "bedtime", bad, "bedtime.csv:row 2 and bedtime.csv:row 4")

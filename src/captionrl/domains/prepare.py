@@ -35,7 +35,6 @@ import hashlib
 import json
 import re
 import time
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -594,6 +593,7 @@ def prepare(cfg: PrepareConfig) -> dict[str, Any]:
     if out.exists() and any(out.iterdir()) and not cfg.overwrite:
         raise ConfigError("out", str(out), "exists and is not empty", "choose a new folder, or set overwrite=true")
     read = READERS[cfg.source](cfg)
+    _unique_ids(read.items)
     skipped = list(read.skipped)
     if cfg.lengths == "resample" and cfg.source not in FORECASTING:
         read.items = {k: [resample(s, cfg.length) for s in v] for k, v in read.items.items()}
@@ -614,9 +614,6 @@ def prepare(cfg: PrepareConfig) -> dict[str, Any]:
     for split in SPLITS:
         sets.extend(_mine(split, chosen[split], cfg))
     by_id = {s.id: s for v in chosen.values() for s in v}
-    if len(by_id) != sum(len(v) for v in chosen.values()):
-        dup = [i for i, c in Counter(s.id for v in chosen.values() for s in v).items() if c > 1][:3]
-        raise DataError("id", dup, "several items share an id", "give every item (file row, line) a unique id")
     if out.exists() and cfg.overwrite:
         for f in out.iterdir():
             if f.is_file():
@@ -630,6 +627,19 @@ def prepare(cfg: PrepareConfig) -> dict[str, Any]:
     manifest = _manifest(cfg, read, chosen, counts, skipped, out)
     write_json(out / "manifest.json", manifest)
     return manifest
+
+
+def _unique_ids(items: Mapping[str, list[Series]]) -> None:
+    """Lineups and caption files key items by id: two rows with one id (a repeated ``idx``) fail here."""
+    seen: dict[str, Series] = {}
+    for s in (s for v in items.values() for s in v):
+        if s.id in seen:
+            first = seen[s.id]
+            where = [f"{x.meta.get('file', '?')}:row {x.meta['row']}" if "row" in x.meta else x.meta.get("file", "?")
+                     for x in (first, s)]
+            raise DataError("id", s.id, f"is used twice ({where[0]} and {where[1]})",
+                            "give every row or line a unique id (idx / id)")
+        seen[s.id] = s
 
 
 def _lengths(cfg: PrepareConfig, read: Read, chosen: Mapping[str, list[Series]]) -> dict[str, Any]:
