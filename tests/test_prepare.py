@@ -387,3 +387,10 @@ def test_repeated_id_names_both_rows(tmp_path):
     rows = [[0, "[1, 2, 3, 4, 5]", "a"], [1, "[2, 3, 4, 5, 6]", "b"], [0, "[3, 4, 5, 6, 1]", "c"]]
     bad = _write_csv(tmp_path / "b" / "bedtime.csv", ["idx", "series", "annotations"], rows)
     _fails(tmp_path, "bedtime", bad, "bedtime.csv:row 2 and bedtime.csv:row 4")
+
+
+def test_python_written_nan_is_named_as_nan_not_as_a_parse_error(tmp_path):
+    rows = [[i, str([1.0, 2.0, float("nan") if i == 5 else 3.0, 4.0, 5.0]), "c"] for i in range(8)]
+    bad = _write_csv(tmp_path / "b" / "bedtime.csv", ["idx", "series", "annotations"], rows)
+    msg = _fails(tmp_path, "bedtime", bad, "bedtime.csv:row 7, column series", "missing or non-finite")
+    assert "[2]" in msg

@@ -184,8 +184,8 @@ def _guess_layout(header: Sequence[str]) -> str | None:
 
 def _split_name(stem: str) -> str | None:
     s = stem.lower()
-    for name, pat in (("train", r"train"), ("val", r"val|valid|dev"), ("test", r"test")):
-        if re.search(rf"(^|[^a-z]){pat}([^a-z]|$)", s) or s == name:
+    for name, pat in (("train", "train|training"), ("val", "val|valid|validation|dev"), ("test", "test|testing")):
+        if re.search(rf"(^|[^a-z])({pat})([^a-z]|$)", s):
             return name
     return None
 
@@ -214,8 +214,24 @@ def _row_error(exc: DataError, where: str) -> DataError:
                      else "clean the cell, or set fill=interpolate to interpolate and record the gaps")
 
 
+def _parse_values(text: str, where: str) -> Any:
+    """A series written in a cell: JSON, a Python literal, or Python's ``str(list)`` with bare nan/inf
+    (read as missing, so the NaN check below names the cell instead of a parse failure)."""
+    import ast
+
+    from captionrl.domains.corpora import _parse_list
+
+    try:
+        return _parse_list(text, where)
+    except DataError:
+        try:
+            return ast.literal_eval(re.sub(r"(?i)-?\b(nan|inf|infinity)\b", "None", text.strip()))
+        except (ValueError, SyntaxError):
+            raise DataError(where, text[:80], "is not a list of numbers", "write the series as [v1, v2, ...]") from None
+
+
 def _read_list_csv(cfg: PrepareConfig, series_col: str, caption_col: str, id_col: str | None) -> Read:
-    from captionrl.domains.corpora import _captions, _parse_list, _read_csv
+    from captionrl.domains.corpora import _captions, _read_csv
 
     named = _input_files(cfg, (".csv",))
     items: dict[str, list[Series]] = {s: [] for s in SPLITS}
@@ -230,7 +246,7 @@ def _read_list_csv(cfg: PrepareConfig, series_col: str, caption_col: str, id_col
         for r, row in enumerate(rows, start=2):
             where = f"{path}:row {r}, column {series_col}"
             sid = f"{path.stem}:{row[i].strip()}" if i is not None else f"{path.stem}:{r - 2}"
-            values = _parse_list(row[s], where)
+            values = _parse_values(row[s], where)
             if not isinstance(values, list):
                 raise DataError(where, row[s][:80], "is not a list of numbers", "write the series as [v1, v2, ...]")
             try:
