@@ -472,8 +472,8 @@ def _check_cells(path: Path, header: Sequence[str], rows: Sequence[Sequence[str]
     """NaN in a value column fails naming file, row and column (unless fill=interpolate)."""
     if cfg.fill == "interpolate":
         return
-    cols = [i for i, h in enumerate(header) if i > 0 and (cfg.source == "saugeen" or cfg.target == "all"
-                                                         or h in cfg.target.split(","))]
+    wanted = {t.strip() for t in cfg.target.split(",")}
+    cols = [i for i, h in enumerate(header) if i > 0 and (cfg.source == "saugeen" or cfg.target == "all" or h in wanted)]
     for r, row in enumerate(rows, start=2):
         for i in cols:
             cell = row[i].strip().lower()
