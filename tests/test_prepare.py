@@ -300,6 +300,8 @@ def test_download_and_existing_out_fail(tmp_path):
     run_prepare(tmp_path, "jsonl", src)
     _fails(tmp_path, "jsonl", src, "exists and is not empty", "overwrite=true", exc=ConfigError)
     assert run_prepare(tmp_path, "jsonl", src, overwrite=True)[0]["counts"]["train"]["prepared"] == 12
+    (tmp_path / "prep-jsonl" / "notes.txt").write_text("mine")
+    _fails(tmp_path, "jsonl", src, "notes.txt", exc=ConfigError, overwrite=True)
 
 
 # ------------------------------------------------------------------------------------------ consumers

@@ -606,8 +606,14 @@ def prepare(cfg: PrepareConfig) -> dict[str, Any]:
     if not cfg.out:
         raise ConfigError("out", "", "is required", "give an output folder, e.g. out=data/tsfragment-prepared")
     out = Path(cfg.out)
-    if out.exists() and any(out.iterdir()) and not cfg.overwrite:
-        raise ConfigError("out", str(out), "exists and is not empty", "choose a new folder, or set overwrite=true")
+    ours = {"manifest.json", "candidates.jsonl", *(f"{s}.parquet" for s in SPLITS)}
+    if out.exists() and any(out.iterdir()):
+        if not cfg.overwrite:
+            raise ConfigError("out", str(out), "exists and is not empty", "choose a new folder, or set overwrite=true")
+        foreign = sorted(f.name for f in out.iterdir() if f.name not in ours)
+        if foreign:
+            raise ConfigError("out", str(out), f"holds files a prepared folder does not ({foreign[:5]}); overwrite "
+                              "replaces prepared folders only", "choose a new folder")
     read = READERS[cfg.source](cfg)
     _unique_ids(read.items)
     skipped = list(read.skipped)
@@ -632,7 +638,7 @@ def prepare(cfg: PrepareConfig) -> dict[str, Any]:
     by_id = {s.id: s for v in chosen.values() for s in v}
     if out.exists() and cfg.overwrite:
         for f in out.iterdir():
-            if f.is_file():
+            if f.name in ours:
                 f.unlink()
     out.mkdir(parents=True, exist_ok=True)
     save_candidates(sets, out / "candidates.jsonl", by_id)
