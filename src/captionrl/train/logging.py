@@ -81,7 +81,7 @@ def format_line(rec: dict[str, Any]) -> str:
 def load_metrics(path: str | Path) -> list[dict[str, Any]]:
     """Training log entries in step order; for a step logged twice (a resumed run) the last one wins."""
     by_step: dict[int, dict[str, Any]] = {}
-    for rec in read_jsonl(path):
+    for rec in read_jsonl(path, appended=True):
         if "reward" in rec or "loss" in rec:
             by_step[int(rec["step"])] = rec
     return [by_step[s] for s in sorted(by_step)]
@@ -165,5 +165,5 @@ def load_samples(folder: str | Path) -> list[dict[str, Any]]:
     """Every sample record of a run (all ranks), in file order."""
     out: list[dict[str, Any]] = []
     for p in sorted(Path(folder).glob("samples.rank*.jsonl")):
-        out.extend(read_jsonl(p))
+        out.extend(read_jsonl(p, appended=True))
     return out
