@@ -81,8 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(module.main(args) or 0)
-    except CaptionRLError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except CaptionRLError as exc:  # input (files, configs, servers): one line, no traceback; bugs keep theirs
+        print(f"error: {type(exc).__name__}: {' '.join(str(exc).splitlines())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted: rerun the same command to resume", file=sys.stderr)
