@@ -11,6 +11,7 @@ shuffled captions (another item's caption) must score at chance.
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -223,7 +224,8 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--rule", default="nearest", choices=["nearest", "random"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--length", type=int, default=24, help="window length for the embedded default")
-    p.add_argument("--max-items", type=int, default=32, help="items to evaluate (seeded sample)")
+    p.add_argument("--max-items", type=int, default=None,
+                   help="items to evaluate (seeded sample; default: 32 embedded windows, or every item of --captions)")
     p.add_argument("--captioner", default="hf:embedded", help="captioner of the default run (backend spec, or 'none')")
     p.add_argument("--no-controls", action="store_true", help="skip the empty/shuffled-caption controls")
     p.add_argument("--out", required=True, help="output folder (rerun with the same folder to resume)")
@@ -256,20 +258,30 @@ def _load_caption_files(specs: Sequence[str]) -> tuple[list[Series], list[Captio
 
 def main(args: Any) -> int:
     from captionrl.backends import parse_backend_spec
+    from captionrl.backends.openai_http import probe_server
     from captionrl.commands.caption import DESCRIBER, caption_series
     from captionrl.domains.candidates import mine_candidates
 
     cfg = IdentifyEvalConfig(modes=args.mode, directions=args.direction, ks=args.k, rule=args.rule, seed=args.seed,
                              controls=not args.no_controls)
     verifier_cfgs = [parse_backend_spec(v) for v in (args.verifier or ["hf:embedded"])]  # validated before loading
+    if args.max_items is not None and args.max_items < 1:
+        raise ConfigError("--max-items", args.max_items, "must be >= 1", "give a positive number of items, or omit it")
+    for vc in verifier_cfgs:  # an unreachable server is a named error now, not a table of unscored judgments
+        probe_server(vc, field="--verifier")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.captions:
         items, systems = _load_caption_files(args.captions)
+        all_items = list(items)  # the distractor pool stays the whole file
+        if args.max_items is not None and len(items) > args.max_items:
+            keep = set(random.Random(args.seed).sample(sorted(it.id for it in items), args.max_items))
+            items = [it for it in items if it.id in keep]
     else:
         from captionrl.domains.datasets import eval_windows
 
-        items = eval_windows("embedded", args.length, "test", args.max_items, args.seed)
+        items = eval_windows("embedded", args.length, "test", 32 if args.max_items is None else args.max_items, args.seed)
+        all_items = list(items)
         systems = [CaptionSet(DESCRIBER, caption_series(items, DESCRIBER, out / "captions-describer.jsonl"))]
         if args.captioner != "none":
             captioner = make_backend(parse_backend_spec(args.captioner))
@@ -280,7 +292,7 @@ def main(args: Any) -> int:
 
         pool_items = [w for ws in split_windows(args.pool, len(items[0])).values() for w in ws]
     else:
-        pool_items = list(items)
+        pool_items = all_items
     sets = mine_candidates(items, pool_items, k=max(cfg.ks), rule=cfg.rule, seed=cfg.seed)
     distractors = {cs.item_id: list(cs.distractor_ids) for cs in sets}
     verifiers = {_verifier_name(v): make_backend(v) for v in verifier_cfgs}

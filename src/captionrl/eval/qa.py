@@ -87,23 +87,15 @@ def offline_items(n: int = 12, seed: int = 0) -> list[dict[str, Any]]:
 
 
 def _scene_items(n: int, seed: int) -> list[dict[str, Any]]:
-    """Synthetic scenes (known facts, reference caption, exact QA; rubric when the rubric module exists),
-    when ``captionrl.domains.scenes`` is installed in this tree."""
-    try:
-        from captionrl.domains.scenes import generate_scenes
-    except ImportError:
-        return []
-    try:
-        from captionrl.judges.rubric import rubric_from_facts  # type: ignore[import-not-found]
-    except ImportError:
-        rubric_from_facts = None
+    """Synthetic scenes (known facts, reference caption, exact QA, rubric from the facts)."""
+    from captionrl.domains.scenes import generate_scenes
+    from captionrl.judges.rubric import rubric_from_facts
     items = []
     for sc in generate_scenes(n, seed):
         rec: dict[str, Any] = {"id": sc.id, "image": sc.render(), "benchmark": "scenes",
                                "reference": sc.reference_caption, "questions": list(sc.qa),
                                "contradicting": sc.contradicting_caption}
-        if rubric_from_facts is not None:
-            rec["rubric"] = [r.to_dict() for r in rubric_from_facts(sc)]
+        rec["rubric"] = [r.to_dict() for r in rubric_from_facts(sc)]
         items.append(rec)
     return items
 
