@@ -33,27 +33,27 @@ def _row(i):
 def test_bottleneck_caption_file_with_a_malformed_middle_line_stops_with_file_and_line(tmp_path, capsys):
     f = _lines(tmp_path / "caps.jsonl", [_row(0), '{"id": "s1", "series": [1, 2', _row(2)])
     assert main(["eval", "bottleneck", "--captions", str(f), "--out", str(tmp_path / "o")]) == 2
-    _one_line_error(capsys, "caps.jsonl:2", "not valid JSON", "Fix:")
+    _one_line_error(capsys, "caps.jsonl:line 2", "not valid JSON", "Fix:")
 
 
 def test_identify_caption_file_that_is_not_utf8_is_a_named_error(tmp_path, capsys):
     f = tmp_path / "caps.jsonl"
     f.write_bytes(json.dumps(_row(0)).encode() + b"\n" + json.dumps(_row(1)).replace("item", "caf\u00e9").encode("latin-1") + b"\n")
     assert main(["eval", "identify", "--captions", str(f), "--out", str(tmp_path / "o")]) == 2
-    _one_line_error(capsys, "caps.jsonl:2", "not UTF-8")
+    _one_line_error(capsys, "caps.jsonl:line 2", "not UTF-8")
 
 
 def test_identify_caption_file_with_a_repeated_id_names_id_and_both_lines(tmp_path, capsys):
     f = _lines(tmp_path / "caps.jsonl", [_row(0), _row(1), _row(0)])
     assert main(["eval", "identify", "--captions", str(f), "--out", str(tmp_path / "o")]) == 2
-    _one_line_error(capsys, "caps.jsonl:3.id='s0'", "line 1")
+    _one_line_error(capsys, "caps.jsonl:line 3.id='s0'", "line 1")
 
 
 def test_pairwise_caption_file_with_a_repeated_id_is_refused(tmp_path, capsys):
     a = _lines(tmp_path / "a.jsonl", [{"id": "x", "caption": "one"}, {"id": "x", "caption": "two"}])
     b = _lines(tmp_path / "b.jsonl", [{"id": "x", "caption": "three"}])
     assert main(["eval", "pairwise", "--captions", str(a), str(b), "--out", str(tmp_path / "o")]) == 2
-    _one_line_error(capsys, "a.jsonl:2.id='x'", "line 1")
+    _one_line_error(capsys, "a.jsonl:line 2.id='x'", "line 1")
 
 
 def test_a_config_that_is_not_utf8_is_a_named_error(tmp_path):

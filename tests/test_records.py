@@ -47,21 +47,21 @@ def test_write_json_is_atomic_and_readable(tmp_path):
 def test_a_malformed_middle_line_is_an_error_naming_file_line_and_fix(tmp_path):
     path = tmp_path / "caps.jsonl"
     path.write_text('{"id": "a"}\n{"id": "b", oops}\n{"id": "c"}\n')
-    with pytest.raises(DataError, match=r"caps\.jsonl:2.*not valid JSON.*Fix:"):
+    with pytest.raises(DataError, match=r"caps\.jsonl:line 2.*not valid JSON.*Fix:"):
         list(read_jsonl(path))
 
 
 def test_a_torn_last_line_is_an_error_in_a_user_file_but_tolerated_once_in_an_appended_one(tmp_path, capsys):
     path = tmp_path / "r.jsonl"
     path.write_text('{"key": "a"}\n{"key": "b", "sco')
-    with pytest.raises(DataError, match=r"r\.jsonl:2"):
+    with pytest.raises(DataError, match=r"r\.jsonl:line 2"):
         list(read_jsonl(path))
     assert [r["key"] for r in read_jsonl(path, appended=True)] == ["a"]
     err = capsys.readouterr().err
-    assert err.count("r.jsonl:2") == 1 and "unfinished last line" in err
+    assert err.count("r.jsonl:line 2") == 1 and "unfinished last line" in err
     # a bad line that is not the last is an error even in an appended file
     path.write_text('{"key": "a", \n{"key": "b"}\n')
-    with pytest.raises(DataError, match=r"r\.jsonl:1"):
+    with pytest.raises(DataError, match=r"r\.jsonl:line 1"):
         RecordWriter(path)
 
 
@@ -83,10 +83,10 @@ def test_a_missing_file_is_an_error_unless_the_project_appends_to_it(tmp_path):
 def test_non_utf8_bytes_and_non_objects_are_named_errors(tmp_path):
     path = tmp_path / "latin.jsonl"
     path.write_bytes('{"id": "a", "caption": "ok"}\n{"id": "b", "caption": "caf\u00e9"}\n'.encode("latin-1"))
-    with pytest.raises(DataError, match=r"latin\.jsonl:2.*not UTF-8.*0xe9.*UTF-8"):
+    with pytest.raises(DataError, match=r"latin\.jsonl:line 2.*not UTF-8.*0xe9.*UTF-8"):
         list(read_jsonl(path))
     path.write_text('{"id": "a"}\n[1, 2]\n')
-    with pytest.raises(DataError, match=r":2.*JSON list, not an object"):
+    with pytest.raises(DataError, match=r":line 2.*JSON list, not an object"):
         list(read_jsonl(path))
     path.write_bytes(b'\xef\xbb\xbf{"id": "bom"}\n')  # a byte-order mark is not an error
     assert list(read_jsonl(path)) == [{"id": "bom"}]
@@ -96,5 +96,5 @@ def test_a_repeated_id_names_the_id_and_both_lines(tmp_path):
     path = tmp_path / "caps.jsonl"
     path.write_text('{"id": "x", "caption": "1"}\n{"id": "y", "caption": "2"}\n{"id": "x", "caption": "3"}\n')
     assert len(list(read_jsonl(path))) == 3  # without unique_key repeats are the caller's business
-    with pytest.raises(DataError, match=r"caps\.jsonl:3\.id='x': repeats the id of line 1.*lines 1 and 3"):
+    with pytest.raises(DataError, match=r"caps\.jsonl:line 3\.id='x': repeats the id of line 1.*lines 1 and 3"):
         list(read_jsonl(path, unique_key="id"))

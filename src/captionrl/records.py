@@ -94,7 +94,7 @@ def _iter_jsonl(p: Path, fh: IO[bytes], appended: bool, unique_key: str | None) 
                 if appended and torn:
                     _warn_torn(p, n)
                     return
-                raise DataError(f"{p}:{n}", raw[max(0, exc.start - 20): exc.start + 20], f"is not UTF-8 text (byte {raw[exc.start]:#04x} at column {exc.start + 1})",
+                raise DataError(f"{p}:line {n}", raw[max(0, exc.start - 20): exc.start + 20], f"is not UTF-8 text (byte {raw[exc.start]:#04x} at column {exc.start + 1})",
                                 "save the file as UTF-8") from None
             text = text.strip()
             if not text:
@@ -105,13 +105,13 @@ def _iter_jsonl(p: Path, fh: IO[bytes], appended: bool, unique_key: str | None) 
                 if appended and torn:
                     _warn_torn(p, n)
                     return
-                raise DataError(f"{p}:{n}", _short(text), f"is not valid JSON ({exc.msg} at column {exc.colno})", fix) from None
+                raise DataError(f"{p}:line {n}", _short(text), f"is not valid JSON ({exc.msg} at column {exc.colno})", fix) from None
             if not isinstance(rec, dict):
-                raise DataError(f"{p}:{n}", _short(text), f"is a JSON {type(rec).__name__}, not an object", fix)
+                raise DataError(f"{p}:line {n}", _short(text), f"is a JSON {type(rec).__name__}, not an object", fix)
             if unique_key is not None and unique_key in rec:
                 value = str(rec[unique_key])
                 if value in seen:
-                    raise DataError(f"{p}:{n}.{unique_key}", value, f"repeats the {unique_key} of line {seen[value]}",
+                    raise DataError(f"{p}:line {n}.{unique_key}", value, f"repeats the {unique_key} of line {seen[value]}",
                                     f"give every item one line: remove or rename one of lines {seen[value]} and {n}")
                 seen[value] = n
             yield rec
@@ -123,7 +123,7 @@ def _short(text: str, limit: int = 80) -> str:
 
 def _warn_torn(p: Path, n: int) -> None:
     """Report (once per read) the torn last line a killed writer left; the resumed run rewrites it."""
-    print(f"note: {p}:{n}: ignoring the unfinished last line a killed run left (it is redone on resume)", file=sys.stderr)
+    print(f"note: {p}:line {n}: ignoring the unfinished last line a killed run left (it is redone on resume)", file=sys.stderr)
 
 
 class RecordWriter:
