@@ -80,3 +80,50 @@ def test_lineup_run_survives_a_killed_verifier_with_zero_advantage_and_resumes(t
         assert metrics[step]["reward"] == pytest.approx(sum(r["reward"] for r in rows) / 4, abs=1e-5)
         assert metrics[step]["grad_norm"] > 0.0
     assert server.alive  # the restarted server served step 4 and is still up
+
+
+def test_a_stalled_server_is_bounded_by_the_timeout_and_leaves_rewards_unscored():
+    """A server that accepts connections and never answers: every request ends at the timeout (and
+    its retries), the reward is None for every caption, never 0, and the call returns."""
+    import socket
+    import threading
+    import time
+
+    from captionrl.backends.openai_http import OpenAIBackend
+    from captionrl.judges.identify import IdentifyConfig
+    from captionrl.rewards import make_identification_reward
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept_and_hold():
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])  # read nothing, answer nothing
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept_and_hold, daemon=True)
+    thread.start()
+    try:
+        port = listener.getsockname()[1]
+        backend = OpenAIBackend(f"http://127.0.0.1:{port}/v1", model="m", timeout_s=1.0, max_retries=1,
+                                backoff_s=0.1, verify_echo=False, progress=False)
+        reward = make_identification_reward(backend, IdentifyConfig(mode="likelihood", k=2))
+        t0 = time.perf_counter()
+        scores = reward(completions=["it rises", "it falls"], candidates=[[[1.0, 2.0], [2.0, 1.0]]] * 2)
+        elapsed = time.perf_counter() - t0
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        for s in held:
+            s.close()
+        listener.close()
+    assert scores == [None, None]
+    assert elapsed < 10  # 2 attempts x 1 s timeout (+ backoff), requests in parallel: bounded, not hung
+    assert all("timeout" in e for e in backend.last_errors), backend.last_errors
+    assert held  # the server really accepted the connections
