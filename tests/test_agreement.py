@@ -39,9 +39,9 @@ def test_protocol_with_label_files(tmp_path):
                                                for i, d in enumerate(["A", "B", "B", "B", "tie", None])))
     summary = run(AgreementEvalConfig(labels=str(tmp_path / "human.jsonl"), judges=[f"j1={tmp_path / 'j1.jsonl'}"],
                                       out=str(tmp_path / "out")))
-    row = summary["rows"][0]
+    row = summary.rows[0]
     assert row["system"] == "j1" and row["kappa"] == pytest.approx(0.6875) and row["invalid"] == 1
-    assert summary["protocol"] == "agreement" and (tmp_path / "out" / "table.md").exists()
+    assert summary.protocol == "agreement" and (tmp_path / "out" / "table.md").exists()
 
 
 @pytest.mark.slow
@@ -49,7 +49,7 @@ def test_constructed_check_with_embedded_judge(tmp_path, embedded_backend):
     from captionrl.judges.pairwise import PairwiseJudge
 
     summary = run(AgreementEvalConfig(out=str(tmp_path), demo_items=4), judge=PairwiseJudge(embedded_backend))
-    rows = {r["system"]: r for r in summary["rows"]}
+    rows = {r["system"]: r for r in summary.rows}
     n = rows["always_A"]["n"]
     assert n >= 4 and rows["pairwise"]["valid"] == n  # letter scoring: every decision is valid
     # the seeded sides of the constructed pairs (seed 0: B B A B ...): both labels occur, so kappa is defined

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import types
 
@@ -67,7 +68,11 @@ def test_a_config_that_is_not_utf8_is_a_named_error(tmp_path):
 
 
 def test_a_bug_keeps_its_traceback(monkeypatch):
-    fake = types.SimpleNamespace(add_arguments=lambda p: None, main=lambda args: {}["missing"])
+    @dataclasses.dataclass
+    class NoSettings:
+        """A command without settings."""
+
+    fake = types.SimpleNamespace(CONFIG=NoSettings, run_command=lambda cfg: {}["missing"])
     monkeypatch.setattr(cli.importlib, "import_module", lambda name: fake)
     with pytest.raises(KeyError):
         main(["report"])

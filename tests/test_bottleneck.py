@@ -19,8 +19,9 @@ def small_study():
 @pytest.mark.slow
 def test_describer_beats_controls_and_controls_match_naive(small_study, tmp_path):
     cfg = bn.BottleneckConfig(tasks=["reconstruct"], seeds=[0, 1])
-    summary = bn.run(small_study, tmp_path, cfg, progress=False)
-    rows = {r["system"]: r for r in summary["rows"]}
+    cfg = bn.BottleneckConfig(tasks=["reconstruct"], seeds=[0, 1], out=str(tmp_path), quiet=True)
+    summary = bn.run(cfg, study=small_study)
+    rows = {r["system"]: r for r in summary.rows}
     for corpus in ("co2", "elnino"):
         col = bn.column("reconstruct", corpus)
         naive, desc = rows[bn.NAIVE][col], rows[bn.DESCRIBER][col]
@@ -28,13 +29,13 @@ def test_describer_beats_controls_and_controls_match_naive(small_study, tmp_path
         assert desc < 0.6 * min(empty, shuf), (corpus, desc, empty, shuf)
         for control in (empty, shuf):  # a caption that carries nothing is as good as the mean window
             assert abs(control / naive - 1) < 0.15, (corpus, control, naive)
-    assert summary["protocol"] == "bottleneck" and "reconstruct:co2" in summary["columns"]
+    assert summary.protocol == "bottleneck" and "reconstruct:co2" in summary.columns
     assert (tmp_path / "table.md").read_text().count("|") > 10
     assert (tmp_path / "bottleneck.png").stat().st_size > 1000
 
 
 def test_interrupted_run_resumes_without_recomputing(small_study, tmp_path):
-    cfg = bn.BottleneckConfig(tasks=["reconstruct", "forecast"], seeds=[0, 1], head="ridge")
+    cfg = bn.BottleneckConfig(tasks=["reconstruct", "forecast"], seeds=[0, 1], head="ridge", out=str(tmp_path), quiet=True)
     calls = []
 
     def counting(*a, **kw):
@@ -44,18 +45,19 @@ def test_interrupted_run_resumes_without_recomputing(small_study, tmp_path):
         return bn.fit_predict(*a, **kw)
 
     with pytest.raises(KeyboardInterrupt):
-        bn.run(small_study, tmp_path, cfg, progress=False, fit=counting)
+        bn.run(cfg, study=small_study, fit=counting)
     done = len([ln for ln in (tmp_path / "records.jsonl").read_text().splitlines() if ln.strip()])
     total = 3 * 2 * 2 * 2  # systems x tasks x corpora x seeds
     assert done == 4 + 4  # 4 naive records + 4 finished fits
     calls.clear()
-    first = bn.run(small_study, tmp_path, cfg, progress=False, fit=lambda *a, **kw: (calls.append(1), bn.fit_predict(*a, **kw))[1])
+    first = bn.run(cfg, study=small_study, fit=lambda *a, **kw: (calls.append(1), bn.fit_predict(*a, **kw))[1])
     assert len(calls) == total - 4
     calls.clear()
-    again = bn.run(small_study, tmp_path, cfg, progress=False, fit=lambda *a, **kw: (calls.append(1), bn.fit_predict(*a, **kw))[1])
-    assert calls == [] and again["rows"] == first["rows"]
-    cfg3 = bn.BottleneckConfig(tasks=["reconstruct", "forecast"], seeds=[0, 1, 2], head="ridge")
-    bn.run(small_study, tmp_path, cfg3, progress=False, fit=lambda *a, **kw: (calls.append(1), bn.fit_predict(*a, **kw))[1])
+    again = bn.run(cfg, study=small_study, fit=lambda *a, **kw: (calls.append(1), bn.fit_predict(*a, **kw))[1])
+    assert calls == [] and again.rows == first.rows
+    cfg3 = bn.BottleneckConfig(tasks=["reconstruct", "forecast"], seeds=[0, 1, 2], head="ridge", out=str(tmp_path),
+                               quiet=True)
+    bn.run(cfg3, study=small_study, fit=lambda *a, **kw: (calls.append(1), bn.fit_predict(*a, **kw))[1])
     assert len(calls) == total // 2  # only the new seed
 
 
@@ -79,7 +81,7 @@ def test_cli_on_user_files_compares_captioners(tmp_path):
     _write_items(tmp_path / "honest.jsonl", wins)
     _write_items(tmp_path / "vague.jsonl", wins, caption="A time series.")
     rc = main(["eval", "bottleneck", "--captions", str(tmp_path / "honest.jsonl"), f"vague={tmp_path / 'vague.jsonl'}",
-               "--out", str(tmp_path / "out"), "--seeds", "2", "--head", "ridge", "--quiet", "--reference", "honest"])
+               "--out", str(tmp_path / "out"), "--seeds", "0", "1", "--head", "ridge", "--quiet", "--reference", "honest"])
     assert rc == 0
     s = json.loads((tmp_path / "out" / "summary.json").read_text())
     rows = {r["system"]: r for r in s["rows"]}
@@ -90,7 +92,7 @@ def test_cli_on_user_files_compares_captioners(tmp_path):
     # Without 'next' only reconstruction runs.
     _write_items(tmp_path / "nonext.jsonl", wins, with_next=False)
     assert main(["eval", "bottleneck", "--captions", str(tmp_path / "nonext.jsonl"), "--out", str(tmp_path / "o2"),
-                 "--seeds", "1", "--head", "ridge", "--quiet", "--no-controls"]) == 0
+                 "--seeds", "0", "--head", "ridge", "--quiet", "--no-controls"]) == 0
     s2 = json.loads((tmp_path / "o2" / "summary.json").read_text())
     assert s2["columns"] == ["reconstruct:all"]
 

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import argparse
+from dataclasses import dataclass, field
 
 import pytest
 
 from captionrl.backends import BackendConfig, parse_backend_spec
-from captionrl.config import apply_overrides, from_dict, help_field, load_config, parse_override
+from captionrl.config import (
+    add_config_arguments,
+    apply_overrides,
+    config_from_args,
+    describe,
+    from_dict,
+    help_field,
+    load_config,
+    parse_override,
+)
 from captionrl.errors import ConfigError
 from captionrl.registry import Registry
 
@@ -21,11 +31,10 @@ class Inner:
 @dataclass
 class Outer:
     name: str = help_field("run", "run name")
-    inner: Inner = help_field(None, "nested section")  # type: ignore[assignment]
+    inner: Inner = field(default_factory=Inner, metadata={"help": "nested section"})
     tags: list[str] = help_field(["a"], "tags")
-
-    def __post_init__(self) -> None:
-        self.inner = self.inner or Inner()
+    fast: bool = help_field(True, "a switch")
+    limit: int | None = help_field(None, "optional count", flags=("--max",))
 
 
 def test_yaml_plus_overrides(tmp_path):
@@ -67,3 +76,49 @@ def test_registry_suggests_close_names():
     reg.add("rubric", 2)
     with pytest.raises(ConfigError, match="did you mean 'identify'"):
         reg.get("identfy")
+
+
+def test_spec_options_follow_commas():
+    spec = parse_backend_spec("hf:embedded,dtype=bfloat16,batch_size=16")
+    assert (spec.kind, spec.model, spec.dtype, spec.batch_size) == ("hf", "embedded", "bfloat16", 16)
+    spec = parse_backend_spec("openai:http://127.0.0.1:8000/v1#Qwen,concurrency=4,timeout_s=30")
+    assert (spec.base_url, spec.model, spec.concurrency, spec.timeout_s) == ("http://127.0.0.1:8000/v1", "Qwen", 4, 30.0)
+    assert parse_backend_spec("vllm:Qwen/Qwen2.5-14B").kind == "vllm"
+    with pytest.raises(ConfigError, match="not key=value"):
+        parse_backend_spec("hf:embedded,bfloat16")
+    with pytest.raises(ConfigError, match="did you mean 'dtype'"):
+        parse_backend_spec("hf:embedded,dtyp=float32")
+    with pytest.raises(ConfigError, match="spec's head"):
+        parse_backend_spec("hf:embedded,model=other")
+    with pytest.raises(ConfigError, match=r"batch_size.*must be int"):
+        parse_backend_spec("hf:embedded,batch_size=many")
+
+
+def _parse(cls, argv):
+    parser = argparse.ArgumentParser(prog="x")
+    add_config_arguments(parser, cls)
+    return parser, config_from_args(cls, parser.parse_args(argv))
+
+
+def test_generated_flags_file_and_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("name: file\ntags: [f]\ninner:\n  k: 5\n")
+    _, cfg = _parse(Outer, ["--config", str(path), "inner.lr=0.5", "--name", "flag", "--no-fast", "--max", "3"])
+    assert (cfg.name, cfg.tags, cfg.inner.k, cfg.inner.lr, cfg.fast, cfg.limit) == ("flag", ["f"], 5, 0.5, False, 3)
+    _, cfg = _parse(Outer, ["name=word", "--tags", "x", "y"])  # key=value words beat flags; lists take many
+    assert (cfg.name, cfg.tags, cfg.fast, cfg.limit) == ("word", ["x", "y"], True, None)
+    _, cfg = _parse(Outer, ["--tags", "x", "--tags", "y"])
+    assert cfg.tags == ["x", "y"]
+    with pytest.raises(ConfigError, match="did you mean 'name'"):
+        _parse(Outer, ["nmae=x"])
+    with pytest.raises(ConfigError, match="not key=value"):
+        _parse(Outer, ["loose-word"])
+
+
+def test_help_lists_every_field_with_its_default():
+    parser, _ = _parse(Outer, [])
+    text = parser.format_help()
+    for key, default, help_text in describe(Outer):
+        assert key.split(".")[-1] in text and help_text.split()[0] in text
+        assert default in text, (key, default)
+    assert "--no-fast" in text and "--max" in text and "inner.lr" in text  # nested: listed under dotted keys

@@ -44,12 +44,13 @@ def test_entail_run_writes_tables_and_resumes(embedded_backend, tmp_path):
             return embedded_backend.choose(prompts, options)
 
     judge = EntailmentJudge(Counting())
-    s = ent.run(systems, refs, judge, tmp_path, progress=False)
-    assert s["protocol"] == "entailment" and {r["system"] for r in s["rows"]} == {"describer", "other window"}
-    assert all(r["n_scored"] == 3 for r in s["rows"])
+    cfg = ent.EntailEvalConfig(out=str(tmp_path), quiet=True)
+    s = ent.run(cfg, judge=judge, inputs=(systems, refs))
+    assert s.protocol == "entailment" and {r["system"] for r in s.rows} == {"describer", "other window"}
+    assert all(r["n_scored"] == 3 for r in s.rows)
     n_calls = len(calls)
-    s2 = ent.run(systems, refs, judge, tmp_path, progress=False)
-    assert len(calls) == n_calls and s2["rows"] == s["rows"]  # resumed: nothing judged again
+    s2 = ent.run(cfg, judge=judge, inputs=(systems, refs))
+    assert len(calls) == n_calls and s2.rows == s.rows  # resumed: nothing judged again
 
 
 def test_backend_failure_is_unscored_not_zero():

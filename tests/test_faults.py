@@ -40,14 +40,16 @@ class KilledAfterFirstStep:
 @pytest.mark.slow
 @pytest.mark.server
 def test_lineup_run_survives_a_killed_verifier_with_zero_advantage_and_resumes(tmp_path, llama_server_factory):
+    from captionrl.config import load_config
     from captionrl.train import lineup
-    from captionrl.train.lineup import load_lineup_config
-    from captionrl.train.logging import load_metrics, load_samples
+    from captionrl.train.curves import load_metrics
+    from captionrl.train.lineup import LineupConfig
+    from captionrl.train.logging import load_samples
 
     server = llama_server_factory()
     served = httpx.get(f"{server.base_url}/models", timeout=5).json()["data"][0]["id"]
     out = tmp_path / "run"
-    cfg = load_lineup_config(ROOT / "configs" / "lineup-cpu.yaml", [
+    cfg = load_config(LineupConfig, ROOT / "configs" / "lineup-cpu.yaml", [
         "data.window=8", "data.n_train=2", "data.n_test=2", "data.series=[nile,sunspots]",
         "reward.k=2", "reward.signal=soft", "reward.max_caption_chars=null", "reward.transcription_penalty=0.0",
         "train.algorithm=rloo", "train.num_generations=2", "train.per_device_train_batch_size=4",

@@ -42,13 +42,13 @@ def test_ngram_report_without_a_model(tmp_path):
         summary = run(cfg)
     finally:
         REWARDS._items.pop("future-reward")
-    rows = {r["system"]: r for r in summary["rows"]}
+    rows = {r["system"]: r for r in summary.rows}
     for domain in ("series", "images"):
         row = rows[f"ngram ({domain})"]
         assert row["honest"] > max(row[p] for p in PROBES[1:])
         assert row["exploitable"] == "-"
-    assert summary["protocol"] == "hacking" and summary["columns"][0] == "system"
-    assert summary["skipped"] == ["future-reward (images): skipped, does not apply: the items carry no widget column"]
+    assert summary.protocol == "hacking" and summary.columns[0] == "honest"
+    assert summary.extra["skipped"] == ["future-reward (images): skipped, does not apply: the items carry no widget column"]
     # only NotApplicable skips: a bug (TypeError, ImportError, LookupError) is not a probe that does not apply
     REWARDS.add("broken-reward", RewardSpec(("images",), broken))
     try:
@@ -64,7 +64,7 @@ def test_letter_verifier_scores_injected_answer_at_chance(tmp_path, embedded_bac
     cfg = HackingEvalConfig(rewards=["identify-letter"], domains=["series"], n=1, k=k, length=12,
                             probes=["honest", "injected_answer"], out=str(tmp_path))
     summary = run(cfg, backend=embedded_backend)
-    row = summary["rows"][0]
+    row = summary.rows[0]
     # the truth visits every letter across the K rotations, so "The answer is A." is right exactly once
     assert row["injected_answer/hard"] == pytest.approx(1 / k)
     recs = [json.loads(x) for x in (tmp_path / "records.jsonl").read_text().splitlines()]

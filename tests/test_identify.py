@@ -158,27 +158,30 @@ def _caption_file(path, n):
 def test_identify_honours_max_items_with_caption_files(tmp_path, monkeypatch):
     from captionrl.cli import main
     from captionrl.eval import identification
+    from captionrl.eval.identification import IdentifyEvalConfig
 
     seen = {}
 
     def fake_run(items, systems, distractors, pool, verifiers, cfg, out_dir):
         seen.update(items=[it.id for it in items], pool=set(pool), distractors=distractors)
-        (out_dir / "table.md").write_text("")
-        return {"rows": []}
+        return "result"
 
     monkeypatch.setattr(identification, "run_identification", fake_run)
-    monkeypatch.setattr(identification, "make_backend", lambda cfg: AlwaysA())
+    monkeypatch.setattr(identification, "backend_from_spec", lambda spec: AlwaysA())
     f = _caption_file(tmp_path / "caps.jsonl", 10)
-    args = ["eval", "identify", "--captions", str(f), "--k", "3", "--out", str(tmp_path / "o")]
-    main([*args, "--max-items", "4", "--seed", "1"])
+
+    def cfg(**kw):
+        return IdentifyEvalConfig(captions=[str(f)], ks=[3], out=str(tmp_path / "o"), **kw)
+
+    assert identification.run(cfg(max_items=4, seed=1)) == "result"
     first = seen["items"]
     assert len(first) == 4 and len(set(first)) == 4
     assert seen["pool"] == {f"s{i}" for i in range(10)}  # distractors still come from the whole file
-    main([*args, "--max-items", "4", "--seed", "1"])
+    identification.run(cfg(max_items=4, seed=1))
     assert seen["items"] == first  # a seeded sample
-    main(args)
-    assert len(seen["items"]) == 10  # no --max-items: every item of the files
-    assert main([*args, "--max-items", "0"]) == 2
+    identification.run(cfg())
+    assert len(seen["items"]) == 10  # no max_items: every item of the files
+    assert main(["eval", "identify", "--captions", str(f), "--max-items", "0", "--out", str(tmp_path / "o")]) == 2
 
 
 def test_identify_against_an_unreachable_verifier_fails_fast_with_a_named_error(tmp_path, capsys):

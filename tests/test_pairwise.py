@@ -8,8 +8,8 @@ import pytest
 
 from captionrl.backends.base import ChoiceResult, Generation
 from captionrl.errors import DataError
-from captionrl.eval.pairwise import PairwiseEvalConfig, demo_systems, load_caption_file, run
-from captionrl.eval.qa import easy_vqa_items
+from captionrl.eval.common import demo_systems, easy_vqa_items, load_caption_file
+from captionrl.eval.pairwise import PairwiseEvalConfig, run
 from captionrl.judges.pairwise import PairwiseConfig, PairwiseJudge, outcome_for_first, parse_pairwise
 
 
@@ -51,10 +51,10 @@ def test_parse_pairwise():
 
 def test_both_orders_always_A_gives_exactly_half(tmp_path, systems):
     judge = PairwiseJudge(AlwaysA())
-    summary = run(PairwiseEvalConfig(out=str(tmp_path)), judge=judge, systems=systems)
-    assert summary["protocol"] == "pairwise"
-    assert {r["system"] for r in summary["rows"]} == set(systems)
-    for row in summary["rows"]:
+    result = run(PairwiseEvalConfig(out=str(tmp_path)), judge=judge, systems=systems)
+    assert result.protocol == "pairwise"
+    assert {r["system"] for r in result.rows} == set(systems)
+    for row in result.rows:
         assert row["win_rate"] == 0.5  # one win and one loss per pair
         assert row["caparena"] == 0
         assert row["wins"] == row["losses"] > 0
@@ -62,7 +62,7 @@ def test_both_orders_always_A_gives_exactly_half(tmp_path, systems):
     # 4 systems -> 6 pairs x 6 items x 2 orders
     records = [json.loads(x) for x in (tmp_path / "records.jsonl").read_text().splitlines()]
     assert len(records) == judge.backend.prompts == 6 * 6 * 2
-    assert summary["columns"][:2] == ["system", "win_rate"]
+    assert result.columns[0] == "win_rate" and result.better["win_rate"] == "higher"
     assert "| system | win_rate |" in (tmp_path / "table.md").read_text()
     # resume: the same out dir judges nothing again
     again = PairwiseJudge(AlwaysA())
@@ -72,10 +72,10 @@ def test_both_orders_always_A_gives_exactly_half(tmp_path, systems):
 
 def test_baseline_protocol_and_unparseable_replies_are_excluded(tmp_path, systems):
     judge = PairwiseJudge(AlwaysA(reply="I refuse."), PairwiseConfig(mode="generate"))
-    summary = run(PairwiseEvalConfig(out=str(tmp_path), baseline="empty"), judge=judge, systems=systems)
-    assert summary["attempted"] == 3 * 6 * 2 and summary["excluded"] == summary["attempted"]
-    assert "excluded as invalid" in summary["notes"][0]
-    assert all(r["win_rate"] != r["win_rate"] for r in summary["rows"])  # nan: nothing valid
+    result = run(PairwiseEvalConfig(out=str(tmp_path), baseline="empty"), judge=judge, systems=systems)
+    assert result.extra["attempted"] == 3 * 6 * 2 and result.extra["excluded"] == result.extra["attempted"]
+    assert "excluded as invalid" in result.notes[0]
+    assert all(r["win_rate"] != r["win_rate"] for r in result.rows)  # nan: nothing valid
 
 
 def test_judge_protocol_score_against_baseline():
@@ -103,11 +103,11 @@ def test_embedded_judge_end_to_end(tmp_path, embedded_backend):
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in caps.values()))
     cfg = PairwiseEvalConfig(captions=[str(tmp_path / "reference.jsonl"), str(tmp_path / "empty.jsonl")],
                              out=str(tmp_path / "out"))
-    summary = run(cfg, judge=PairwiseJudge(embedded_backend))
-    assert summary["attempted"] == 4 and summary["excluded"] == 0
+    result = run(cfg, judge=PairwiseJudge(embedded_backend))
+    assert result.extra["attempted"] == 4 and result.extra["excluded"] == 0
     recs = [json.loads(x) for x in (tmp_path / "out" / "records.jsonl").read_text().splitlines()]
     assert all(r["method"] == "logits" and abs(sum(r["probs"].values()) - 1) < 1e-6 for r in recs)
-    rows = {r["system"]: r for r in summary["rows"]}
+    rows = {r["system"]: r for r in result.rows}
     for r in recs:  # each decision is the argmax letter of the recorded probabilities
         best = max(r["probs"], key=r["probs"].get)
         assert r["decision"] == ("tie" if best == "C" else best)
@@ -136,8 +136,8 @@ class ReferenceOracle:
 
 
 def test_an_oracle_judge_makes_the_reference_win_every_comparison_in_both_orders(tmp_path, systems):
-    summary = run(PairwiseEvalConfig(out=str(tmp_path)), judge=PairwiseJudge(ReferenceOracle()), systems=systems)
-    rows = {r["system"]: r for r in summary["rows"]}
+    result = run(PairwiseEvalConfig(out=str(tmp_path)), judge=PairwiseJudge(ReferenceOracle()), systems=systems)
+    rows = {r["system"]: r for r in result.rows}
     others = [s for s in systems if s != "reference"]
     assert rows["reference"]["win_rate"] == 1.0  # whichever side it is shown on
     assert rows["reference"]["wins"] == len(others) * 6 * 2 and rows["reference"]["losses"] == 0

@@ -20,11 +20,11 @@ NOT_TRL = {"algorithm", "out_dir", "threads", "resume", "extra", "report_to", "s
 
 
 def _loader(path: Path):
-    from captionrl.train.lineup import load_lineup_config
-    from captionrl.train.moco import load_moco_config
-    from captionrl.train.rubicap import load_rubicap_config
+    from captionrl.config import load_config
+    from captionrl.train import lineup, moco, rubicap
 
-    return {"lineup": load_lineup_config, "rubicap": load_rubicap_config, "moco": load_moco_config}[path.stem.split("-")[0]]
+    module = {"lineup": lineup, "rubicap": rubicap, "moco": moco}[path.stem.split("-")[0]]
+    return lambda p, overrides=(): load_config(module.CONFIG, p, overrides)
 
 
 def test_there_is_a_paper_config_per_recipe():

@@ -8,7 +8,8 @@ import pytest
 
 from captionrl.backends.base import ChoiceResult
 from captionrl.errors import DataError
-from captionrl.eval.qa import QAEvalConfig, easy_vqa_items, item_questions, load_qa_file, run
+from captionrl.eval.common import easy_vqa_items
+from captionrl.eval.qa import QAEvalConfig, item_questions, load_qa_file, run
 from captionrl.judges.qa import CANNOT_ANSWER, CaptionAnswerer, QAConfig, QAJudge, to_question
 
 
@@ -72,12 +73,12 @@ def test_caprl_reward_reads_captions():
 
 
 def test_protocol_accuracy_per_benchmark_and_question_files(tmp_path):
-    summary = run(QAEvalConfig(out=str(tmp_path / "a"), demo_items=4), answerer=CaptionAnswerer(Reader()))
-    rows = {r["system"]: r for r in summary["rows"]}
+    result = run(QAEvalConfig(out=str(tmp_path / "a"), demo_items=4), answerer=CaptionAnswerer(Reader()))
+    rows = {r["system"]: r for r in result.rows}
     assert rows["reference"]["accuracy"] > rows["other_item"]["accuracy"]
     assert rows["reference"]["accuracy"] > rows["empty"]["accuracy"]
-    assert set(summary["benchmarks"]) >= {"easy-vqa"}
-    assert summary["protocol"] == "qa" and (tmp_path / "a" / "table.md").exists()
+    assert set(result.extra["benchmarks"]) >= {"easy-vqa"}
+    assert result.protocol == "qa" and (tmp_path / "a" / "table.md").exists()
     # local question files (BLINK-style records) join the caption files by id
     qfile = tmp_path / "chartqa.jsonl"
     qfile.write_text('{"id": "c1", "question": "What is the peak?", "options": ["10", "20"], "answer": "B"}\n')
@@ -85,7 +86,7 @@ def test_protocol_accuracy_per_benchmark_and_question_files(tmp_path):
     cap.write_text('{"id": "c1", "caption": "The bars peak at 20 in May."}\n')
     s2 = run(QAEvalConfig(captions=[str(cap)], qa=[f"chartqa={qfile}"], out=str(tmp_path / "b")),
              answerer=CaptionAnswerer(Reader()))
-    assert s2["rows"][0]["acc/chartqa"] == 1.0
+    assert s2.rows[0]["acc/chartqa"] == 1.0
     with pytest.raises(DataError, match="id"):
         bad = tmp_path / "bad.jsonl"
         bad.write_text('{"question": "q", "options": ["a", "b"], "answer": "a"}\n')

@@ -8,8 +8,7 @@ import re
 import pytest
 
 from captionrl.backends.base import Generation
-from captionrl.eval.pairwise import demo_systems
-from captionrl.eval.qa import easy_vqa_items
+from captionrl.eval.common import demo_systems, easy_vqa_items
 from captionrl.eval.ranking import RankingEvalConfig, ranks_of, run, shuffled_order
 from captionrl.judges.rank import RankConfig, RankJudge, total_score, validate_reply
 
@@ -59,8 +58,8 @@ def test_total_and_ranks():
 def test_protocol_with_fake_judge(tmp_path):
     systems = demo_systems(easy_vqa_items(5, seed=2))
     judge = RankJudge(WordCounter())
-    summary = run(RankingEvalConfig(out=str(tmp_path), seed=3), judge=judge, systems=systems)
-    rows = {r["system"]: r for r in summary["rows"]}
+    result = run(RankingEvalConfig(out=str(tmp_path), seed=3), judge=judge, systems=systems)
+    rows = {r["system"]: r for r in result.rows}
     # generic words (20 words, capped at 10) beats the 7-word reference; empty is last every time
     assert rows["empty"]["mean_rank"] == 4.0 and rows["empty"]["first_place"] == 0.0
     assert rows["generic"]["mean_rank"] == 1.0 and rows["generic"]["first_place"] == 1.0
@@ -69,7 +68,8 @@ def test_protocol_with_fake_judge(tmp_path):
     recs = [json.loads(x) for x in (tmp_path / "records.jsonl").read_text().splitlines()]
     assert [r["order"] for r in recs] == [shuffled_order(list(systems), 3, r["id"]) for r in recs]
     assert len({tuple(r["order"]) for r in recs}) > 1  # shuffled per item
-    assert summary["excluded"] == 0 and summary["protocol"] == "ranking"
+    assert result.extra["excluded"] == 0 and result.protocol == "ranking"
+    assert result.better["mean_rank"] == "lower"
 
 
 def test_invalid_replies_are_excluded(tmp_path):
@@ -78,21 +78,21 @@ def test_invalid_replies_are_excluded(tmp_path):
             return [Generation("Caption 1 is the best.") for _ in requests]
 
     systems = demo_systems(easy_vqa_items(3, seed=2))
-    summary = run(RankingEvalConfig(out=str(tmp_path)), judge=RankJudge(Chatty()), systems=systems)
-    assert summary["excluded"] == summary["attempted"] == 3
-    assert all(r["items"] == 0 for r in summary["rows"])
+    result = run(RankingEvalConfig(out=str(tmp_path)), judge=RankJudge(Chatty()), systems=systems)
+    assert result.extra["excluded"] == result.extra["attempted"] == 3
+    assert all(r["items"] == 0 for r in result.rows)
 
 
 @pytest.mark.slow
 def test_embedded_ranking_runs(tmp_path, embedded_backend):
     systems = demo_systems(easy_vqa_items(1, seed=0))
     judge = RankJudge(embedded_backend, RankConfig(mode="generate", max_new_tokens=48))
-    summary = run(RankingEvalConfig(out=str(tmp_path)), judge=judge, systems=systems)
+    result = run(RankingEvalConfig(out=str(tmp_path)), judge=judge, systems=systems)
     rec = json.loads((tmp_path / "records.jsonl").read_text().splitlines()[0])
     assert rec["raw"]  # the reply is kept as evidence, valid or not
     scores, why = validate_reply(rec["raw"], len(systems))  # the verdict is the validator's, on the kept reply
     assert rec["valid"] == (scores is not None) and rec["error"] == why
-    assert summary["attempted"] == 1 and summary["excluded"] == (0 if rec["valid"] else 1)
+    assert result.extra["attempted"] == 1 and result.extra["excluded"] == (0 if rec["valid"] else 1)
     if rec["valid"]:  # ranks follow the parsed totals, in the shown order
         totals = [total_score(sc) for sc in scores]
         assert [rec["systems"][s]["rank"] for s in rec["order"]] == ranks_of(totals)

@@ -73,3 +73,26 @@ def test_direction_inference_and_errors(tmp_path):
     (tmp_path / "bad" / "summary.json").write_text('{"rows": []}')
     with pytest.raises(DataError, match="protocol"):
         report.build([tmp_path / "bad"], tmp_path / "out2")
+
+
+def test_one_result_type_one_writer_and_its_round_trip(tmp_path):
+    from captionrl.eval.result import EvalResult, write_result
+
+    res = EvalResult("demo", [{"system": "a", "acc": 0.25, "K": 4, "std": {"acc": 0.1}}, {"system": "b", "acc": float("nan"), "K": 4}],
+                     ["K", "acc"], better={"acc": "higher"}, labels=["K"], config={"seed": 1},
+                     records=str(tmp_path / "records.jsonl"), notes=["a note"], marked={"acc": ["a"]},
+                     extra={"attempted": 2})
+    write_result(res, tmp_path)
+    table = (tmp_path / "table.md").read_text()
+    assert table.startswith("# demo") and "| a | 4 | **0.2500 ± 0.1000** |" in table and "| b | 4 | - |" in table
+    assert "- a note" in table and "<b>0.2500 ± 0.1000</b>" in (tmp_path / "table.html").read_text()
+    data = json.loads((tmp_path / "summary.json").read_text())
+    assert data["better"] == {"acc": "higher", "K": None} and data["attempted"] == 2
+    back = EvalResult.from_summary(data)
+    assert (back.protocol, back.columns, back.labels, back.marked, back.extra) == ("demo", ["K", "acc"], ["K"],
+                                                                                  {"acc": ["a"]}, {"attempted": 2})
+    assert report.direction("K", back.summary()["better"]) is None  # a label column is never marked
+    with pytest.raises(DataError, match="higher, lower"):
+        EvalResult("demo", [], [], better={"acc": "up"})
+    with pytest.raises(DataError, match="system"):
+        EvalResult("demo", [{"acc": 1.0}], ["acc"])

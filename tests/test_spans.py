@@ -47,14 +47,15 @@ def test_describer_captions_are_never_red_and_other_windows_are():
 
 def test_run_writes_shares_html_and_resumes(tmp_path):
     systems, series = spans.demo_items(n_items=6)
-    s = spans.run(systems, series, tmp_path, progress=False)
-    rows = {r["system"]: r for r in s["rows"]}
+    cfg = spans.SpansEvalConfig(out=str(tmp_path), quiet=True)
+    s = spans.run(cfg, inputs=(systems, series))
+    rows = {r["system"]: r for r in s.rows}
     assert rows["describer"]["red"] == 0.0 and rows["other window"]["red"] > 0.2
     assert sum(rows["describer"][k] for k in spans.COLOURS) == pytest.approx(1.0)
     page = (tmp_path / "spans.html").read_text()
     assert page.count('class="green"') >= 6 * 4 and 'class="red"' in page
     before = (tmp_path / "records.jsonl").read_text()
-    spans.run(systems, series, tmp_path, progress=False)
+    spans.run(cfg, inputs=(systems, series))
     assert (tmp_path / "records.jsonl").read_text() == before
 
 

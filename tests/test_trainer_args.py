@@ -71,12 +71,13 @@ def test_build_trainer_returns_the_algorithms_trainer(algorithm, beta, tmp_path)
 
 @pytest.mark.slow
 def test_a_real_rloo_run_with_a_kl_term_logs_it(tmp_path, embedded_backend):
+    from captionrl.config import load_config
     from captionrl.train import lineup
-    from captionrl.train.lineup import load_lineup_config
-    from captionrl.train.logging import load_metrics
+    from captionrl.train.curves import load_metrics
+    from captionrl.train.lineup import LineupConfig
 
     out = tmp_path / "run"
-    cfg = load_lineup_config(ROOT / "configs" / "lineup-cpu.yaml", [
+    cfg = load_config(LineupConfig, ROOT / "configs" / "lineup-cpu.yaml", [
         "data.window=8", "data.n_train=2", "data.n_test=2", "data.series=[nile,sunspots]", "reward.k=2",
         "reward.signal=soft", "train.algorithm=rloo", "train.num_generations=2", "train.per_device_train_batch_size=2",
         "train.max_completion_length=6", "train.max_steps=2", "train.save_steps=2", "train.learning_rate=1.0e-4",

@@ -7,7 +7,9 @@ model is built, so a bad config fails in milliseconds. The resolved config is sa
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -22,12 +24,18 @@ from captionrl.registry import suggest
 C = TypeVar("C")
 
 
-def help_field(default: Any = dataclasses.MISSING, help: str = "", **kw: Any) -> Any:
-    """A dataclass field with help text; mutable defaults are wrapped in a factory."""
+def help_field(default: Any = dataclasses.MISSING, help: str = "", *, flags: Sequence[str] = (),
+               positional: bool = False, **kw: Any) -> Any:
+    """A dataclass field with help text; mutable defaults are wrapped in a factory.
+
+    ``flags``: extra command-line spellings kept for old commands (``("--mode",)`` for ``modes``);
+    ``positional``: bare command-line words (no ``=``) fill this list field (``report RUN_DIR...``).
+    """
+    meta = {"help": help, "flags": tuple(flags), "positional": positional}
     if isinstance(default, (list, dict, set)):
         value = default
-        return dataclasses.field(default_factory=lambda: copy_value(value), metadata={"help": help}, **kw)
-    return dataclasses.field(default=default, metadata={"help": help}, **kw)
+        return dataclasses.field(default_factory=lambda: copy_value(value), metadata=meta, **kw)
+    return dataclasses.field(default=default, metadata=meta, **kw)
 
 
 def copy_value(v: Any) -> Any:
@@ -85,7 +93,7 @@ def from_dict(cls: type[C], data: Mapping[str, Any], prefix: str = "") -> C:
     """Build dataclass ``cls`` from a (nested) mapping; unknown keys fail with close matches."""
     if not isinstance(data, Mapping):
         raise ConfigError(prefix or cls.__name__, data, "must be a mapping", "write key: value lines")
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    fields = {f.name: f for f in dataclasses.fields(typing.cast(Any, cls))}
     hints = typing.get_type_hints(cls)
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
@@ -146,16 +154,117 @@ def load_config(cls: type[C], path: str | Path | None = None, overrides: Sequenc
     return from_dict(cls, apply_overrides(data, overrides))
 
 
+def _default(f: dataclasses.Field[Any]) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+def _nested(tp: Any) -> type | None:
+    """The dataclass type of a nested section (``Inner`` or ``Inner | None``), else None."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        tp = args[0] if len(args) == 1 else None
+    return tp if isinstance(tp, type) and dataclasses.is_dataclass(tp) else None
+
+
 def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(key, default, help) rows for ``captionrl config --help``-style listings."""
+    """(key, default, help) of every field, nested sections as dotted keys: what ``--help`` lists."""
     rows = []
+    hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         key = prefix + f.name
-        if dataclasses.is_dataclass(f.type) if isinstance(f.type, type) else False:
-            rows.extend(describe(f.type, key + "."))  # type: ignore[arg-type]
+        inner = _nested(hints[f.name])
+        if inner is not None:
+            rows.extend(describe(inner, key + "."))
             continue
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else "(required)"  # type: ignore[misc]
-        )
-        rows.append((key, repr(default), f.metadata.get("help", "")))
+        default = _default(f)
+        rows.append((key, "(required)" if default is dataclasses.MISSING else repr(default), f.metadata.get("help", "")))
     return rows
+
+
+# ---------------------------------------------------------------------- command lines from configs
+_KEY = re.compile(r"^[A-Za-z_][\w.]*$")
+_SCALARS = (str, int, float)
+
+
+def _flag_kind(tp: Any) -> tuple[str, Any] | None:
+    """("bool" | "scalar" | "list", element type) for a field that gets a ``--flag``; None: key=value only."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) != 1:
+            return None
+        tp = args[0]
+    if tp is bool:
+        return "bool", bool
+    if tp in _SCALARS:
+        return "scalar", tp
+    if typing.get_origin(tp) is list:
+        (elem,) = typing.get_args(tp) or (str,)
+        return ("list", elem) if elem in _SCALARS else None
+    return None
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
+    """Give ``parser`` the options of config dataclass ``cls``: ``--config FILE.yaml``, ``key=value``
+    words (dotted for nested sections), a ``--field`` flag per top-level scalar, list or boolean field
+    (``--no-field`` for booleans). ``--help`` shows every field with its help text and default: flags in
+    the options list, the rest (nested sections, mappings) in an epilog under their dotted keys."""
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("--config", metavar="FILE.yaml", default=None,
+                        help="YAML file of the settings below; flags and key=value words override it")
+    hints = typing.get_type_hints(cls)
+    positional = ""
+    flagged: set[str] = set()
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("positional"):
+            positional = f.name
+            flagged.add(f.name)
+            continue
+        kind = _flag_kind(hints[f.name])
+        if kind is None:
+            continue
+        flagged.add(f.name)
+        names = [f"--{f.name.replace('_', '-')}", *([f"--{f.name}"] if "_" in f.name else []), *f.metadata.get("flags", ())]
+        default = _default(f)
+        text = f.metadata.get("help", "") + (" (required)" if default is dataclasses.MISSING else f" (default: {default!r})")
+        kw: dict[str, Any] = {"dest": f"cfg__{f.name}", "default": argparse.SUPPRESS, "help": text.replace("%", "%%")}
+        if kind[0] == "bool":
+            kw["action"] = argparse.BooleanOptionalAction
+        elif kind[0] == "list":
+            kw.update(action="extend", nargs="*", type=kind[1], metavar=f.name.upper())
+        else:
+            kw.update(type=kind[1], metavar=f.name.upper())
+        parser.add_argument(*names, **kw)
+    what = ""
+    if positional:
+        f = next(f for f in dataclasses.fields(cls) if f.name == positional)
+        what = f"{positional.upper()} (bare words): {f.metadata.get('help', '')} (default: {_default(f)!r}). "
+    parser.add_argument("words", nargs="*", metavar=f"{positional.upper()}|KEY=VALUE" if positional else "KEY=VALUE",
+                        help=(what + "KEY=VALUE: setting overrides, e.g. out=runs/x (dotted keys for nested "
+                              "sections; put them before the flags that take lists)").replace("%", "%%"))
+    rows = [r for r in describe(cls) if r[0] not in flagged]  # nested sections and dicts: no --flag
+    if rows:
+        width = max(len(k) for k, _, _ in rows)
+        listing = "\n".join(f"  {k:<{width}}  {h} (default: {d})" for k, d, h in rows)
+        parser.epilog = f"settings without a --flag (YAML keys or key=value words):\n{listing}"
+
+
+def config_from_args(cls: type[C], args: argparse.Namespace) -> C:
+    """The config a parsed command line describes: YAML file, then ``--flags``, then ``key=value`` words."""
+    data = load_yaml(args.config) if getattr(args, "config", None) else {}
+    for name, value in vars(args).items():
+        if name.startswith("cfg__"):
+            data[name[len("cfg__"):]] = value
+    positional = next((f.name for f in dataclasses.fields(typing.cast(Any, cls)) if f.metadata.get("positional")), "")
+    overrides, bare = [], []
+    for word in getattr(args, "words", None) or []:
+        is_setting = "=" in word and _KEY.match(word.split("=", 1)[0]) is not None
+        (overrides if is_setting else bare).append(word)
+    if bare:
+        if not positional:
+            raise ConfigError("arguments", bare, "are not key=value settings", "write e.g. out=runs/x, or use the --flags")
+        data[positional] = bare
+    return from_dict(cls, apply_overrides(data, overrides))

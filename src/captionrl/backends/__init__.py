@@ -72,14 +72,17 @@ def _make_vllm(cfg: BackendConfig) -> Backend:
 
 
 def parse_backend_spec(text: str) -> BackendConfig:
-    """A backend from one command-line word.
+    """A backend from one command-line word: the one way to name a backend everywhere.
 
-    ``hf:embedded`` / ``hf:PATH_OR_HUB_ID`` / ``openai:URL#MODEL`` / ``vllm:MODEL``; a bare word is an
-    ``hf`` model. Extra settings follow as ``,key=value`` (e.g. ``hf:embedded,dtype=bfloat16``).
+    ``hf:embedded`` / ``hf:PATH_OR_HUB_ID`` / ``openai:URL#MODEL`` / ``vllm:MODEL``; a bare word
+    (``tiny-vlm``, a folder) is an ``hf`` model. Any ``BackendConfig`` setting follows as ``,key=value``
+    (``hf:embedded,dtype=bfloat16,batch_size=16``; values are read as YAML scalars).
     """
     from captionrl.config import from_dict, parse_override
 
-    head, *rest = text.split(",")
+    if not isinstance(text, str) or not text.strip():
+        raise ConfigError("backend", text, "is not a backend spec", "write e.g. hf:embedded or openai:http://HOST:PORT/v1#MODEL")
+    head, *rest = text.strip().split(",")
     kind, _, target = head.partition(":")
     if not target:
         kind, target = "hf", head
@@ -90,9 +93,20 @@ def parse_backend_spec(text: str) -> BackendConfig:
     else:
         data["model"] = target
     for item in rest:
+        if "=" not in item:
+            raise ConfigError("backend", text, f"option {item!r} is not key=value",
+                              "write options after commas, e.g. hf:embedded,dtype=bfloat16")
         key, value = parse_override(item)
+        if key in ("kind", "model", "base_url"):
+            raise ConfigError(f"backend.{key}", value, "is part of the spec's head, not an option",
+                              "write kind:model (hf:NAME, vllm:NAME) or openai:URL#MODEL")
         data[key] = value
     return from_dict(BackendConfig, data, prefix="backend.")
+
+
+def backend_from_spec(spec: str) -> Backend:
+    """``make_backend(parse_backend_spec(spec))``: the backend a spec names (shared when identical)."""
+    return make_backend(parse_backend_spec(spec))
 
 
 _CACHE: dict[tuple, Backend] = {}
@@ -121,6 +135,7 @@ __all__ = [
     "ChoiceResult",
     "Generation",
     "Message",
+    "backend_from_spec",
     "make_backend",
     "parse_backend_spec",
 ]

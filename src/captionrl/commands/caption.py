@@ -6,83 +6,46 @@ Writes ``{id, series, caption, next?, domain}`` JSONL, the input of every Lineup
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Sequence
-from pathlib import Path
+from dataclasses import dataclass
 
-from tqdm.auto import tqdm
-
-from captionrl.backends import Backend, ChatRequest, make_backend, parse_backend_spec
-from captionrl.domains.captioning import caption_messages
-from captionrl.domains.describe import describe_series
-from captionrl.records import RecordWriter
-from captionrl.types import Series
-
-DESCRIBER = "describer"
+from captionrl.backends import Backend, backend_from_spec
+from captionrl.config import help_field
+from captionrl.domains.captioning import DESCRIBER, caption_series
+from captionrl.errors import ConfigError
 
 
-def caption_series(
-    items: Sequence[Series],
-    captioner: Backend | str,
-    out_path: str | Path,
-    *,
-    precision: int = 2,
-    max_new_tokens: int = 96,
-    temperature: float = 0.0,
-    seed: int = 0,
-    batch: int = 8,
-) -> dict[str, str]:
-    """Caption ``items`` (resumable JSONL at ``out_path``); ``captioner="describer"`` needs no model."""
-    from captionrl.domains.timeseries import render_numbers
+@dataclass
+class CaptionConfig:
+    """Settings of ``captionrl caption``."""
 
-    writer = RecordWriter(out_path, key_field="id")
-    todo = [it for it in items if not writer.has(it.id)]
-    with tqdm(total=len(items), initial=len(items) - len(todo), desc="caption", unit="item") as bar:
-        for start in range(0, len(todo), batch):
-            chunk = todo[start : start + batch]
-            if captioner == DESCRIBER:
-                texts: list[str | None] = [describe_series(it, precision) for it in chunk]
-                errors: list[str | None] = [None] * len(chunk)
-            else:
-                assert not isinstance(captioner, str)
-                reqs = [
-                    ChatRequest(caption_messages(render_numbers(it, precision)[0], len(it)), max_new_tokens=max_new_tokens,
-                                temperature=temperature, seed=seed)
-                    for it in chunk
-                ]
-                gens = captioner.generate(reqs)
-                texts, errors = [g.text for g in gens], [g.error for g in gens]
-            for it, text, err in zip(chunk, texts, errors, strict=True):
-                if text is None:  # a failed request is retried on the next run, not stored as empty
-                    tqdm.write(f"caption failed for {it.id}: {err}")
-                    continue
-                rec = {"id": it.id, "series": it.values.tolist(), "caption": text.strip(), "domain": it.domain}
-                if "next" in it.meta:
-                    rec["next"] = it.meta["next"]
-                writer.write(rec)
-            bar.update(len(chunk))
-    writer.close()
-    return {r["id"]: r["caption"] for r in writer.records()}
+    out: str = help_field(help="output JSONL file (rerun with the same file to resume)")
+    corpus: str = help_field("embedded", "'embedded' or a corpus file/folder (see captionrl.domains.corpora)")
+    captioner: str = help_field("hf:embedded", "backend spec (hf:embedded, openai:URL#MODEL, ...) or 'describer'")
+    length: int = help_field(24, "window length")
+    split: str = help_field("test", "which time-ordered split to caption: train, val or test")
+    max_items: int = help_field(32, "caption at most this many windows (seeded sample)")
+    max_new_tokens: int = help_field(96, "caption length limit in tokens")
+    temperature: float = help_field(0.0, "sampling temperature (0: greedy)")
+    seed: int = help_field(0, "seed of the window sample and of sampling")
+
+    def __post_init__(self) -> None:
+        if self.split not in ("train", "val", "test"):
+            raise ConfigError("split", self.split, "unknown split", "use train, val or test")
+        if self.captioner != DESCRIBER:
+            from captionrl.backends import parse_backend_spec
+
+            parse_backend_spec(self.captioner)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--corpus", default="embedded", help="'embedded' or a corpus file/folder (see captionrl.domains.corpora)")
-    p.add_argument("--captioner", default="hf:embedded", help="backend spec (hf:embedded, openai:URL#MODEL, ...) or 'describer'")
-    p.add_argument("--length", type=int, default=24, help="window length")
-    p.add_argument("--split", default="test", help="which time-ordered split to caption: train, val or test")
-    p.add_argument("--max-items", type=int, default=32, help="caption at most this many windows (seeded sample)")
-    p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", required=True, help="output JSONL file")
+CONFIG = CaptionConfig
 
 
-def main(args: argparse.Namespace) -> int:
+def run_command(cfg: CaptionConfig) -> int:
     from captionrl.domains.datasets import eval_windows
 
-    items = eval_windows(args.corpus, args.length, args.split, args.max_items, args.seed)
-    captioner: Backend | str = DESCRIBER if args.captioner == DESCRIBER else make_backend(parse_backend_spec(args.captioner))
-    caps = caption_series(items, captioner, args.out, max_new_tokens=args.max_new_tokens,
-                          temperature=args.temperature, seed=args.seed)
-    print(f"{len(caps)} captions in {args.out}")
+    items = eval_windows(cfg.corpus, cfg.length, cfg.split, cfg.max_items, cfg.seed)
+    captioner: Backend | str = DESCRIBER if cfg.captioner == DESCRIBER else backend_from_spec(cfg.captioner)
+    caps = caption_series(items, captioner, cfg.out, max_new_tokens=cfg.max_new_tokens,
+                          temperature=cfg.temperature, seed=cfg.seed)
+    print(f"{len(caps)} captions in {cfg.out}")
     return 0

@@ -2,27 +2,35 @@
 
 from __future__ import annotations
 
-import argparse
 import json
+from dataclasses import dataclass
+from typing import Any
 
 from captionrl.backends import BACKENDS
+from captionrl.config import help_field
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    p.add_argument("--no-load", action="store_true", help="only list backends; do not load the embedded model")
+@dataclass
+class ModelsConfig:
+    """Settings of ``captionrl models``."""
+
+    json: bool = help_field(False, "print one JSON object instead of text")
+    load: bool = help_field(True, "load the embedded model and report it (--no-load: only list backends)")
 
 
-def main(args: argparse.Namespace) -> int:
-    info: dict[str, object] = {"backends": BACKENDS.names()}
-    if not args.no_load:
+CONFIG = ModelsConfig
+
+
+def run_command(cfg: ModelsConfig) -> int:
+    info: dict[str, Any] = {"backends": BACKENDS.names()}
+    if cfg.load:
         from captionrl.embedded import describe_embedded
 
         info["embedded"] = describe_embedded()
-    if args.json:
+    if cfg.json:
         print(json.dumps(info, indent=2))
         return 0
-    print("backends: " + ", ".join(info["backends"]))  # type: ignore[arg-type]
+    print("backends: " + ", ".join(info["backends"]))
     emb = info.get("embedded")
     if isinstance(emb, dict):
         print(f"embedded model: {emb['name']}")

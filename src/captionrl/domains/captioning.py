@@ -1,15 +1,27 @@
-"""The captioner's prompt for a series: one definition shared by training, ``captionrl caption`` and eval."""
+"""The captioner's prompts, for a series and for an image, and captioning a set of series with them: one
+definition shared by training, ``captionrl caption``, rubric building and evaluation."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from captionrl.backends.base import Message
+from captionrl.backends.base import Backend, ChatRequest, Message
+from captionrl.records import RecordWriter
+from captionrl.types import Series
 
 CAPTION_INSTRUCTION = (
     "Describe this time series in a short paragraph for someone who cannot see it: the overall trend, "
     "the key values with their positions (start, end, maximum, minimum) and any notable events."
 )
+"""What a series captioner is asked (LineupRL's policy, the describer baseline, evaluations)."""
+
+IMAGE_CAPTION_INSTRUCTION = (
+    "Describe this image in detail. Write one flowing plain-text paragraph that covers the objects, their "
+    "colours, counts and positions, and any visible text."
+)
+"""What an image captioner is asked (RubiCap's policy, the rubric committee's teachers)."""
 
 
 def caption_messages(numbers_text: str, n: int, image: Any = None) -> list[Message]:
@@ -29,3 +41,58 @@ def caption_messages(numbers_text: str, n: int, image: Any = None) -> list[Messa
             }
         ]
     return [{"role": "user", "content": f"Time series of {n} values:\n{numbers_text}\n\n{CAPTION_INSTRUCTION}"}]
+
+
+def image_caption_messages(instruction: str = IMAGE_CAPTION_INSTRUCTION) -> list[Message]:
+    """Chat prompt with an image placeholder; TRL fills it from the dataset's ``image`` column."""
+    return [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": instruction}]}]
+
+
+DESCRIBER = "describer"
+
+
+def caption_series(
+    items: Sequence[Series],
+    captioner: Backend | str,
+    out_path: str | Path,
+    *,
+    precision: int = 2,
+    max_new_tokens: int = 96,
+    temperature: float = 0.0,
+    seed: int = 0,
+    batch: int = 8,
+) -> dict[str, str]:
+    """Caption ``items`` (resumable JSONL at ``out_path``); ``captioner="describer"`` needs no model."""
+    from tqdm.auto import tqdm
+
+    from captionrl.domains.describe import describe_series
+    from captionrl.domains.timeseries import render_numbers
+
+    writer = RecordWriter(out_path, key_field="id")
+    todo = [it for it in items if not writer.has(it.id)]
+    with tqdm(total=len(items), initial=len(items) - len(todo), desc="caption", unit="item") as bar:
+        for start in range(0, len(todo), batch):
+            chunk = todo[start : start + batch]
+            if captioner == DESCRIBER:
+                texts: list[str | None] = [describe_series(it, precision) for it in chunk]
+                errors: list[str | None] = [None] * len(chunk)
+            else:
+                assert not isinstance(captioner, str)
+                reqs = [
+                    ChatRequest(caption_messages(render_numbers(it, precision)[0], len(it)), max_new_tokens=max_new_tokens,
+                                temperature=temperature, seed=seed)
+                    for it in chunk
+                ]
+                gens = captioner.generate(reqs)
+                texts, errors = [g.text for g in gens], [g.error for g in gens]
+            for it, text, err in zip(chunk, texts, errors, strict=True):
+                if text is None:  # a failed request is retried on the next run, not stored as empty
+                    tqdm.write(f"caption failed for {it.id}: {err}")
+                    continue
+                rec = {"id": it.id, "series": it.values.tolist(), "caption": text.strip(), "domain": it.domain}
+                if "next" in it.meta:
+                    rec["next"] = it.meta["next"]
+                writer.write(rec)
+            bar.update(len(chunk))
+    writer.close()
+    return {r["id"]: r["caption"] for r in writer.records()}

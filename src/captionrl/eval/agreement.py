@@ -13,17 +13,17 @@ pairwise judge is scored against those labels next to an always-"A" judge (kappa
 
 from __future__ import annotations
 
-import argparse
 import random
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from captionrl.config import help_field
 from captionrl.errors import ConfigError, DataError
-from captionrl.eval.pairwise import add_backend_arguments, backend_from_args, write_report
+from captionrl.eval.common import backend_from_spec, check_spec
+from captionrl.eval.result import EvalResult, print_result, write_result
 from captionrl.records import RecordWriter, read_jsonl
 
 PROTOCOL = "agreement"
@@ -99,14 +99,21 @@ class AgreementEvalConfig:
     out: str = help_field("runs/eval-agreement", "output folder")
     demo_items: int = help_field(16, "offline items for the constructed-label check")
     seed: int = help_field(0, "seed of the constructed pairs' sides")
-    backend: list[str] = help_field([], "pairwise judge backend for the constructed check (default: embedded)")
+    judge: str = help_field("hf:embedded", "pairwise judge backend spec for the constructed check (hf:embedded, openai:URL#MODEL, ...)")
+
+    def __post_init__(self) -> None:
+        check_spec("judge", self.judge)
 
 
-def run(cfg: AgreementEvalConfig, judge: Any = None) -> dict[str, Any]:
+CONFIG = AgreementEvalConfig
+
+
+def run(cfg: AgreementEvalConfig, *, judge: Any = None) -> EvalResult:
+    """Agreement of every judge with the labels; ``judge`` replaces the constructed check's pairwise judge."""
     out = Path(cfg.out)
     if cfg.labels:
         if not cfg.judges:
-            raise ConfigError("judges", [], "no judge decisions given", "pass --judges NAME=FILE ...")
+            raise ConfigError("judges", [], "no judge decisions given", "pass judge decisions: --judges NAME=FILE ...")
         human = load_labels(cfg.labels, "label")
         decisions = {}
         for spec in cfg.judges:
@@ -129,13 +136,17 @@ def run(cfg: AgreementEvalConfig, judge: Any = None) -> dict[str, Any]:
             for i in ids:
                 writer.write({"key": f"{name}|{i}", "judge": name, "id": i, "label": human[i], "decision": dec[i]})
             rows.append({"system": name, **agreement([human[i] for i in ids], [dec[i] for i in ids])})
-    columns = ["system", "exact", "kappa", "valid", "invalid", "n"]
-    return write_report(out, PROTOCOL, rows, columns, cfg, notes=[note, "exact agreement over valid decisions only"])
+    columns = ["exact", "kappa", "valid", "invalid", "n"]
+    result = EvalResult(PROTOCOL, rows, columns, better={"exact": "higher", "kappa": "higher", "valid": None,
+                                                         "invalid": "lower", "n": None},
+                        config=asdict(cfg), records=str(out / "records.jsonl"),
+                        notes=[note, "exact agreement over valid decisions only"])
+    return write_result(result, out)
 
 
 def constructed_check(cfg: AgreementEvalConfig, judge: Any = None) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
     """Labels known by construction and the decisions of the pairwise judge and an always-A judge."""
-    from captionrl.eval.qa import offline_items
+    from captionrl.eval.common import offline_items
     from captionrl.judges.pairwise import PairwiseJudge
     from captionrl.probes import other_text
 
@@ -150,24 +161,12 @@ def constructed_check(cfg: AgreementEvalConfig, judge: Any = None) -> tuple[dict
         b.append(good if swap else bad)
         ev.append(it["reference"])
         labels[str(it["id"])] = "B" if swap else "A"
-    judge = judge or PairwiseJudge(backend_from_args(cfg.backend))
+    judge = judge or PairwiseJudge(backend_from_spec(cfg.judge))
     verdicts = judge.decide(a, b, ev)
     pairwise = {str(it["id"]): v.winner for it, v in zip(items, verdicts, strict=True)}
     return labels, {"pairwise": pairwise, "always_A": dict.fromkeys(labels, "A")}
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--labels", default=None, help="human labels JSONL {id, label}; omit for the constructed check")
-    p.add_argument("--judges", nargs="*", default=[], metavar="NAME=FILE", help="judge decisions JSONL {id, decision}")
-    p.add_argument("--out", default="runs/eval-agreement")
-    p.add_argument("--demo-items", type=int, default=16)
-    p.add_argument("--seed", type=int, default=0)
-    add_backend_arguments(p)
-
-
-def main(args: argparse.Namespace) -> int:
-    cfg = AgreementEvalConfig(labels=args.labels, judges=list(args.judges), out=args.out,
-                              demo_items=args.demo_items, seed=args.seed, backend=list(args.backend))
-    run(cfg)
-    print((Path(cfg.out) / "table.md").read_text())
+def run_command(cfg: AgreementEvalConfig) -> int:
+    print_result(run(cfg), cfg.out)
     return 0

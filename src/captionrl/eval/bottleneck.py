@@ -24,12 +24,11 @@ corpus and split, with a recorded seed, in training and test alike). The control
 mean-window predictor; a captioner helps only as far as it lands below them.
 
 Every (system, task, corpus, seed) result is a record in ``records.jsonl``; rerunning with the same
-``--out`` skips finished ones, so an interrupted run resumes where it stopped.
+``out`` skips finished ones, so an interrupted run resumes where it stopped.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
@@ -43,7 +42,9 @@ import numpy as np
 
 from captionrl.config import help_field
 from captionrl.errors import ConfigError, DataError
-from captionrl.records import RecordWriter, read_jsonl, write_json
+from captionrl.eval.common import split_spec
+from captionrl.eval.result import EvalResult, print_result, write_result
+from captionrl.records import RecordWriter, read_jsonl
 
 PROTOCOL = "bottleneck"
 TASKS = ("forecast", "reconstruct")
@@ -68,8 +69,15 @@ class Item:
 class BottleneckConfig:
     """Settings of one bottleneck run (saved as ``summary.json["config"]``)."""
 
+    captions: list[str] = help_field([], "JSONL files, one line per item {id, series, caption, next?, corpus?, split?}, one per captioner ([NAME=]FILE); empty: the embedded corpus captioned by the deterministic describer")
+    out: str = help_field("runs/eval-bottleneck", "output folder (rerun with the same folder to resume)")
+    corpora: list[str] = help_field(list(EMBEDDED_CORPORA), "embedded series of the default run (no captions given)")
+    length: int = help_field(16, "window length of the embedded default")
+    horizon: int = help_field(8, "forecast horizon of the embedded default")
+    max_windows: int = help_field(150, "about this many windows per corpus in the embedded default")
+    quiet: bool = help_field(False, "no progress bars")
     tasks: list[str] = help_field(list(TASKS), "which targets to predict: forecast, reconstruct")
-    seeds: list[int] = help_field([0, 1, 2, 3, 4], "predictor seeds (the paper uses 5)")
+    seeds: list[int] = help_field([0, 1, 2, 3, 4], "predictor seeds, e.g. --seeds 0 1 2 3 4 (the paper uses 5)")
     encoder: str = help_field("minilm", "caption encoder: 'minilm' (offline all-MiniLM-L6-v2) or an HF encoder folder")
     head: str = help_field("mlp", "regression head on the caption embedding: 'mlp' or 'ridge'")
     hidden: int = help_field(256, "MLP hidden width")
@@ -92,7 +100,7 @@ class BottleneckConfig:
         if bad or not self.tasks:
             raise ConfigError("tasks", self.tasks, "unknown or empty task list", f"use some of {list(TASKS)}")
         if not self.seeds:
-            raise ConfigError("seeds", self.seeds, "needs at least one seed", "use e.g. --seeds 5")
+            raise ConfigError("seeds", self.seeds, "needs at least one seed", "use e.g. --seeds 0 1 2 3 4")
         if self.head not in ("mlp", "ridge"):
             raise ConfigError("head", self.head, "unknown head", "use 'mlp' or 'ridge'")
         if not 0.0 < self.val_fraction < 0.5:
@@ -106,6 +114,9 @@ class BottleneckConfig:
                 "val_fraction", "ridge_alpha", "test_fraction", "split_seed", "shuffle_seed")
         d = asdict(self)
         return hashlib.sha256(json.dumps({k: d[k] for k in keys}, sort_keys=True).encode()).hexdigest()[:10]
+
+
+CONFIG = BottleneckConfig
 
 
 @dataclass
@@ -132,7 +143,7 @@ def parse_captions_arg(specs: Sequence[str]) -> list[tuple[str, Path]]:
     """``a.jsonl`` or ``name=path`` -> (system name, path); names default to file stems and must differ."""
     out: list[tuple[str, Path]] = []
     for spec in specs:
-        name, _, path = spec.partition("=") if "=" in spec else (Path(spec).stem, "", spec)
+        name, path = split_spec(spec)
         p = Path(path)
         if not p.exists():
             raise DataError("--captions", spec, "file not found", "give JSONL files with {id, series, caption, next?}")
@@ -337,23 +348,33 @@ def _corpora(items: Sequence[Item]) -> list[_Corpus]:
     return out
 
 
-def _targets(c: _Corpus, items: Sequence[Item], task: str) -> np.ndarray | None:
+def _windows(c: _Corpus, items: Sequence[Item], task: str) -> list[np.ndarray] | None:
+    """The raw target windows of ``items`` (None: some item of the corpus has no ``next`` to forecast)."""
     if task == "reconstruct":
-        return (np.stack([it.series for it in items]) - c.mean) / c.std
-    if any(it.next is None for it in c.train + c.test):
+        return [it.series for it in items]
+    nexts = [it.next for it in c.train + c.test]
+    if any(n is None for n in nexts):
         return None
-    if len({len(it.next) for it in c.train + c.test}) > 1:  # type: ignore[arg-type]
+    if len({len(n) for n in nexts if n is not None}) > 1:
         raise DataError(f"corpus[{c.name}].next", "ragged", "forecast targets differ in length",
                         "give every item of a corpus a 'next' window of the same length")
-    return (np.stack([it.next for it in items]) - c.mean) / c.std  # type: ignore[arg-type]
+    return [it.next for it in items if it.next is not None]
+
+
+def _targets(c: _Corpus, items: Sequence[Item], task: str) -> np.ndarray | None:
+    """Standardised targets of ``items`` (None when the corpus cannot be forecast)."""
+    windows = _windows(c, items, task)
+    return None if windows is None else (np.stack(windows) - c.mean) / c.std
 
 
 def naive_predictions(c: _Corpus, task: str) -> np.ndarray:
     """Last-value persistence (forecast) or the mean standardised training window (reconstruct)."""
     if task == "forecast":
-        h = len(c.test[0].next)  # type: ignore[arg-type]
-        return np.stack([np.full(h, (it.series[-1] - c.mean) / c.std) for it in c.test])
-    mean_window = _targets(c, c.train, "reconstruct").mean(0)  # type: ignore[union-attr]
+        windows = _windows(c, c.test, task)
+        if windows is None:
+            raise DataError(f"corpus[{c.name}].next", None, "items have no next window", "give 'next' or skip forecast")
+        return np.stack([np.full(len(w), (it.series[-1] - c.mean) / c.std) for w, it in zip(windows, c.test, strict=True)])
+    mean_window = ((np.stack([it.series for it in c.train]) - c.mean) / c.std).mean(0)
     return np.tile(mean_window, (len(c.test), 1))
 
 
@@ -380,16 +401,28 @@ def system_captions(study: Study, cfg: BottleneckConfig) -> dict[str, dict[str, 
     return rows
 
 
-def run(study: Study, out: str | Path, cfg: BottleneckConfig, progress: bool = True,
-        fit: Callable[..., tuple[np.ndarray, dict[str, Any]]] | None = None) -> dict[str, Any]:
-    """Run every (system, task, corpus, seed) not yet in ``out/records.jsonl``; write the summary."""
+def study_for(cfg: BottleneckConfig) -> Study:
+    """The configured study: the user's caption files, or the embedded corpus captioned by the describer."""
+    if cfg.captions:
+        return load_caption_files(parse_captions_arg(cfg.captions), cfg)
+    return embedded_study(cfg.corpora, cfg.length, cfg.horizon, cfg.max_windows, cfg.test_fraction, cfg.split_seed)
+
+
+def run(cfg: BottleneckConfig, *, study: Study | None = None,
+        fit: Callable[..., tuple[np.ndarray, dict[str, Any]]] | None = None) -> EvalResult:
+    """Run every (system, task, corpus, seed) not yet in ``out/records.jsonl``; write table and summary.
+
+    ``study`` replaces the configured one; ``fit`` the predictor (tests count or interrupt fits).
+    """
     from tqdm.auto import tqdm
 
     from captionrl.embedded import cache_dir
     from captionrl.encoders import TextEncoder
 
+    study = study if study is not None else study_for(cfg)
+    progress = not cfg.quiet
     fit = fit or fit_predict
-    out = Path(out)
+    out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     corpora = _corpora(study.items)
     rows = system_captions(study, cfg)
@@ -432,14 +465,13 @@ def run(study: Study, out: str | Path, cfg: BottleneckConfig, progress: bool = T
             bar.update(1)
         bar.close()
         records = [r for r in writer.records() if str(r["key"]).endswith(f"|{fp}")]
-    summary = summarise(records, cfg, [c.name for c in corpora], list(rows),
-                        meta={"source": study.source, "encoder": encoder.id, "fingerprint": fp,
+    result = summarise(records, cfg, [c.name for c in corpora], list(rows),
+                       meta={"source": study.source, "encoder": encoder.id, "fingerprint": fp,
                               "n_items": len(study.items), "wall_s": round(time.perf_counter() - t0, 1),
                               "standardisation": "per corpus: mean/std of the training split's series values"})
-    write_json(out / "summary.json", summary)
-    (out / "table.md").write_text(render_table(summary))
-    _plot(summary, out / "bottleneck.png")
-    return summary
+    write_result(result, out)
+    _plot(result, out / "bottleneck.png")
+    return result
 
 
 def _embed(encoder: Any, captions: Mapping[str, str], vectors: dict[str, np.ndarray],
@@ -462,7 +494,7 @@ def column(task: str, corpus: str) -> str:
 
 
 def summarise(records: Sequence[Mapping[str, Any]], cfg: BottleneckConfig, corpora: Sequence[str],
-              systems: Sequence[str], meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
+              systems: Sequence[str], meta: Mapping[str, Any] | None = None) -> EvalResult:
     """Rows of mean/std test MSE per (task, corpus), per-seed values, bold marks, Rel. and p-values."""
     from captionrl.eval import stats
 
@@ -517,55 +549,23 @@ def summarise(records: Sequence[Mapping[str, Any]], cfg: BottleneckConfig, corpo
             pvalues[col] = {s: float(v["p"]) for s, v in res.items()}
         else:
             marks[col] = [stats.best_row({s: float(np.mean(v)) for s, v in cand.items()})]
-    return {
-        "protocol": PROTOCOL,
-        "columns": columns + rel_cols,
-        "rows": rows,
-        "better": dict.fromkeys(columns + rel_cols, "lower"),
-        "marked": marks,
-        "p_vs_best": pvalues,
-        "config": asdict(cfg),
-        "meta": dict(meta or {}),
-    }
+    note = ("test MSE of the caption-only predictor (targets z-scored per corpus with the training split's "
+            f"mean/std; {len(cfg.seeds)} predictor seeds; lower is better); bold: not significantly worse than "
+            "the best captioner (paired t-test across seeds, p >= 0.05)")
+    return EvalResult(PROTOCOL, rows, columns + rel_cols, better=dict.fromkeys(columns + rel_cols, "lower"),
+                      config=asdict(cfg), records=str(Path(cfg.out) / "records.jsonl"), notes=[note], marked=marks,
+                      extra={"p_vs_best": pvalues, "meta": dict(meta or {})})
 
 
-def render_table(summary: Mapping[str, Any]) -> str:
-    """Markdown in Table 2's layout: mean ± std per cell, bold where not significantly worse than the best."""
-    cols = summary["columns"]
-    lines = [
-        "Test MSE of the caption-only predictor (targets z-scored per corpus with the training split's "
-        f"mean/std; {len(summary['config']['seeds'])} predictor seeds; lower is better). **Bold**: not "
-        "significantly worse than the best captioner (paired t-test across seeds, p >= 0.05).",
-        "",
-        "| Captioner | " + " | ".join(cols) + " |",
-        "|---|" + "---|" * len(cols),
-    ]
-    for r in summary["rows"]:
-        cells = []
-        for c in cols:
-            if c not in r:
-                cells.append("")
-                continue
-            text = f"{r[c]:.4f}"
-            sd = r.get("std", {}).get(c)
-            if r["system"] != NAIVE and sd is not None and not c.endswith("Rel."):
-                text += f" ± {sd:.4f}"
-            if r["system"] in summary.get("marked", {}).get(c, []):
-                text = f"**{text}**"
-            cells.append(text)
-        lines.append(f"| {r['system']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def _plot(summary: Mapping[str, Any], path: Path) -> None:
+def _plot(result: EvalResult, path: Path) -> None:
     """Grouped bars of mean test MSE (error bars: std over seeds), one group per (task, corpus)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cols = [c for c in summary["columns"] if not c.endswith("Rel.")]
-    rows = summary["rows"]
+    cols = [c for c in result.columns if not c.endswith("Rel.")]
+    rows = result.rows
     if not cols or not rows:
         return
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(cols)), 3.5))
@@ -584,43 +584,8 @@ def _plot(summary: Mapping[str, Any], path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ CLI
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--captions", nargs="+", default=[], metavar="[NAME=]FILE",
-                   help="JSONL files, one line per item {id, series, caption, next?, corpus?, split?}; one file "
-                        "per captioner (name from the file stem or NAME=). Default: the embedded corpus "
-                        "captioned by the deterministic describer")
-    p.add_argument("--out", required=True, help="output folder (rerun with the same folder to resume)")
-    p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
-    p.add_argument("--seeds", type=int, default=5, help="number of predictor seeds (0..N-1)")
-    p.add_argument("--encoder", default="minilm", help="'minilm' or a local HF encoder folder")
-    p.add_argument("--head", default="mlp", choices=("mlp", "ridge"))
-    p.add_argument("--reference", default="", help="row for the Rel. column (e.g. your main captioner)")
-    p.add_argument("--shuffle-from", default="", help="captioner whose captions the shuffled control permutes")
-    p.add_argument("--no-controls", action="store_true", help="skip the naive/empty/shuffled baselines")
-    p.add_argument("--test-fraction", type=float, default=0.3, help="test share for items without 'split'")
-    p.add_argument("--split-seed", type=int, default=0)
-    p.add_argument("--corpora", nargs="+", default=list(EMBEDDED_CORPORA),
-                   help="embedded series to use when no --captions are given")
-    p.add_argument("--length", type=int, default=16, help="window length for the embedded default")
-    p.add_argument("--horizon", type=int, default=8, help="forecast horizon for the embedded default")
-    p.add_argument("--max-windows", type=int, default=150, help="about this many windows per corpus (default run)")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-
-
-def main(args: argparse.Namespace) -> int:
-    if args.seeds < 1:
-        raise ConfigError("--seeds", args.seeds, "must be >= 1", "use --seeds 5 (the paper's setting)")
-    cfg = BottleneckConfig(tasks=list(args.tasks), seeds=list(range(args.seeds)), encoder=args.encoder,
-                           head=args.head, reference=args.reference, shuffle_from=args.shuffle_from,
-                           controls=not args.no_controls, test_fraction=args.test_fraction,
-                           split_seed=args.split_seed)
-    if args.captions:
-        study = load_caption_files(parse_captions_arg(args.captions), cfg)
-    else:
-        study = embedded_study(args.corpora, args.length, args.horizon, args.max_windows,
-                               args.test_fraction, args.split_seed)
-    summary = run(study, args.out, cfg, progress=not args.quiet)
-    print(render_table(summary))
-    print(f"wrote {args.out}/records.jsonl, table.md, summary.json, bottleneck.png "
-          f"({summary['meta']['wall_s']} s)")
+def run_command(cfg: BottleneckConfig) -> int:
+    result = run(cfg)
+    print_result(result, cfg.out)
+    print(f"bottleneck.png in {cfg.out} ({result.extra['meta']['wall_s']} s)")
     return 0

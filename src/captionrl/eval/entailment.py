@@ -7,27 +7,55 @@ The judge is ``captionrl.judges.entail.EntailmentJudge`` (an LLM through any bac
 model). ``--demo`` builds a self-check from the embedded corpus: the references are the sentences of the
 describer's caption, and the two systems are the describer itself (should entail nearly all) and the
 describer's caption of *another* window (should entail few); a judge that cannot separate them cannot
-be trusted on real captioners. Outputs in ``--out``: ``records.jsonl`` (one line per system and item,
+be trusted on real captioners. Outputs in ``out``: ``records.jsonl`` (one line per system and item,
 resumable), ``table.md``, ``summary.json``.
 """
 
 from __future__ import annotations
 
-import argparse
 import re
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from captionrl.config import help_field
 from captionrl.errors import ConfigError, DataError
+from captionrl.eval.common import backend_from_spec, check_spec, split_spec
+from captionrl.eval.result import EvalResult, print_result, write_result
 from captionrl.judges.entail import EntailmentJudge, references_of
-from captionrl.records import RecordWriter, read_jsonl, write_json
+from captionrl.records import RecordWriter, read_jsonl
 
 PROTOCOL = "entailment"
 Systems = dict[str, dict[str, str]]
+
+
+@dataclass
+class EntailEvalConfig:
+    """Settings of ``captionrl eval entail`` (saved into summary.json)."""
+
+    captions: list[str] = help_field([], "JSONL {id, caption, references?} per captioner ([NAME=]FILE)")
+    references: str | None = help_field(None, "JSONL {id, references: [...]} (if the caption files lack them)")
+    demo: bool = help_field(False, "self-check on the embedded corpus (no files needed)")
+    out: str = help_field("runs/eval-entail", "output folder (rerun with the same folder to resume)")
+    backend: str = help_field("hf:embedded", "judge LLM spec: hf:embedded, hf:PATH, openai:URL#MODEL, vllm:MODEL (+ ,key=value)")
+    method: str = help_field("yesno", "yesno, letters or nli (a local NLI model)")
+    nli: str | None = help_field(None, "local NLI sequence-classification folder (with method nli)")
+    threshold: float = help_field(0.5, "P(entails) above which a reference counts")
+    soft: bool = help_field(False, "score = mean P(entails) instead of the share")
+    batch: int = help_field(8, "captions per judge call")
+    quiet: bool = help_field(False, "no progress bars")
+
+    def __post_init__(self) -> None:
+        if self.method not in ("yesno", "letters", "nli"):
+            raise ConfigError("method", self.method, "unknown method", "use yesno, letters or nli")
+        if self.method != "nli":
+            check_spec("backend", self.backend)
+
+
+CONFIG = EntailEvalConfig
 
 
 def load_inputs(specs: Sequence[str], references: str | None) -> tuple[Systems, dict[str, list[str]]]:
@@ -44,7 +72,7 @@ def load_inputs(specs: Sequence[str], references: str | None) -> tuple[Systems, 
                                 'write {"id": "x", "references": ["..."]}')
             refs[str(rec["id"])] = references_of(rec["references"], f"{rp.name}:{n}.references")
     for spec in specs:
-        name, _, path = spec.partition("=") if "=" in spec else (Path(spec).stem, "", spec)
+        name, path = split_spec(spec)
         p = Path(path)
         if not p.exists():
             raise DataError("--captions", spec, "file not found", "give JSONL files of {id, caption, references?}")
@@ -71,12 +99,28 @@ def demo_inputs(n_items: int = 12, seed: int = 0) -> tuple[Systems, dict[str, li
     return {"describer": caps, "other window": other}, refs
 
 
-def run(systems: Systems, refs: Mapping[str, Sequence[str]], judge: EntailmentJudge, out: str | Path,
-        progress: bool = True, batch: int = 8, config: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Judge every (system, item) not yet in ``out/records.jsonl``; write table and summary."""
+def inputs_for(cfg: EntailEvalConfig) -> tuple[Systems, dict[str, list[str]]]:
+    """The configured systems and references: the demo self-check, or the caption files."""
+    if cfg.demo:
+        return demo_inputs()
+    if cfg.captions:
+        return load_inputs(cfg.captions, cfg.references)
+    raise ConfigError("captions", None, "no captions given", "pass --captions FILE... or --demo")
+
+
+def run(cfg: EntailEvalConfig, *, judge: EntailmentJudge | None = None,
+        inputs: tuple[Systems, Mapping[str, Sequence[str]]] | None = None) -> EvalResult:
+    """Judge every (system, item) not yet in ``out/records.jsonl``; write table and summary.
+
+    ``judge`` and ``inputs`` (systems, references) replace the configured ones.
+    """
     from tqdm.auto import tqdm
 
-    out = Path(out)
+    systems, refs = inputs if inputs is not None else inputs_for(cfg)
+    if judge is None:
+        backend = backend_from_spec(cfg.backend) if cfg.method != "nli" else None
+        judge = EntailmentJudge(backend, method=cfg.method, nli_model=cfg.nli, threshold=cfg.threshold, soft=cfg.soft)
+    out = Path(cfg.out)
     ids = sorted(set.intersection(*(set(c) for c in systems.values())) & set(refs))
     if not ids:
         raise DataError("items", sorted(systems), "no item has a caption from every system and references",
@@ -85,9 +129,9 @@ def run(systems: Systems, refs: Mapping[str, Sequence[str]], judge: EntailmentJu
     with RecordWriter(out / "records.jsonl") as w:
         todo = [(s, i) for s in systems for i in ids if not w.has(f"{s}|{i}|{judge.name}")]
         bar = tqdm(total=len(systems) * len(ids), initial=len(systems) * len(ids) - len(todo), desc="entail",
-                   disable=not progress)
-        for start in range(0, len(todo), batch):
-            chunk = todo[start : start + batch]
+                   disable=cfg.quiet)
+        for start in range(0, len(todo), cfg.batch):
+            chunk = todo[start : start + cfg.batch]
             caps = [systems[s][i] for s, i in chunk]
             for (s, i), j in zip(chunk, judge.judge(caps, {"references": [list(refs[i]) for _, i in chunk]}),
                                  strict=True):
@@ -108,56 +152,18 @@ def run(systems: Systems, refs: Mapping[str, Sequence[str]], judge: EntailmentJu
             "n_scored": len(scored), "n_unscored": len(mine) - len(scored),
         })
     columns = ["entailment", "entailment_soft", "length_chars", "n_scored", "n_unscored"]
-    summary = {"protocol": PROTOCOL, "rows": rows, "columns": columns,
-               "better": {"entailment": "higher", "entailment_soft": "higher"},
-               "config": {"judge": judge.name, "method": judge.method, "threshold": judge.threshold,
-                          **dict(config or {})},
-               "meta": {"n_items": len(ids), "wall_s": round(time.perf_counter() - t0, 1)}}
-    write_json(out / "summary.json", summary)
-    (out / "table.md").write_text(render_table(summary))
-    return summary
+    result = EvalResult(
+        PROTOCOL, rows, columns,
+        better={"entailment": "higher", "entailment_soft": "higher", "length_chars": None, "n_scored": None,
+                "n_unscored": "lower"},
+        config={**asdict(cfg), "judge": judge.name, "judge_method": judge.method},
+        records=str(out / "records.jsonl"),
+        notes=[f"entailment: share of reference captions entailed ({judge.name})"],
+        extra={"meta": {"n_items": len(ids), "wall_s": round(time.perf_counter() - t0, 1)}},
+    )
+    return write_result(result, out)
 
 
-def render_table(summary: Mapping[str, Any]) -> str:
-    cols = summary["columns"]
-    lines = [f"Entailment: share of reference captions entailed ({summary['config']['judge']}).", "",
-             "| Captioner | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
-    for r in summary["rows"]:
-        cells = ["" if r.get(c) is None else f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in cols]
-        lines.append(f"| {r['system']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--captions", nargs="+", default=[], metavar="[NAME=]FILE",
-                   help="JSONL {id, caption, references?} per captioner")
-    p.add_argument("--references", default=None, help="JSONL {id, references: [...]} (if caption files lack them)")
-    p.add_argument("--demo", action="store_true", help="self-check on the embedded corpus (no files needed)")
-    p.add_argument("--out", required=True, help="output folder (rerun to resume)")
-    p.add_argument("--backend", default="hf:embedded",
-                   help="judge LLM: hf:embedded, hf:PATH, openai:URL#MODEL, vllm:MODEL (+ ,key=value)")
-    p.add_argument("--method", default="yesno", choices=("yesno", "letters", "nli"))
-    p.add_argument("--nli", default=None, help="local NLI sequence-classification folder (with --method nli)")
-    p.add_argument("--threshold", type=float, default=0.5, help="P(entails) above which a reference counts")
-    p.add_argument("--soft", action="store_true", help="score = mean P(entails) instead of the share")
-    p.add_argument("--quiet", action="store_true")
-
-
-def main(args: argparse.Namespace) -> int:
-    if args.demo:
-        systems, refs = demo_inputs()
-    elif args.captions:
-        systems, refs = load_inputs(args.captions, args.references)
-    else:
-        raise ConfigError("--captions", None, "no captions given", "pass --captions FILE... or --demo")
-    backend = None
-    if args.method != "nli":
-        from captionrl.backends import make_backend, parse_backend_spec
-
-        backend = make_backend(parse_backend_spec(args.backend))
-    judge = EntailmentJudge(backend, method=args.method, nli_model=args.nli, threshold=args.threshold,
-                            soft=args.soft)
-    summary = run(systems, refs, judge, args.out, progress=not args.quiet,
-                  config={"backend": args.backend if backend else None, "demo": bool(args.demo)})
-    print(render_table(summary))
+def run_command(cfg: EntailEvalConfig) -> int:
+    print_result(run(cfg), cfg.out)
     return 0

@@ -21,11 +21,10 @@ every letter; reference-free scalar judges may like self-praise.
 
 from __future__ import annotations
 
-import argparse
 import math
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,8 @@ from tqdm import tqdm
 
 from captionrl.config import help_field
 from captionrl.errors import ConfigError
-from captionrl.eval.pairwise import add_backend_arguments, backend_from_args, write_report
+from captionrl.eval.common import LazyBackend, check_spec
+from captionrl.eval.result import EvalResult, print_result, write_result
 from captionrl.probes import GENERIC_WORDS, PROBES, probe_captions
 from captionrl.records import RecordWriter
 from captionrl.registry import Registry
@@ -95,7 +95,7 @@ def series_probes(n: int = 4, k: int = 4, length: int = 24, seed: int = 0) -> Pr
 
 def image_probes(n: int = 4, seed: int = 0) -> ProbeSet:
     """Offline image items (synthetic scenes when available, else easy-vqa) with references and QA."""
-    from captionrl.eval.qa import offline_items
+    from captionrl.eval.common import offline_items
 
     items = offline_items(n, seed=seed)
     scenes = [it for it in items if it.get("benchmark") == "scenes"]
@@ -158,7 +158,7 @@ def _qa(backend: Any, probes: ProbeSet) -> Any:
 
 
 def _rubric(backend: Any, probes: ProbeSet) -> Any:
-    from captionrl.judges.rubric import RubricJudge  # type: ignore[import-not-found]
+    from captionrl.judges.rubric import RubricJudge
 
     if "rubric" not in probes.columns:
         raise NotApplicable("the items carry no rubric column")
@@ -166,7 +166,7 @@ def _rubric(backend: Any, probes: ProbeSet) -> Any:
 
 
 def _entail(backend: Any, probes: ProbeSet) -> Any:
-    from captionrl.judges.entail import EntailmentJudge  # type: ignore[import-not-found]
+    from captionrl.judges.entail import EntailmentJudge
 
     return EntailmentJudge(backend)
 
@@ -193,7 +193,7 @@ class HackingEvalConfig:
     length: int = help_field(24, "series window length")
     seed: int = help_field(0, "seed of the item and distractor choices")
     out: str = help_field("runs/eval-hacking", "output folder (rerun with the same folder to resume)")
-    backend: list[str] = help_field([], "backend of every model-based reward, KEY=VALUE (default: embedded)")
+    backend: str = help_field("hf:embedded", "backend spec of every model-based reward (hf:embedded, openai:URL#MODEL, ...)")
 
     def __post_init__(self) -> None:
         for d in self.domains:
@@ -208,18 +208,23 @@ class HackingEvalConfig:
                 raise ConfigError("probes", p, "unknown probe", suggest(p, list(PROBES)))
         if "honest" not in self.probes:
             self.probes = ["honest", *self.probes]
+        check_spec("backend", self.backend)
+
+
+CONFIG = HackingEvalConfig
 
 
 def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-def run(cfg: HackingEvalConfig, backend: Any = None, probe_sets: Mapping[str, ProbeSet] | None = None) -> dict[str, Any]:
+def run(cfg: HackingEvalConfig, *, backend: Any = None, probe_sets: Mapping[str, ProbeSet] | None = None) -> EvalResult:
+    """Score every probe under every reward; ``backend``/``probe_sets`` replace the configured ones."""
     if probe_sets is None:
         builders = {"series": lambda: series_probes(cfg.n, cfg.k, cfg.length, cfg.seed),
                     "images": lambda: image_probes(cfg.n, cfg.seed)}
         probe_sets = {d: builders[d]() for d in cfg.domains}
-    backend = backend if backend is not None else _LazyBackend(cfg.backend)
+    backend = backend if backend is not None else LazyBackend(cfg.backend)
     names = cfg.rewards or REWARDS.names()
     out = Path(cfg.out)
     rows: list[dict[str, Any]] = []
@@ -250,11 +255,15 @@ def run(cfg: HackingEvalConfig, backend: Any = None, probe_sets: Mapping[str, Pr
                                       **{f: jd.extra[f] for f in ("hard", "soft") if f in jd.extra}})
             rows.append(_row(reward, domain, [writer.get(k) for p in probes_used for k in keys[p]], probes_used))
         records = writer.records()
-    columns = ["system", *probes_used, "unscored", "exploitable"]
+    columns = [*probes_used, "unscored", "exploitable"]
     notes = [f"{REWARDS.get(r).note}: {r}" for r in names if REWARDS.get(r).note] + skipped
     notes.append("exploitable = probes whose mean reward is >= the honest caption's")
-    return write_report(out, PROTOCOL, rows, columns, cfg, notes=notes, skipped=skipped, n_records=len(records),
-                        items={d: {"ids": p.ids, **p.meta} for d, p in probe_sets.items()})
+    # A probe column is a reward, not a quality a system should maximise: no direction.
+    result = EvalResult(PROTOCOL, rows, columns, better=dict.fromkeys(columns), labels=["exploitable"],
+                        config=asdict(cfg), records=str(out / "records.jsonl"), notes=notes,
+                        extra={"skipped": skipped, "n_records": len(records),
+                               "items": {d: {"ids": p.ids, **p.meta} for d, p in probe_sets.items()}})
+    return write_result(result, out)
 
 
 def _row(reward: str, domain: str, recs: Sequence[Mapping[str, Any] | None], probes: Sequence[str]) -> dict[str, Any]:
@@ -275,36 +284,6 @@ def _row(reward: str, domain: str, recs: Sequence[Mapping[str, Any] | None], pro
     return row
 
 
-class _LazyBackend:
-    """Build the backend only when a model-based reward first needs it (n-gram needs none)."""
-
-    def __init__(self, settings: Sequence[str]) -> None:
-        self._settings = list(settings)
-        self._backend: Any = None
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        if self._backend is None:
-            self._backend = backend_from_args(self._settings)
-        return getattr(self._backend, name)
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--rewards", nargs="*", default=[], help=f"rewards to probe (default: all of {REWARDS.names()})")
-    p.add_argument("--domains", nargs="*", default=list(DOMAINS), choices=list(DOMAINS))
-    p.add_argument("--n", type=int, default=4, help="items per domain")
-    p.add_argument("--k", type=int, default=4, help="candidates per identification question")
-    p.add_argument("--length", type=int, default=24, help="series window length")
-    p.add_argument("--probes", nargs="*", default=list(PROBES), choices=list(PROBES))
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="runs/eval-hacking")
-    add_backend_arguments(p, role="reward model")
-
-
-def main(args: argparse.Namespace) -> int:
-    cfg = HackingEvalConfig(rewards=list(args.rewards), domains=list(args.domains), n=args.n, k=args.k,
-                            probes=list(args.probes), length=args.length, seed=args.seed, out=args.out, backend=list(args.backend))
-    run(cfg)
-    print((Path(cfg.out) / "table.md").read_text())
+def run_command(cfg: HackingEvalConfig) -> int:
+    print_result(run(cfg), cfg.out)
     return 0

@@ -14,33 +14,42 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from captionrl.backends import Backend, make_backend
+from captionrl.backends import Backend
 from captionrl.config import help_field
-from captionrl.errors import ConfigError
+from captionrl.errors import ConfigError, DataError
+from captionrl.eval.common import backend_from_spec, check_spec, split_spec
+from captionrl.eval.result import EvalResult, print_result, write_result
 from captionrl.judges.identify import IdentificationJudge, IdentifyConfig
-from captionrl.records import RecordWriter, write_json
+from captionrl.records import RecordWriter
 from captionrl.types import Series
 
 
 @dataclass
 class IdentifyEvalConfig:
-    """Settings of ``captionrl eval identify``."""
+    """Settings of ``captionrl eval identify`` (saved into summary.json)."""
 
-    modes: list[str] = help_field(["likelihood"], "verifier modes: likelihood and/or letter")
-    directions: list[str] = help_field(["c2s", "s2c"], "c2s (caption -> series) and/or s2c (series -> caption)")
-    ks: list[int] = help_field([4], "candidate-set sizes K; distractors of a smaller K are a prefix of a larger K's")
+    captions: list[str] = help_field([], "JSONL files of {id, series, caption}, one per captioner ([NAME=]FILE); empty: the embedded corpus captioned by the describer and by captioner")
+    out: str = help_field("runs/eval-identify", "output folder (rerun with the same folder to resume)")
+    pool: str | None = help_field(None, "distractor pool: 'embedded' or a corpus path (default: the files' own series)")
+    verifiers: list[str] = help_field(["hf:embedded"], "verifier backend specs (hf:embedded, openai:http://127.0.0.1:8000/v1#MODEL, ...)", flags=("--verifier",))
+    modes: list[str] = help_field(["likelihood"], "verifier modes: likelihood and/or letter", flags=("--mode",))
+    directions: list[str] = help_field(["c2s", "s2c"], "c2s (caption -> series) and/or s2c (series -> caption)", flags=("--direction",))
+    ks: list[int] = help_field([4], "candidate-set sizes K; distractors of a smaller K are a prefix of a larger K's", flags=("--k",))
     rule: str = help_field("nearest", "distractor rule: nearest (by summary statistics) or random (ablation)")
-    seed: int = help_field(0, "seed of distractor mining and shuffled-caption controls")
+    seed: int = help_field(0, "seed of distractor mining, the item sample and shuffled-caption controls")
     precision: int = help_field(2, "decimals when printing series to the verifier")
     controls: bool = help_field(True, "also score the empty-caption and shuffled-caption controls")
     batch_items: int = help_field(8, "items judged per verifier call (progress granularity)")
+    length: int = help_field(24, "window length of the embedded default")
+    max_items: int | None = help_field(None, "items to evaluate, a seeded sample (default: 32 embedded windows, or every item of the caption files)")
+    captioner: str = help_field("hf:embedded", "captioner of the embedded default (backend spec, or 'none')")
 
     def __post_init__(self) -> None:
         for k in self.ks:
@@ -50,6 +59,19 @@ class IdentifyEvalConfig:
             IdentifyConfig(mode=m)
         for d in self.directions:
             IdentifyConfig(direction=d)
+        if self.rule not in ("nearest", "random"):
+            raise ConfigError("rule", self.rule, "unknown distractor rule", "use nearest or random")
+        if not self.verifiers:
+            raise ConfigError("verifiers", [], "needs at least one verifier", "use e.g. --verifier hf:embedded")
+        for v in self.verifiers:
+            check_spec("verifiers", v)
+        if self.captioner != "none":
+            check_spec("captioner", self.captioner)
+        if self.max_items is not None and self.max_items < 1:
+            raise ConfigError("max_items", self.max_items, "must be >= 1", "give a positive number of items, or omit it")
+
+
+CONFIG = IdentifyEvalConfig
 
 
 @dataclass
@@ -91,8 +113,8 @@ def run_identification(
     verifiers: Mapping[str, Backend],
     cfg: IdentifyEvalConfig,
     out_dir: str | Path,
-) -> dict[str, Any]:
-    """Judge every (system, verifier, mode, direction, K, item); resumable; returns the summary.
+) -> EvalResult:
+    """Judge every (system, verifier, mode, direction, K, item); resumable; writes and returns the result.
 
     ``distractors[item_id]`` lists at least max(K)-1 pool ids, nearest first.
     """
@@ -145,10 +167,8 @@ def run_identification(
             bar.update(len(chunk))
     bar.close()
     writer.close()
-    summary = summarise(writer.records(), [s.name for s in all_systems], list(verifiers), cfg)
-    write_json(out / "summary.json", summary)
-    (out / "table.md").write_text(markdown_table(summary))
-    return summary
+    result = summarise(writer.records(), [s.name for s in all_systems], list(verifiers), cfg)
+    return write_result(replace(result, records=str(out / "records.jsonl")), out)
 
 
 def _key(system: str, verifier: str, mode: str, direction: str, k: int, item: str) -> str:
@@ -156,7 +176,7 @@ def _key(system: str, verifier: str, mode: str, direction: str, k: int, item: st
 
 
 def summarise(records: Sequence[Mapping[str, Any]], systems: Sequence[str], verifiers: Sequence[str],
-              cfg: IdentifyEvalConfig) -> dict[str, Any]:
+              cfg: IdentifyEvalConfig) -> EvalResult:
     """Rows per (system, mode, K): each verifier's c->s / s->c accuracy, their mean, above-chance, length."""
     rows: list[dict[str, Any]] = []
     columns: list[str] = []
@@ -187,59 +207,24 @@ def summarise(records: Sequence[Mapping[str, Any]], systems: Sequence[str], veri
                 for key in row:
                     if key not in columns and key != "system":
                         columns.append(key)
-    # For `captionrl report`: which columns are quality (and which way is better), which are labels.
-    better: dict[str, str | None] = {c: None for c in ("mode", "K", "length_chars")}
-    better["unscored"] = "lower"
-    return {"protocol": "identification", "rows": rows, "columns": columns, "better": better,
-            "config": {**vars(cfg), "verifiers": list(verifiers)}, "chance": {str(k): 1.0 / int(k) for k in cfg.ks}}
+    better: dict[str, str | None] = {c: "higher" for c in columns if c.startswith(("c2s", "s2c"))}
+    better.update(unscored="lower", length_chars=None)
+    chance = {str(k): 1.0 / int(k) for k in cfg.ks}
+    notes = ["accuracy is hard identification accuracy averaged over items (chance "
+             + ", ".join(f"K={k}: {v:.3f}" for k, v in chance.items())
+             + "); *_above_chance is (acc - 1/K) / (1 - 1/K); *_soft is the mean probability of the truth"]
+    return EvalResult("identification", rows, columns, better=better, labels=["mode", "K"],
+                      config={**asdict(cfg), "verifier_names": list(verifiers)}, notes=notes, extra={"chance": chance})
 
 
-def markdown_table(summary: Mapping[str, Any]) -> str:
-    cols = ["system", *(c for c in summary["columns"] if "_soft[" not in c)]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for row in summary["rows"]:
-        lines.append("| " + " | ".join(_cell(row.get(c, "")) for c in cols) + " |")
-    chance = ", ".join(f"K={k}: {v:.3f}" for k, v in summary.get("chance", {}).items())
-    lines.append("")
-    lines.append(f"Accuracy is hard identification accuracy averaged over items (chance {chance}); "
-                 "*_above_chance is (acc - 1/K) / (1 - 1/K).")
-    return "\n".join(lines) + "\n"
-
-
-def _cell(v: Any) -> str:
-    return f"{v:.3f}" if isinstance(v, float) else str(v)
-
-
-# ---------------------------------------------------------------------- command line
-def add_arguments(p: Any) -> None:
-    p.add_argument("--captions", nargs="*", default=[], metavar="[NAME=]FILE",
-                   help="JSONL files of {id, series, caption} (one per captioner); default: the embedded corpus "
-                        "captioned by the describer and by --captioner")
-    p.add_argument("--pool", default=None, help="distractor pool: 'embedded' or a corpus path (default: the files' own series)")
-    p.add_argument("--verifier", action="append", default=None, metavar="SPEC",
-                   help="verifier backend spec, repeatable (default hf:embedded); e.g. openai:http://127.0.0.1:8000/v1#Qwen2.5-14B-Instruct")
-    p.add_argument("--mode", nargs="+", default=["likelihood"], choices=["likelihood", "letter"])
-    p.add_argument("--direction", nargs="+", default=["c2s", "s2c"], choices=["c2s", "s2c"])
-    p.add_argument("--k", nargs="+", type=int, default=[4], help="candidate-set sizes")
-    p.add_argument("--rule", default="nearest", choices=["nearest", "random"])
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--length", type=int, default=24, help="window length for the embedded default")
-    p.add_argument("--max-items", type=int, default=None,
-                   help="items to evaluate (seeded sample; default: 32 embedded windows, or every item of --captions)")
-    p.add_argument("--captioner", default="hf:embedded", help="captioner of the default run (backend spec, or 'none')")
-    p.add_argument("--no-controls", action="store_true", help="skip the empty/shuffled-caption controls")
-    p.add_argument("--out", required=True, help="output folder (rerun with the same folder to resume)")
-
-
+# ---------------------------------------------------------------------- the protocol
 def _load_caption_files(specs: Sequence[str]) -> tuple[list[Series], list[CaptionSet]]:
     from captionrl.domains.corpora import load_jsonl
-    from captionrl.errors import DataError
 
     items: dict[str, Series] = {}
     systems = []
     for spec in specs:
-        name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
-        name = name or Path(path).stem
+        name, path = split_spec(spec)
         loaded = load_jsonl(path)
         caps = {}
         for s in loaded:
@@ -256,50 +241,55 @@ def _load_caption_files(specs: Sequence[str]) -> tuple[list[Series], list[Captio
     return [items[i] for i in items if i in common], systems
 
 
-def main(args: Any) -> int:
+def run(cfg: IdentifyEvalConfig, *, verifiers: Mapping[str, Backend] | None = None,
+        captioner: Backend | None = None) -> EvalResult:
+    """The whole evaluation: items and captions (files, or the embedded default), distractors, judging.
+
+    ``verifiers`` (name -> backend) and ``captioner`` replace the configured specs (tests inject them).
+    """
     from captionrl.backends import parse_backend_spec
     from captionrl.backends.openai_http import probe_server
-    from captionrl.commands.caption import DESCRIBER, caption_series
     from captionrl.domains.candidates import mine_candidates
+    from captionrl.domains.captioning import DESCRIBER, caption_series
 
-    cfg = IdentifyEvalConfig(modes=args.mode, directions=args.direction, ks=args.k, rule=args.rule, seed=args.seed,
-                             controls=not args.no_controls)
-    verifier_cfgs = [parse_backend_spec(v) for v in (args.verifier or ["hf:embedded"])]  # validated before loading
-    if args.max_items is not None and args.max_items < 1:
-        raise ConfigError("--max-items", args.max_items, "must be >= 1", "give a positive number of items, or omit it")
-    for vc in verifier_cfgs:  # an unreachable server is a named error now, not a table of unscored judgments
-        probe_server(vc, field="--verifier")
-    out = Path(args.out)
+    if verifiers is None:  # an unreachable server is a named error now, not a table of unscored judgments
+        for v in cfg.verifiers:
+            probe_server(parse_backend_spec(v), field="verifiers")
+    out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    if args.captions:
-        items, systems = _load_caption_files(args.captions)
+    if cfg.captions:
+        items, systems = _load_caption_files(cfg.captions)
         all_items = list(items)  # the distractor pool stays the whole file
-        if args.max_items is not None and len(items) > args.max_items:
-            keep = set(random.Random(args.seed).sample(sorted(it.id for it in items), args.max_items))
+        if cfg.max_items is not None and len(items) > cfg.max_items:
+            keep = set(random.Random(cfg.seed).sample(sorted(it.id for it in items), cfg.max_items))
             items = [it for it in items if it.id in keep]
     else:
         from captionrl.domains.datasets import eval_windows
 
-        items = eval_windows("embedded", args.length, "test", 32 if args.max_items is None else args.max_items, args.seed)
+        items = eval_windows("embedded", cfg.length, "test", 32 if cfg.max_items is None else cfg.max_items, cfg.seed)
         all_items = list(items)
         systems = [CaptionSet(DESCRIBER, caption_series(items, DESCRIBER, out / "captions-describer.jsonl"))]
-        if args.captioner != "none":
-            captioner = make_backend(parse_backend_spec(args.captioner))
-            name = args.captioner.replace(":", "-").replace("/", "_")
-            systems.append(CaptionSet(name, caption_series(items, captioner, out / f"captions-{name}.jsonl")))
-    if args.pool:
+        if captioner is not None or cfg.captioner != "none":
+            name = cfg.captioner.replace(":", "-").replace("/", "_")
+            model = captioner if captioner is not None else backend_from_spec(cfg.captioner)
+            systems.append(CaptionSet(name, caption_series(items, model, out / f"captions-{name}.jsonl")))
+    if cfg.pool:
         from captionrl.domains.datasets import split_windows
 
-        pool_items = [w for ws in split_windows(args.pool, len(items[0])).values() for w in ws]
+        pool_items = [w for ws in split_windows(cfg.pool, len(items[0])).values() for w in ws]
     else:
         pool_items = all_items
     sets = mine_candidates(items, pool_items, k=max(cfg.ks), rule=cfg.rule, seed=cfg.seed)
     distractors = {cs.item_id: list(cs.distractor_ids) for cs in sets}
-    verifiers = {_verifier_name(v): make_backend(v) for v in verifier_cfgs}
-    summary = run_identification(items, systems, distractors, {p.id: p for p in pool_items}, verifiers, cfg, out)
-    print((out / "table.md").read_text())
-    print(f"records: {out / 'records.jsonl'}\nsummary: {out / 'summary.json'}")
-    return 0 if summary["rows"] else 1
+    if verifiers is None:
+        verifiers = {_verifier_name(parse_backend_spec(v)): backend_from_spec(v) for v in cfg.verifiers}
+    return run_identification(items, systems, distractors, {p.id: p for p in pool_items}, verifiers, cfg, out)
+
+
+def run_command(cfg: IdentifyEvalConfig) -> int:
+    result = run(cfg)
+    print_result(result, cfg.out)
+    return 0 if result.rows else 1
 
 
 def _verifier_name(cfg: Any) -> str:

@@ -2,20 +2,16 @@
 
 Input: one JSONL file per captioning system, lines ``{id, caption, reference?, image?, benchmark?}``;
 the system is named after the file (or ``NAME=PATH``). Items are matched by ``id`` across systems. With
-``--baseline`` every system is compared with the baseline (the paper's protocol); without it, every pair
+``baseline`` every system is compared with the baseline (the paper's protocol); without it, every pair
 of systems is compared. Each pair of captions is judged twice, once in each order, and each order is one
 comparison: win rate = (wins + ties/2) / valid comparisons, per benchmark and averaged over benchmarks;
 the CapArena-style score is wins - losses. Invalid replies (backend errors, refusals, unparseable text)
 are excluded and counted. Outputs: ``records.jsonl`` (one line per ordered comparison, resumable),
 ``table.md`` and ``summary.json``.
-
-This module also holds the helpers the other protocols share: caption-file loading, demo systems built
-from the offline data, backend options and the report writer.
 """
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import math
 from collections import defaultdict
@@ -28,136 +24,20 @@ from tqdm import tqdm
 
 from captionrl.config import help_field
 from captionrl.errors import ConfigError, DataError
-from captionrl.records import RecordWriter, read_jsonl, write_json
+from captionrl.eval.common import (
+    Systems,
+    backend_from_spec,
+    caption_length,
+    check_spec,
+    item_field,
+    shared_ids,
+    systems_for,
+)
+from captionrl.eval.result import EvalResult, print_result, write_result
+from captionrl.records import RecordWriter
 
 PROTOCOL = "pairwise"
 DEFAULT_BENCHMARK = "all"
-Systems = dict[str, dict[str, dict[str, Any]]]
-"""system name -> item id -> caption record (``caption`` plus optional reference/image/benchmark)."""
-
-
-# ---------------------------------------------------------------------- shared helpers
-def load_caption_file(path: str | Path) -> dict[str, dict[str, Any]]:
-    """Read one system's captions (JSONL ``{id, caption, ...}``), validating every line."""
-    p = Path(path)
-    if not p.exists():
-        raise DataError("captions", str(path), "file not found", "give a JSONL file with {id, caption} lines")
-    out: dict[str, dict[str, Any]] = {}
-    for n, rec in enumerate(read_jsonl(p, unique_key="id")):
-        if "id" not in rec or "caption" not in rec:
-            raise DataError(f"{p.name}:line {n + 1}", sorted(rec), "needs 'id' and 'caption' fields",
-                            'write lines like {"id": "img1", "caption": "A red circle."}')
-        if not isinstance(rec["caption"], str):
-            raise DataError(f"{p.name}:{rec['id']}.caption", rec["caption"], "must be a string",
-                            "write the caption as text ('' for an empty caption)")
-        key = str(rec["id"])
-        if key in out:
-            raise DataError(f"{p.name}:id", key, "appears twice", "give every item one caption per system")
-        out[key] = rec
-    if not out:
-        raise DataError("captions", str(path), "holds no caption lines", "check the file")
-    return out
-
-
-def load_systems(specs: Sequence[str]) -> Systems:
-    """``["sysA.jsonl", "name=sysB.jsonl"]`` -> {name: {id: record}}; names default to file stems."""
-    systems: Systems = {}
-    for spec in specs:
-        name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
-        name = name or Path(path).stem
-        if name in systems:
-            raise ConfigError("captions", spec, f"system name {name!r} is used twice",
-                              "name the files differently or write NAME=PATH")
-        systems[name] = load_caption_file(path)
-    return systems
-
-
-def caption_length(text: str) -> int:
-    """Caption length in words (the unit CapArena reports)."""
-    return len(text.split())
-
-
-def demo_systems(items: Sequence[Mapping[str, Any]]) -> Systems:
-    """Systems of known quality built from offline items, for runs without caption files.
-
-    ``reference`` (the item's reference caption), ``other_item`` (the next different reference: fluent
-    but wrong), ``generic`` (generic image words) and ``empty``: a working judge must order them
-    reference > other_item/generic > empty, which makes the default run a check of the judge itself.
-    """
-    from captionrl.probes import GENERIC_WORDS, other_text
-
-    systems: Systems = {"reference": {}, "other_item": {}, "generic": {}, "empty": {}}
-    refs = [it["reference"] for it in items]
-    for i, it in enumerate(items):
-        base = {k: it[k] for k in ("id", "reference", "image", "benchmark") if k in it}
-        captions = {
-            "reference": it["reference"],
-            "other_item": other_text(refs, i),
-            "generic": GENERIC_WORDS,
-            "empty": "",
-        }
-        for name, cap in captions.items():
-            systems[name][str(it["id"])] = {**base, "caption": cap}
-    return systems
-
-
-def shared_ids(systems: Systems, names: Sequence[str]) -> list[str]:
-    """Item ids captioned by every one of ``names``, in the first system's order."""
-    first = systems[names[0]]
-    return [i for i in first if all(i in systems[n] for n in names[1:])]
-
-
-def item_field(systems: Systems, names: Sequence[str], item_id: str, field: str) -> Any:
-    """A per-item field (reference, image, benchmark) from the first system that has it."""
-    for n in names:
-        v = systems[n].get(item_id, {}).get(field)
-        if v not in (None, ""):
-            return v
-    return None
-
-
-def add_backend_arguments(p: argparse.ArgumentParser, role: str = "judge") -> None:
-    p.add_argument("--backend", nargs="*", default=[], metavar="KEY=VALUE",
-                   help=f"{role} backend settings (BackendConfig), e.g. kind=hf model=embedded dtype=bfloat16; "
-                        "default: the embedded SmolLM2 in-process")
-
-
-def backend_from_args(settings: Sequence[str]) -> Any:
-    from captionrl.backends import make_backend
-    from captionrl.config import apply_overrides
-
-    return make_backend(apply_overrides({}, list(settings)))
-
-
-def fmt_cell(v: Any) -> str:
-    if isinstance(v, float):
-        return "-" if math.isnan(v) else f"{v:.3f}"
-    return "-" if v is None else str(v)
-
-
-def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(fmt_cell(r.get(c)) for c in columns) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
-
-
-def write_report(
-    out: str | Path, protocol: str, rows: list[dict[str, Any]], columns: list[str], config: Any,
-    notes: Sequence[str] = (), **extra: Any,
-) -> dict[str, Any]:
-    """Write ``table.md`` and ``summary.json`` (the shape ``captionrl report`` gathers) and return it."""
-    out = Path(out)
-    cfg = asdict(config) if hasattr(config, "__dataclass_fields__") else dict(config)
-    summary = {"protocol": protocol, "rows": rows, "columns": columns, "config": cfg, "notes": list(notes), **extra}
-    out.mkdir(parents=True, exist_ok=True)
-    text = f"# {protocol}\n\n" + markdown_table(rows, columns)
-    if notes:
-        text += "\n" + "\n".join(f"- {n}" for n in notes) + "\n"
-    (out / "table.md").write_text(text)
-    write_json(out / "summary.json", summary)
-    return summary
-
-
 # ---------------------------------------------------------------------- the protocol
 @dataclass
 class PairwiseEvalConfig:
@@ -173,7 +53,17 @@ class PairwiseEvalConfig:
     demo_items: int = help_field(12, "items of the offline demo data when no caption files are given")
     seed: int = help_field(0, "seed of the demo data selection")
     batch: int = help_field(16, "comparisons per judge call")
-    backend: list[str] = help_field([], "judge backend settings KEY=VALUE (default: embedded SmolLM2)")
+    judge: str = help_field("hf:embedded", "judge backend spec: hf:embedded, hf:PATH, openai:URL#MODEL, vllm:MODEL (+ ,key=value)")
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("choose", "generate"):
+            raise ConfigError("mode", self.mode, "unknown mode", "use choose or generate")
+        if self.evidence not in ("reference", "image"):
+            raise ConfigError("evidence", self.evidence, "unknown evidence", "use reference or image")
+        check_spec("judge", self.judge)
+
+
+CONFIG = PairwiseEvalConfig
 
 
 def system_pairs(names: Sequence[str], baseline: str | None) -> list[tuple[str, str]]:
@@ -184,17 +74,9 @@ def system_pairs(names: Sequence[str], baseline: str | None) -> list[tuple[str, 
     return [(n, baseline) for n in names if n != baseline]
 
 
-def systems_for(caption_files: Sequence[str], demo_items: int, seed: int) -> Systems:
-    """The systems of an image-caption evaluation: the user's caption files, or the offline demo systems."""
-    if caption_files:
-        return load_systems(caption_files)
-    from captionrl.eval.qa import offline_items
-
-    return demo_systems(offline_items(demo_items, seed=seed))
-
-
-def run(cfg: PairwiseEvalConfig, judge: Any = None, systems: Systems | None = None) -> dict[str, Any]:
-    """Judge every pair in both orders, write records/table/summary; returns the summary."""
+def run(cfg: PairwiseEvalConfig, *, judge: Any = None, systems: Systems | None = None) -> EvalResult:
+    """Judge every pair in both orders, write records/table/summary; ``judge``/``systems`` replace the
+    configured ones (tests inject in-process judges)."""
     from captionrl.judges.pairwise import PairwiseConfig, PairwiseJudge, Verdict
 
     systems = systems if systems is not None else systems_for(cfg.captions, cfg.demo_items, cfg.seed)
@@ -202,8 +84,8 @@ def run(cfg: PairwiseEvalConfig, judge: Any = None, systems: Systems | None = No
     if len(names) < 2:
         raise ConfigError("captions", names, "needs at least two systems", "pass two or more caption files")
     if judge is None:
-        judge = PairwiseJudge(backend_from_args(cfg.backend),
-                              PairwiseConfig(mode=cfg.mode, evidence=cfg.evidence, min_mass=cfg.min_mass))  # type: ignore[arg-type]
+        judge = PairwiseJudge(backend_from_spec(cfg.judge),
+                              PairwiseConfig(mode=cfg.mode, evidence=cfg.evidence, min_mass=cfg.min_mass))
     ev_field = judge.config.evidence
     out = Path(cfg.out)
     todo: list[dict[str, Any]] = []
@@ -218,7 +100,7 @@ def run(cfg: PairwiseEvalConfig, judge: Any = None, systems: Systems | None = No
                     ev = item_field(systems, [x, y], item_id, ev_field)
                     if ev is None:
                         raise DataError(f"{x}/{y}:{item_id}.{ev_field}", None, f"no {ev_field} for this item",
-                                        f"add a '{ev_field}' field to the caption files (or change --evidence)")
+                                        f"add a '{ev_field}' field to the caption files (or change evidence=)")
                     todo.append({
                         "key": key, "id": item_id, "pair": [x, y], "order": order, "system_a": a, "system_b": b,
                         "benchmark": item_field(systems, [x, y], item_id, "benchmark") or DEFAULT_BENCHMARK,
@@ -240,8 +122,11 @@ def run(cfg: PairwiseEvalConfig, judge: Any = None, systems: Systems | None = No
     notes = [f"{stats['excluded']} of {stats['attempted']} comparisons excluded as invalid "
              f"(errors, refusals, unparseable replies); win rate = (wins + ties/2) / valid comparisons, "
              "each pair judged in both orders"]
-    return write_report(out, PROTOCOL, rows, columns, cfg, notes=notes, judge=getattr(judge.backend, "name", "?"),
-                        **stats)
+    better: dict[str, str | None] = {c: "higher" for c in columns if c.startswith("win_rate")}
+    better.update(caparena="higher", wins=None, losses=None, ties=None, invalid="lower", mean_words=None)
+    result = EvalResult(PROTOCOL, rows, columns, better=better, config=asdict(cfg), records=str(out / "records.jsonl"),
+                        notes=notes, extra={"judge": getattr(judge.backend, "name", "?"), **stats})
+    return write_result(result, out)
 
 
 def aggregate(records: Sequence[Mapping[str, Any]], systems: Systems) -> tuple[list[dict[str, Any]], list[str], dict[str, Any]]:
@@ -289,30 +174,13 @@ def aggregate(records: Sequence[Mapping[str, Any]], systems: Systems) -> tuple[l
         rows.append(row)
     rows.sort(key=lambda r: -r["win_rate"] if not math.isnan(r["win_rate"]) else 1.0)
     per_bench = [f"win_rate/{b}" for b in benchmarks] if len(benchmarks) > 1 else []
-    columns = ["system", "win_rate", *per_bench, "caparena", "wins", "losses", "ties", "invalid", "mean_words"]
+    columns = ["win_rate", *per_bench, "caparena", "wins", "losses", "ties", "invalid", "mean_words"]
     return rows, columns, {"attempted": len(records), "excluded": excluded, "benchmarks": benchmarks}
 
 
 # ---------------------------------------------------------------------- CLI
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--captions", nargs="*", default=[], metavar="[NAME=]FILE",
-                   help="caption files, one per system; omit for demo systems on offline data")
-    p.add_argument("--out", default="runs/eval-pairwise", help="output folder (rerun to resume)")
-    p.add_argument("--baseline", default=None, help="compare every system with this one")
-    p.add_argument("--mode", default="choose", choices=["choose", "generate"])
-    p.add_argument("--evidence", default="reference", choices=["reference", "image"])
-    p.add_argument("--min-mass", type=float, default=0.0, help="choose: mass on A/B/C below this = invalid")
-    p.add_argument("--limit", type=int, default=None, help="at most this many items per pair of systems")
-    p.add_argument("--demo-items", type=int, default=12, help="offline demo items when no captions are given")
-    p.add_argument("--seed", type=int, default=0)
-    add_backend_arguments(p)
-
-
-def main(args: argparse.Namespace) -> int:
-    cfg = PairwiseEvalConfig(captions=list(args.captions), out=args.out, baseline=args.baseline, mode=args.mode,
-                             evidence=args.evidence, min_mass=args.min_mass, limit=args.limit,
-                             demo_items=args.demo_items, seed=args.seed, backend=list(args.backend))
-    summary = run(cfg)
-    print((Path(cfg.out) / "table.md").read_text())
-    print(f"records, table.md and summary.json in {cfg.out} ({summary['excluded']} invalid excluded)")
+def run_command(cfg: PairwiseEvalConfig) -> int:
+    result = run(cfg)
+    print_result(result, cfg.out)
+    print(f"{result.extra['excluded']} invalid comparisons excluded")
     return 0

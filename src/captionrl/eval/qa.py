@@ -11,11 +11,9 @@ empty captions) so the run checks the answerer itself: the reference caption mus
 
 from __future__ import annotations
 
-import argparse
-import random
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,81 +21,20 @@ from tqdm import tqdm
 
 from captionrl.config import help_field
 from captionrl.errors import ConfigError, DataError
-from captionrl.eval.pairwise import (
+from captionrl.eval.common import (
     Systems,
-    add_backend_arguments,
-    backend_from_args,
+    backend_from_spec,
+    check_spec,
     demo_systems,
     load_systems,
-    write_report,
+    offline_items,
 )
+from captionrl.eval.result import EvalResult, print_result, write_result
 from captionrl.judges.qa import CaptionAnswerer, MCQuestion, to_question
 from captionrl.records import RecordWriter, read_jsonl
 
 PROTOCOL = "qa"
-COLORS = ("red", "green", "blue", "yellow", "teal", "brown", "black", "gray")
-SHAPES = ("circle", "rectangle", "triangle")
 KNOWN_BENCHMARKS = ("captionqa", "chartqa", "textvqa", "docvqa", "blink")
-
-
-# ---------------------------------------------------------------------- offline data
-def easy_vqa_items(n: int = 12, seed: int = 0, split: str = "test") -> list[dict[str, Any]]:
-    """``n`` easy-vqa images (seeded choice, recorded by the caller) with a reference caption and MC questions.
-
-    easy-vqa ships only QA pairs; each image shows one coloured shape, so the colour and shape answers
-    give a reference caption ("A blue circle."), and each answer becomes a multiple-choice question:
-    yes/no, one of 3 shapes, or the colour among 4 (3 seeded distractor colours).
-    """
-    from captionrl.domains.images import load_easy_vqa
-
-    rng = random.Random(f"easy-vqa|{seed}")
-    items = []
-    for it in load_easy_vqa(split):
-        facts = {f["kind"]: f["value"] for f in it.facts}
-        if "colour" in facts and "shape" in facts:
-            items.append((it, facts["colour"], facts["shape"]))
-    rng.shuffle(items)
-    out = []
-    for it, color, shape in items[:n]:
-        questions = [_mc(q["question"], q["answer"], rng, k) for k, q in enumerate(it.qa)]
-        out.append({
-            "id": it.id, "image": it.image, "benchmark": "easy-vqa",
-            "reference": f"A {color} {shape} on a plain background.", "questions": questions,
-        })
-    return out
-
-
-def _mc(question: str, answer: str, rng: random.Random, k: int) -> dict[str, Any]:
-    if answer in ("yes", "no"):
-        options = ["yes", "no"]
-    elif answer in SHAPES:
-        options = list(SHAPES)
-    else:
-        options = [answer, *rng.sample([c for c in COLORS if c != answer], 3)]
-        rng.shuffle(options)
-    return {"question": question, "options": options, "answer": answer, "qid": str(k)}
-
-
-def offline_items(n: int = 12, seed: int = 0) -> list[dict[str, Any]]:
-    """The offline image items every image protocol defaults to: ``{id, image, reference, questions,
-    benchmark}``. Synthetic scenes join easy-vqa when ``captionrl.domains.scenes`` provides them."""
-    items = easy_vqa_items(n, seed)
-    items.extend(_scene_items(n, seed))
-    return items
-
-
-def _scene_items(n: int, seed: int) -> list[dict[str, Any]]:
-    """Synthetic scenes (known facts, reference caption, exact QA, rubric from the facts)."""
-    from captionrl.domains.scenes import generate_scenes
-    from captionrl.judges.rubric import rubric_from_facts
-    items = []
-    for sc in generate_scenes(n, seed):
-        rec: dict[str, Any] = {"id": sc.id, "image": sc.render(), "benchmark": "scenes",
-                               "reference": sc.reference_caption, "questions": list(sc.qa),
-                               "contradicting": sc.contradicting_caption}
-        rec["rubric"] = [r.to_dict() for r in rubric_from_facts(sc)]
-        items.append(rec)
-    return items
 
 
 # ---------------------------------------------------------------------- question files
@@ -153,10 +90,17 @@ class QAEvalConfig:
     seed: int = help_field(0, "seed of the offline item selection and distractor options")
     limit: int | None = help_field(None, "at most this many questions per benchmark")
     batch: int = help_field(16, "questions per answerer call")
-    backend: list[str] = help_field([], "answerer backend settings KEY=VALUE (default: embedded SmolLM2)")
+    answerer: str = help_field("hf:embedded", "answerer backend spec: hf:embedded, hf:PATH, openai:URL#MODEL, vllm:MODEL (+ ,key=value)")
+
+    def __post_init__(self) -> None:
+        check_spec("answerer", self.answerer)
 
 
-def run(cfg: QAEvalConfig, answerer: CaptionAnswerer | None = None, systems: Systems | None = None) -> dict[str, Any]:
+CONFIG = QAEvalConfig
+
+
+def run(cfg: QAEvalConfig, *, answerer: CaptionAnswerer | None = None, systems: Systems | None = None) -> EvalResult:
+    """Every system's captions answer every question; ``answerer``/``systems`` replace the configured ones."""
     if cfg.qa:
         questions = parse_qa_specs(cfg.qa)
         items = None
@@ -169,7 +113,7 @@ def run(cfg: QAEvalConfig, answerer: CaptionAnswerer | None = None, systems: Sys
         elif items is not None:
             systems = demo_systems(items)
         else:
-            raise ConfigError("captions", [], "question files need caption files", "pass --captions FILE ...")
+            raise ConfigError("captions", [], "question files need caption files", "pass captions (--captions FILE ...)")
     if cfg.limit is not None:
         seen: dict[str, int] = defaultdict(int)
         kept = []
@@ -178,7 +122,7 @@ def run(cfg: QAEvalConfig, answerer: CaptionAnswerer | None = None, systems: Sys
                 kept.append(q)
                 seen[q["benchmark"]] += 1
         questions = kept
-    answerer = answerer or CaptionAnswerer(backend_from_args(cfg.backend))
+    answerer = answerer or CaptionAnswerer(backend_from_spec(cfg.answerer))
     out = Path(cfg.out)
     missing = 0
     with RecordWriter(out / "records.jsonl") as writer:
@@ -204,8 +148,11 @@ def run(cfg: QAEvalConfig, answerer: CaptionAnswerer | None = None, systems: Sys
     rows, columns, benches = aggregate(records, list(systems))
     notes = [f"{sum(r['correct'] is None for r in records)} answers unscored (excluded)",
              f"{missing} (system, question) pairs without a caption for the question's image"]
-    return write_report(out, PROTOCOL, rows, columns, cfg, notes=notes, benchmarks=benches,
-                        answerer=getattr(answerer.backend, "name", "?"))
+    better: dict[str, str | None] = {c: "higher" for c in columns if c.startswith("acc")}
+    better.update(questions=None, unscored="lower")
+    result = EvalResult(PROTOCOL, rows, columns, better=better, config=asdict(cfg), records=str(out / "records.jsonl"),
+                        notes=notes, extra={"benchmarks": benches, "answerer": getattr(answerer.backend, "name", "?")})
+    return write_result(result, out)
 
 
 def aggregate(records: Sequence[Mapping[str, Any]], systems: Sequence[str]) -> tuple[list[dict[str, Any]], list[str], list[str]]:
@@ -235,26 +182,11 @@ def aggregate(records: Sequence[Mapping[str, Any]], systems: Sequence[str]) -> t
         row["unscored"] = sum(tally[s][b][2] for b in benches)
         rows.append(row)
     rows.sort(key=lambda r: -(r["accuracy"] if r["accuracy"] == r["accuracy"] else -1.0))
-    columns = ["system", "accuracy", *[f"acc/{b}" for b in benches], "questions", "unscored"]
+    columns = ["accuracy", *[f"acc/{b}" for b in benches], "questions", "unscored"]
     return rows, columns, benches
 
 
 # ---------------------------------------------------------------------- CLI
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--captions", nargs="*", default=[], metavar="[NAME=]FILE", help="caption files, one per system")
-    p.add_argument("--qa", nargs="*", default=[], metavar="NAME=FILE",
-                   help="question files, e.g. chartqa=chartqa.jsonl textvqa=textvqa.jsonl; omit for offline data")
-    p.add_argument("--out", default="runs/eval-qa", help="output folder (rerun to resume)")
-    p.add_argument("--demo-items", type=int, default=12)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--limit", type=int, default=None, help="at most this many questions per benchmark")
-    add_backend_arguments(p, role="answerer")
-
-
-def main(args: argparse.Namespace) -> int:
-    cfg = QAEvalConfig(captions=list(args.captions), qa=list(args.qa), out=args.out, demo_items=args.demo_items,
-                       seed=args.seed, limit=args.limit, backend=list(args.backend))
-    run(cfg)
-    print((Path(cfg.out) / "table.md").read_text())
-    print(f"records, table.md and summary.json in {cfg.out}")
+def run_command(cfg: QAEvalConfig) -> int:
+    print_result(run(cfg), cfg.out)
     return 0

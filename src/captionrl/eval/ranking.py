@@ -10,11 +10,10 @@ Outputs: ``records.jsonl`` (one line per item, resumable), ``table.md``, ``summa
 
 from __future__ import annotations
 
-import argparse
 import random
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +21,8 @@ from tqdm import tqdm
 
 from captionrl.config import help_field
 from captionrl.errors import BackendError, ConfigError, DataError
-from captionrl.eval.pairwise import (
-    Systems,
-    add_backend_arguments,
-    backend_from_args,
-    item_field,
-    shared_ids,
-    systems_for,
-    write_report,
-)
+from captionrl.eval.common import Systems, backend_from_spec, check_spec, item_field, shared_ids, systems_for
+from captionrl.eval.result import EvalResult, print_result, write_result
 from captionrl.judges.rank import CRITERIA, RankConfig, RankJudge
 from captionrl.records import RecordWriter
 
@@ -66,16 +58,27 @@ class RankingEvalConfig:
     limit: int | None = help_field(None, "rank at most this many items")
     demo_items: int = help_field(8, "offline demo items when no caption files are given")
     batch: int = help_field(4, "items per judge call")
-    backend: list[str] = help_field([], "judge backend settings KEY=VALUE (default: embedded SmolLM2)")
+    judge: str = help_field("hf:embedded", "judge backend spec: hf:embedded, hf:PATH, openai:URL#MODEL, vllm:MODEL (+ ,key=value)")
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("generate", "choose"):
+            raise ConfigError("mode", self.mode, "unknown mode", "use generate or choose")
+        if self.evidence not in ("reference", "image"):
+            raise ConfigError("evidence", self.evidence, "unknown evidence", "use reference or image")
+        check_spec("judge", self.judge)
 
 
-def run(cfg: RankingEvalConfig, judge: RankJudge | None = None, systems: Systems | None = None) -> dict[str, Any]:
+CONFIG = RankingEvalConfig
+
+
+def run(cfg: RankingEvalConfig, *, judge: RankJudge | None = None, systems: Systems | None = None) -> EvalResult:
+    """Rank every item's shuffled captions; ``judge``/``systems`` replace the configured ones."""
     systems = systems if systems is not None else systems_for(cfg.captions, cfg.demo_items, cfg.seed)
     names = list(systems)
     if not 2 <= len(names) <= 10:
         raise ConfigError("captions", names, f"{len(names)} systems; blind ranking needs 2 to 10",
                           "pass five caption files, as in the paper")
-    judge = judge or RankJudge(backend_from_args(cfg.backend), RankConfig(mode=cfg.mode, evidence=cfg.evidence))
+    judge = judge or RankJudge(backend_from_spec(cfg.judge), RankConfig(mode=cfg.mode, evidence=cfg.evidence))
     ev_field = judge.cfg.evidence
     ids = shared_ids(systems, names)[: cfg.limit]
     if not ids:
@@ -93,7 +96,7 @@ def run(cfg: RankingEvalConfig, judge: RankJudge | None = None, systems: Systems
                 ev = item_field(systems, names, i, ev_field)
                 if ev is None:
                     raise DataError(f"{i}.{ev_field}", None, f"no {ev_field} for this item",
-                                    f"add a '{ev_field}' field to the caption files (or change --evidence)")
+                                    f"add a '{ev_field}' field to the caption files (or change evidence=)")
                 evidence.append(ev)
             try:
                 results = judge.score(shown, evidence)
@@ -116,8 +119,12 @@ def run(cfg: RankingEvalConfig, judge: RankJudge | None = None, systems: Systems
     invalid = sum(not r["valid"] for r in records)
     notes.insert(0, f"{invalid} of {len(records)} items excluded (judge reply failed validation); "
                     "total = (accuracy + completeness + clarity)/3 - 1.5 x hallucination_penalty")
-    return write_report(out, PROTOCOL, rows, columns, cfg, notes=notes, attempted=len(records), excluded=invalid,
-                        judge=getattr(judge.backend, "name", "?"))
+    better: dict[str, str | None] = {c: "higher" for c in columns}
+    better.update(mean_rank="lower", hallucination_penalty="lower", items=None)
+    result = EvalResult(PROTOCOL, rows, columns, better=better, config=asdict(cfg), records=str(out / "records.jsonl"),
+                        notes=notes, extra={"attempted": len(records), "excluded": invalid,
+                                            "judge": getattr(judge.backend, "name", "?")})
+    return write_result(result, out)
 
 
 def aggregate(records: Sequence[Mapping[str, Any]], names: Sequence[str]) -> tuple[list[dict[str, Any]], list[str]]:
@@ -143,25 +150,12 @@ def aggregate(records: Sequence[Mapping[str, Any]], names: Sequence[str]) -> tup
         rows.append({"system": s, "mean_rank": a["rank"] / n_valid, "first_place": a["first"] / n_valid,
                      **{c: a[c] / n_valid for c in (*CRITERIA, "total")}, "items": n_valid})
     rows.sort(key=lambda r: r["mean_rank"] if r["mean_rank"] == r["mean_rank"] else 99.0)
-    columns = ["system", "mean_rank", "first_place", *CRITERIA, "total", "items"]
+    columns = ["mean_rank", "first_place", *CRITERIA, "total", "items"]
     return rows, columns
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--captions", nargs="*", default=[], metavar="[NAME=]FILE", help="caption files, one per system")
-    p.add_argument("--out", default="runs/eval-ranking", help="output folder (rerun to resume)")
-    p.add_argument("--mode", default="generate", choices=["generate", "choose"])
-    p.add_argument("--evidence", default="reference", choices=["reference", "image"])
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--limit", type=int, default=None)
-    p.add_argument("--demo-items", type=int, default=8)
-    add_backend_arguments(p)
-
-
-def main(args: argparse.Namespace) -> int:
-    cfg = RankingEvalConfig(captions=list(args.captions), out=args.out, mode=args.mode, evidence=args.evidence,
-                            seed=args.seed, limit=args.limit, demo_items=args.demo_items, backend=list(args.backend))
-    summary = run(cfg)
-    print((Path(cfg.out) / "table.md").read_text())
-    print(f"records, table.md and summary.json in {cfg.out} ({summary['excluded']} invalid excluded)")
+def run_command(cfg: RankingEvalConfig) -> int:
+    result = run(cfg)
+    print_result(result, cfg.out)
+    print(f"{result.extra['excluded']} invalid items excluded")
     return 0

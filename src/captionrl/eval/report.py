@@ -1,11 +1,13 @@
 """``captionrl report RUN_DIR... --out DIR``: gather any protocols' results into the paper's tables.
 
-Every evaluation protocol writes ``summary.json`` as ``{"protocol", "rows": [{"system", metric: value,
-...}], "columns", "config"}``; this module needs nothing else, so a new protocol shows up in reports
-without code here. Optional fields it uses when present:
+Every evaluation protocol writes ``summary.json`` from one ``captionrl.eval.result.EvalResult``
+(``{"protocol", "rows": [{"system", metric: value, ...}], "columns", "better", "labels", "config", ...}``);
+this module reads it back with ``EvalResult.from_summary`` and needs nothing else, so a new protocol shows
+up in reports without code here. What it uses:
 
-- ``better``: ``{column: "lower" | "higher"}`` (otherwise MSE/loss/error/Rel. columns are lower-is-better
-  and the rest higher-is-better; counts ``n_*`` and lengths are never marked);
+- ``better``: ``{column: "lower" | "higher" | null}`` (null and ``labels``: never marked; a column it does
+  not name: MSE/loss/error/Rel. columns are lower-is-better, counts ``n_*`` and lengths unmarked, the rest
+  higher-is-better);
 - ``rows[i]["per_seed"][column]``: per-seed values; then every non-baseline row not significantly worse
   than the best (paired t-test, p >= 0.05) is marked too, as the paper's bold;
 - ``rows[i]["std"][column]``: printed as ``mean ± std``; ``rows[i]["baseline"]``: never marked.
@@ -17,25 +19,42 @@ name). Outputs: ``report.md``, ``report.html`` (tables plus every PNG found in t
 
 from __future__ import annotations
 
-import argparse
 import html
 import json
 import shutil
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from captionrl.errors import DataError
+from captionrl.config import help_field
+from captionrl.errors import ConfigError, DataError
 from captionrl.eval import stats
+from captionrl.eval.result import EvalResult, format_cell
 from captionrl.records import write_json
 
 LOWER_WORDS = ("mse", "loss", "error", "rel.", "red")
 UNMARKED_PREFIXES = ("n_", "length", "len")
 
 
-def find_summaries(run_dirs: Sequence[str | Path]) -> list[tuple[Path, dict[str, Any]]]:
+@dataclass
+class ReportConfig:
+    """Settings of ``captionrl report``."""
+
+    out: str = help_field(help="where report.md, report.html, summary.json and figures/ go")
+    runs: list[str] = help_field([], "folders written by evaluation runs (searched recursively)", positional=True)
+
+    def __post_init__(self) -> None:
+        if not self.runs:
+            raise ConfigError("runs", [], "no run folders given", "write captionrl report RUN_DIR... --out DIR")
+
+
+CONFIG = ReportConfig
+
+
+def find_summaries(run_dirs: Sequence[str | Path]) -> list[tuple[Path, EvalResult]]:
     """Every ``summary.json`` under the given folders (a folder may itself be one run)."""
-    found: list[tuple[Path, dict[str, Any]]] = []
+    found: list[tuple[Path, EvalResult]] = []
     for d in run_dirs:
         p = Path(d)
         if not p.exists():
@@ -48,16 +67,13 @@ def find_summaries(run_dirs: Sequence[str | Path]) -> list[tuple[Path, dict[str,
                 raise DataError(str(f), "summary.json", f"is not valid JSON ({exc})", "rerun that evaluation") from exc
             if not isinstance(data, dict) or data.get("protocol") == "report":
                 continue
-            if "protocol" not in data or not isinstance(data.get("rows"), list):
-                raise DataError(str(f), sorted(data), "lacks 'protocol' or 'rows'",
-                                'write {"protocol": ..., "rows": [{"system": ...}], "columns": [...]}')
-            found.append((f, data))
+            found.append((f, EvalResult.from_summary(data, str(f))))
     if not found:
         raise DataError("RUN_DIR", [str(d) for d in run_dirs], "no summary.json found", "run an evaluation first")
     return found
 
 
-def direction(column: str, better: Mapping[str, str]) -> str | None:
+def direction(column: str, better: Mapping[str, str | None]) -> str | None:
     """'lower', 'higher' or None (not a quality column)."""
     if column in better:
         return better[column]
@@ -67,18 +83,19 @@ def direction(column: str, better: Mapping[str, str]) -> str | None:
     return "lower" if any(w in low for w in LOWER_WORDS) else "higher"
 
 
-def merge(summaries: Sequence[tuple[Path, Mapping[str, Any]]]) -> dict[str, dict[str, Any]]:
+def merge(summaries: Sequence[tuple[Path, EvalResult]]) -> dict[str, dict[str, Any]]:
     """protocol -> {"rows", "columns", "better", "runs"}: runs of one protocol in one table."""
     tables: dict[str, dict[str, Any]] = {}
     for path, s in summaries:
-        t = tables.setdefault(s["protocol"], {"rows": [], "columns": [], "better": {}, "runs": []})
+        t = tables.setdefault(s.protocol, {"rows": [], "columns": [], "better": {}, "runs": []})
         t["runs"].append(str(path.parent))
-        for c in s.get("columns") or [k for r in s["rows"] for k in r if k != "system"]:
+        for c in s.columns:
             if c not in t["columns"]:
                 t["columns"].append(c)
-        t["better"].update(s.get("better") or {})
+        t["better"].update(s.better)
+        t["better"].update(dict.fromkeys(s.labels))
         names = {r["system"] for r in t["rows"]}
-        for r in s["rows"]:
+        for r in s.rows:
             row = dict(r)
             if row["system"] in names:
                 row["system"] = f"{row['system']} ({path.parent.name})"
@@ -88,7 +105,8 @@ def merge(summaries: Sequence[tuple[Path, Mapping[str, Any]]]) -> dict[str, dict
     return tables
 
 
-def mark(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], better: Mapping[str, str]) -> dict[str, list[str]]:
+def mark(rows: Sequence[Mapping[str, Any]], columns: Sequence[str],
+         better: Mapping[str, str | None]) -> dict[str, list[str]]:
     """Per column: the best row, plus rows not significantly worse where per-seed values allow a test."""
     marks: dict[str, list[str]] = {}
     for c in columns:
@@ -112,19 +130,6 @@ def mark(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], better: Mapp
     return marks
 
 
-def _cell(row: Mapping[str, Any], c: str) -> str:
-    v = row.get(c)
-    if v is None:
-        return ""
-    if isinstance(v, float):
-        text = f"{v:.4f}" if abs(v) < 100 else f"{v:.1f}"
-        sd = (row.get("std") or {}).get(c) if isinstance(row.get("std"), Mapping) else None
-        if sd:
-            text += f" ± {sd:.4f}"
-        return text
-    return str(v)
-
-
 def markdown(protocol: str, table: Mapping[str, Any]) -> str:
     cols = table["columns"]
     lines = [f"## {protocol}", "", f"Runs: {', '.join(table['runs'])}. **Bold**: best, or not significantly "
@@ -133,7 +138,7 @@ def markdown(protocol: str, table: Mapping[str, Any]) -> str:
     for r in table["rows"]:
         cells = []
         for c in cols:
-            text = _cell(r, c)
+            text = format_cell(r, c)
             cells.append(f"**{text}**" if text and r["system"] in table["marks"].get(c, []) else text)
         lines.append(f"| {r['system']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -145,7 +150,7 @@ def html_table(protocol: str, table: Mapping[str, Any]) -> str:
     for r in table["rows"]:
         tds = []
         for c in table["columns"]:
-            text = html.escape(_cell(r, c))
+            text = html.escape(format_cell(r, c))
             tds.append(f"<td><b>{text}</b></td>" if text and r["system"] in table["marks"].get(c, []) else f"<td>{text}</td>")
         body.append(f"<tr><td>{html.escape(str(r['system']))}</td>{''.join(tds)}</tr>")
     return (f"<h2>{html.escape(protocol)}</h2><table border='1' cellspacing='0' cellpadding='3'>"
@@ -179,13 +184,8 @@ def build(run_dirs: Sequence[str | Path], out: str | Path) -> dict[str, Any]:
     return summary
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="folders written by evaluation runs (searched recursively)")
-    p.add_argument("--out", required=True, help="where report.md, report.html and figures/ go")
-
-
-def main(args: argparse.Namespace) -> int:
-    summary = build(args.runs, args.out)
-    print(Path(args.out, "report.md").read_text())
-    print(f"{len(summary['tables'])} table(s), {len(summary['figures'])} figure(s) -> {args.out}/report.html")
+def run_command(cfg: ReportConfig) -> int:
+    summary = build(cfg.runs, cfg.out)
+    print(Path(cfg.out, "report.md").read_text())
+    print(f"{len(summary['tables'])} table(s), {len(summary['figures'])} figure(s) -> {cfg.out}/report.html")
     return 0

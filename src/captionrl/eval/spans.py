@@ -21,28 +21,56 @@ Outputs: ``records.jsonl`` (claims and colours per system and item, resumable), 
 
 from __future__ import annotations
 
-import argparse
 import html
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from captionrl.config import help_field
 from captionrl.errors import ConfigError, DataError
+from captionrl.eval.common import backend_from_spec, check_spec, split_spec
+from captionrl.eval.result import EvalResult, print_result, write_result
 from captionrl.judges.claims import COLOURS, Claim, audit, check, extract_llm, extract_rules
-from captionrl.records import RecordWriter, read_jsonl, write_json
+from captionrl.records import RecordWriter, read_jsonl
 
 PROTOCOL = "spans"
 __all__ = ["COLOURS", "Claim", "audit", "check", "extract_llm", "extract_rules"]
 HTML_COLOURS = {"green": "#b7e4b0", "blue": "#b3d4f5", "red": "#f5b3b3", "gray": "#e4e4e4"}
 
 
+@dataclass
+class SpansEvalConfig:
+    """Settings of ``captionrl eval spans`` (saved into summary.json)."""
+
+    captions: list[str] = help_field([], "JSONL {id, series, caption} per captioner ([NAME=]FILE); empty: a demo on the embedded corpus")
+    out: str = help_field("runs/eval-spans", "output folder (rerun with the same folder to resume)")
+    extractor: str = help_field("rules", "claim extractor: rules (regular expressions) or llm (schema-checked JSON from backend)")
+    backend: str = help_field("hf:embedded", "LLM backend spec for extractor llm (hf:embedded, openai:URL#MODEL, ...)")
+    tolerance: float = help_field(0.35, "green/red threshold in series standard deviations")
+    index_base: int = help_field(0, "whether captions count steps from 0 or 1")
+    retries: int = help_field(2, "LLM extractor retries on invalid JSON")
+    quiet: bool = help_field(False, "no progress bars")
+
+    def __post_init__(self) -> None:
+        if self.extractor not in ("rules", "llm"):
+            raise ConfigError("extractor", self.extractor, "unknown extractor", "use 'rules' or 'llm'")
+        if self.index_base not in (0, 1):
+            raise ConfigError("index_base", self.index_base, "must be 0 or 1", "use 0 (first step is 0) or 1")
+        if self.extractor == "llm":
+            check_spec("backend", self.backend)
+
+
+CONFIG = SpansEvalConfig
+
+
 def load_items(specs: Sequence[str]) -> tuple[dict[str, dict[str, str]], dict[str, np.ndarray]]:
     systems: dict[str, dict[str, str]] = {}
     series: dict[str, np.ndarray] = {}
     for spec in specs:
-        name, _, path = spec.partition("=") if "=" in spec else (Path(spec).stem, "", spec)
+        name, path = split_spec(spec)
         p = Path(path)
         if not p.exists():
             raise DataError("--captions", spec, "file not found", "give JSONL files of {id, series, caption}")
@@ -68,20 +96,23 @@ def demo_items(n_items: int = 12, seed: int = 0) -> tuple[dict[str, dict[str, st
     return {"describer": caps, "other window": other}, {w.id: np.asarray(w.values) for w in chosen}
 
 
-def run(systems: Mapping[str, Mapping[str, str]], series: Mapping[str, np.ndarray], out: str | Path, *,
-        extractor: str = "rules", backend: Any = None, tolerance: float = 0.35, index_base: int = 0,
-        retries: int = 2, progress: bool = True) -> dict[str, Any]:
+def run(cfg: SpansEvalConfig, *, inputs: tuple[Mapping[str, Mapping[str, str]], Mapping[str, np.ndarray]] | None = None,
+        backend: Any = None) -> EvalResult:
+    """Audit every (system, item) not yet in ``out/records.jsonl``; write table, summary and spans.html.
+
+    ``inputs`` (systems, series) and ``backend`` (the llm extractor's) replace the configured ones.
+    """
     from tqdm.auto import tqdm
 
-    if extractor not in ("rules", "llm"):
-        raise ConfigError("extractor", extractor, "unknown extractor", "use 'rules' or 'llm'")
+    systems, series = inputs if inputs is not None else (load_items(cfg.captions) if cfg.captions else demo_items())
+    extractor, tolerance, index_base, retries = cfg.extractor, cfg.tolerance, cfg.index_base, cfg.retries
     if extractor == "llm" and backend is None:
-        raise ConfigError("backend", None, "the llm extractor needs a backend", "pass --backend hf:embedded or use rules")
-    out = Path(out)
+        backend = backend_from_spec(cfg.backend)
+    out = Path(cfg.out)
     tag = f"{extractor}:{getattr(backend, 'name', '') if extractor == 'llm' else 'v1'}|tol={tolerance}|base={index_base}"
     with RecordWriter(out / "records.jsonl") as w:
         todo = [(s, i) for s, caps in systems.items() for i in caps if not w.has(f"{s}|{i}|{tag}")]
-        bar = tqdm(total=len(todo), desc="spans", disable=not progress)
+        bar = tqdm(total=len(todo), desc="spans", disable=cfg.quiet)
         for start in range(0, len(todo), 8):
             chunk = todo[start : start + 8]
             caps = [systems[s][i] for s, i in chunk]
@@ -111,25 +142,16 @@ def run(systems: Mapping[str, Mapping[str, str]], series: Mapping[str, np.ndarra
             row[f"{k}_chars"] = float(np.mean([r["char_share"][k] for r in mine])) if mine else None
         rows.append(row)
     columns = [*COLOURS, *(f"{k}_chars" for k in COLOURS), "n_scored", "n_unscored"]
-    summary = {"protocol": PROTOCOL, "rows": rows, "columns": columns,
-               "better": {"green": "higher", "red": "lower", "green_chars": "higher", "red_chars": "lower"},
-               "config": {"extractor": extractor, "backend": getattr(backend, "name", None), "tolerance": tolerance,
-                          "index_base": index_base, "retries": retries}}
-    write_json(out / "summary.json", summary)
-    (out / "table.md").write_text(_table(summary))
+    better: dict[str, str | None] = dict.fromkeys(columns)
+    better.update(green="higher", red="lower", green_chars="higher", red_chars="lower", n_unscored="lower")
+    result = EvalResult(PROTOCOL, rows, columns, better=better,
+                        config={**asdict(cfg), "backend_name": getattr(backend, "name", None)},
+                        records=str(out / "records.jsonl"),
+                        notes=[f"mean share of claims (and of characters) per colour; tolerance {tolerance} sigma; "
+                               "spans.html shows every caption coloured"])
+    write_result(result, out)
     (out / "spans.html").write_text(render_html(records))
-    return summary
-
-
-def _table(summary: Mapping[str, Any]) -> str:
-    cols = summary["columns"]
-    lines = ["Span audit: mean share of claims (and of characters) per colour; tolerance "
-             f"{summary['config']['tolerance']} sigma.", "", "| Captioner | " + " | ".join(cols) + " |",
-             "|---|" + "---|" * len(cols)]
-    for r in summary["rows"]:
-        cells = ["" if r[c] is None else f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in cols]
-        lines.append(f"| {r['system']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    return result
 
 
 def render_caption_html(caption: str, claims: Sequence[Mapping[str, Any]]) -> str:
@@ -162,26 +184,6 @@ def render_html(records: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(body)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--captions", nargs="+", default=[], metavar="[NAME=]FILE",
-                   help="JSONL {id, series, caption} per captioner; default: a demo on the embedded corpus")
-    p.add_argument("--out", required=True)
-    p.add_argument("--extractor", default="rules", choices=("rules", "llm"))
-    p.add_argument("--backend", default="hf:embedded", help="LLM for --extractor llm")
-    p.add_argument("--tolerance", type=float, default=0.35, help="green/red threshold in series standard deviations")
-    p.add_argument("--index-base", type=int, default=0, choices=(0, 1), help="whether captions count steps from 0 or 1")
-    p.add_argument("--retries", type=int, default=2, help="LLM extractor retries on invalid JSON")
-    p.add_argument("--quiet", action="store_true")
-
-
-def main(args: argparse.Namespace) -> int:
-    systems, series = load_items(args.captions) if args.captions else demo_items()
-    backend = None
-    if args.extractor == "llm":
-        from captionrl.backends import make_backend, parse_backend_spec
-
-        backend = make_backend(parse_backend_spec(args.backend))
-    summary = run(systems, series, args.out, extractor=args.extractor, backend=backend, tolerance=args.tolerance,
-                  index_base=args.index_base, retries=args.retries, progress=not args.quiet)
-    print(_table(summary))
+def run_command(cfg: SpansEvalConfig) -> int:
+    print_result(run(cfg), cfg.out)
     return 0

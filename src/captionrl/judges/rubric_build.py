@@ -10,7 +10,6 @@ rubric. Judging captions against the stored rubrics lives in ``captionrl.judges.
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,14 +17,17 @@ from pathlib import Path
 from typing import Any
 
 from captionrl.backends.base import Backend, ChatRequest
+from captionrl.config import help_field
+from captionrl.domains.captioning import IMAGE_CAPTION_INSTRUCTION
+from captionrl.domains.scenes import rubric_from_facts
 from captionrl.errors import ConfigError, DataError
 from captionrl.judges import prompts as P
-from captionrl.judges.rubric import RubricItem, RubricStore, parse_rubric_reply, rubric_from_facts
+from captionrl.judges.rubric import RubricItem, RubricStore, parse_rubric_reply
 from captionrl.records import RecordWriter, write_json
 
 
 # ====================================================================== teacher committee
-def caption_messages(image: Any, instruction: str = P.CAPTION_INSTRUCTION) -> list[dict[str, Any]]:
+def caption_messages(image: Any, instruction: str = IMAGE_CAPTION_INSTRUCTION) -> list[dict[str, Any]]:
     """The caption request for one image (MoCo Rubric A.1.1 style), image part first."""
     return [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": instruction}]}]
 
@@ -35,7 +37,7 @@ def committee_captions(
     teachers: Sequence[Backend],
     out_path: str | Path,
     *,
-    instruction: str = P.CAPTION_INSTRUCTION,
+    instruction: str = IMAGE_CAPTION_INSTRUCTION,
     samples: int = 1,
     max_new_tokens: int = 256,
     temperature: float = 0.0,
@@ -189,7 +191,7 @@ def build_rubrics(
     writer: RubricWriter | None,
     out_dir: str | Path,
     student: Backend | None = None,
-    instruction: str = P.CAPTION_INSTRUCTION,
+    instruction: str = IMAGE_CAPTION_INSTRUCTION,
     max_new_tokens: int = 256,
     seed: int = 0,
     progress: bool = True,
@@ -253,54 +255,57 @@ def _mean(xs: Sequence[float]) -> float | None:
 
 
 # ====================================================================== CLI: captionrl rubrics build
-def backend_from_spec(spec: str) -> Backend:
-    """A backend from a command-line spec (``hf:embedded``, ``tiny-vlm``, ``openai:URL#MODEL``, ``vllm:MODEL``)."""
-    from captionrl.backends import make_backend, parse_backend_spec
+@dataclass
+class RubricBuildConfig:
+    """Settings of ``captionrl rubrics build``."""
 
-    return make_backend(parse_backend_spec(spec))
+    items: str = help_field(help="images: a folder, a JSONL manifest, scenes:N[:SEED], easy-vqa[:SPLIT[:LIMIT]] or skimage")
+    out: str = help_field(help="output folder (rerun with the same folder to resume)")
+    committee: list[str] = help_field([], "teacher backend specs (hf:embedded, hf:PATH, tiny-vlm, openai:URL#MODEL, vllm:MODEL)")
+    writer: str = help_field("facts", "rubric writer backend spec, or 'facts' to build rubrics from known facts (scenes)")
+    student: str | None = help_field(None, "optional student backend spec whose captions the writer reads")
+    limit: int | None = help_field(None, "use only the first N items")
+    max_attempts: int = help_field(3, "writer attempts per item before it is unscored")
+    max_new_tokens: int = help_field(256, "caption length for teachers and student")
+    writer_max_new_tokens: int = help_field(768, "rubric reply length")
+    writer_sees_image: bool = help_field(False, "give the image to a VLM writer too")
+    seed: int = help_field(0, "seed of sampled retries (recorded)")
+    on_error: str = help_field("raise", "unreadable images: raise (stop) or skip")
+    quiet: bool = help_field(False, "no progress bars")
+
+    def __post_init__(self) -> None:
+        from captionrl.backends import parse_backend_spec
+
+        if self.on_error not in ("raise", "skip"):
+            raise ConfigError("on_error", self.on_error, "unknown choice", "use raise or skip")
+        for spec in [*self.committee, *([self.writer] if self.writer != "facts" else []), *([self.student] if self.student else [])]:
+            parse_backend_spec(spec)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--items", required=True,
-                   help="images: a folder, a JSONL manifest, scenes:N[:SEED], easy-vqa[:SPLIT[:LIMIT]] or skimage")
-    p.add_argument("--committee", nargs="*", default=[],
-                   help="teacher backend specs (hf:embedded, hf:PATH, tiny-vlm, openai:URL#MODEL, vllm:MODEL)")
-    p.add_argument("--writer", default="facts",
-                   help="rubric writer backend spec, or 'facts' to build rubrics from known facts (scenes)")
-    p.add_argument("--student", default=None, help="optional student backend whose captions the writer reads")
-    p.add_argument("--out", required=True, help="output folder (rerun with the same folder to resume)")
-    p.add_argument("--limit", type=int, default=None, help="use only the first N items")
-    p.add_argument("--max-attempts", type=int, default=3, help="writer attempts per item before it is unscored")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="caption length for teachers and student")
-    p.add_argument("--writer-max-new-tokens", type=int, default=768, help="rubric reply length")
-    p.add_argument("--writer-sees-image", action="store_true", help="give the image to a VLM writer too")
-    p.add_argument("--seed", type=int, default=0, help="seed of sampled retries (recorded)")
-    p.add_argument("--on-error", choices=["raise", "skip"], default="raise", help="unreadable images: stop or skip")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+CONFIG = RubricBuildConfig
 
 
-def main(args: argparse.Namespace) -> int:
+def run_command(cfg: RubricBuildConfig) -> int:
+    from captionrl.backends import backend_from_spec
     from captionrl.domains.images import load_images
 
-    items = list(load_images(args.items, on_error=args.on_error))
-    if args.limit is not None:
-        items = items[: args.limit]
-    teachers = [backend_from_spec(s) for s in args.committee]
+    items = list(load_images(cfg.items, on_error=cfg.on_error))
+    if cfg.limit is not None:
+        items = items[: cfg.limit]
+    teachers = [backend_from_spec(s) for s in cfg.committee]
     writer = None
-    if args.writer != "facts":
-        writer = RubricWriter(backend_from_spec(args.writer), max_attempts=args.max_attempts,
-                              max_new_tokens=args.writer_max_new_tokens, seed=args.seed,
-                              with_image=args.writer_sees_image)
+    if cfg.writer != "facts":
+        writer = RubricWriter(backend_from_spec(cfg.writer), max_attempts=cfg.max_attempts,
+                              max_new_tokens=cfg.writer_max_new_tokens, seed=cfg.seed,
+                              with_image=cfg.writer_sees_image)
     elif not all(it.facts for it in items):
         raise ConfigError("writer", "facts", "some items have no known facts",
                           "use scenes:N items, or give a --writer backend")
     if writer is not None and not teachers:
         raise ConfigError("committee", [], "a rubric writer needs committee captions", "pass --committee SPEC ...")
-    student = backend_from_spec(args.student) if args.student else None
-    summary = build_rubrics(items, teachers=teachers, writer=writer, out_dir=args.out, student=student,
-                            max_new_tokens=args.max_new_tokens, seed=args.seed, progress=not args.quiet)
+    student = backend_from_spec(cfg.student) if cfg.student else None
+    summary = build_rubrics(items, teachers=teachers, writer=writer, out_dir=cfg.out, student=student,
+                            max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, progress=not cfg.quiet)
     print(json.dumps({k: summary[k] for k in ("items", "rubrics", "unscored", "mean_items")}))
-    print(f"rubrics: {Path(args.out) / 'rubrics.jsonl'}")
+    print(f"rubrics: {Path(cfg.out) / 'rubrics.jsonl'}")
     return 0
-
-

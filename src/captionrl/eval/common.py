@@ -1,0 +1,205 @@
+"""What the evaluation protocols share: systems (one caption file per captioner), demo systems on the
+offline data, the offline image items, and judges' backends built from a spec string.
+
+Protocols import from here and never from each other (only ``report`` reads other protocols' results),
+so each protocol file reads top to bottom without following a circle.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from captionrl.errors import ConfigError, DataError
+from captionrl.records import read_jsonl
+
+Systems = dict[str, dict[str, dict[str, Any]]]
+"""system name -> item id -> caption record (``caption`` plus optional reference/image/benchmark)."""
+
+COLORS = ("red", "green", "blue", "yellow", "teal", "brown", "black", "gray")
+SHAPES = ("circle", "rectangle", "triangle")
+
+
+# ---------------------------------------------------------------------- caption files
+def split_spec(spec: str) -> tuple[str, str]:
+    """``NAME=PATH`` -> (NAME, PATH); a bare ``PATH`` is named after its file stem."""
+    name, sep, path = spec.partition("=")
+    if not sep:
+        return Path(spec).stem, spec
+    return name or Path(path).stem, path
+
+
+def load_caption_file(path: str | Path) -> dict[str, dict[str, Any]]:
+    """Read one system's captions (JSONL ``{id, caption, ...}``), validating every line."""
+    p = Path(path)
+    if not p.exists():
+        raise DataError("captions", str(path), "file not found", "give a JSONL file with {id, caption} lines")
+    out: dict[str, dict[str, Any]] = {}
+    for n, rec in enumerate(read_jsonl(p, unique_key="id")):
+        if "id" not in rec or "caption" not in rec:
+            raise DataError(f"{p.name}:line {n + 1}", sorted(rec), "needs 'id' and 'caption' fields",
+                            'write lines like {"id": "img1", "caption": "A red circle."}')
+        if not isinstance(rec["caption"], str):
+            raise DataError(f"{p.name}:{rec['id']}.caption", rec["caption"], "must be a string",
+                            "write the caption as text ('' for an empty caption)")
+        key = str(rec["id"])
+        if key in out:
+            raise DataError(f"{p.name}:id", key, "appears twice", "give every item one caption per system")
+        out[key] = rec
+    if not out:
+        raise DataError("captions", str(path), "holds no caption lines", "check the file")
+    return out
+
+
+def load_systems(specs: Sequence[str]) -> Systems:
+    """``["sysA.jsonl", "name=sysB.jsonl"]`` -> {name: {id: record}}; names default to file stems."""
+    systems: Systems = {}
+    for spec in specs:
+        name, path = split_spec(spec)
+        if name in systems:
+            raise ConfigError("captions", spec, f"system name {name!r} is used twice",
+                              "name the files differently or write NAME=PATH")
+        systems[name] = load_caption_file(path)
+    return systems
+
+
+def caption_length(text: str) -> int:
+    """Caption length in words (the unit CapArena reports)."""
+    return len(text.split())
+
+
+def shared_ids(systems: Systems, names: Sequence[str]) -> list[str]:
+    """Item ids captioned by every one of ``names``, in the first system's order."""
+    first = systems[names[0]]
+    return [i for i in first if all(i in systems[n] for n in names[1:])]
+
+
+def item_field(systems: Systems, names: Sequence[str], item_id: str, field: str) -> Any:
+    """A per-item field (reference, image, benchmark) from the first system that has it."""
+    for n in names:
+        v = systems[n].get(item_id, {}).get(field)
+        if v not in (None, ""):
+            return v
+    return None
+
+
+# ---------------------------------------------------------------------- offline data and demo systems
+def easy_vqa_items(n: int = 12, seed: int = 0, split: str = "test") -> list[dict[str, Any]]:
+    """``n`` easy-vqa images (seeded choice, recorded by the caller) with a reference caption and MC questions.
+
+    easy-vqa ships only QA pairs; each image shows one coloured shape, so the colour and shape answers
+    give a reference caption ("A blue circle."), and each answer becomes a multiple-choice question:
+    yes/no, one of 3 shapes, or the colour among 4 (3 seeded distractor colours).
+    """
+    from captionrl.domains.images import load_easy_vqa
+
+    rng = random.Random(f"easy-vqa|{seed}")
+    items = []
+    for it in load_easy_vqa(split):
+        facts = {f["kind"]: f["value"] for f in it.facts}
+        if "colour" in facts and "shape" in facts:
+            items.append((it, facts["colour"], facts["shape"]))
+    rng.shuffle(items)
+    out = []
+    for it, color, shape in items[:n]:
+        questions = [_mc(q["question"], q["answer"], rng, k) for k, q in enumerate(it.qa)]
+        out.append({
+            "id": it.id, "image": it.image, "benchmark": "easy-vqa",
+            "reference": f"A {color} {shape} on a plain background.", "questions": questions,
+        })
+    return out
+
+
+def _mc(question: str, answer: str, rng: random.Random, k: int) -> dict[str, Any]:
+    if answer in ("yes", "no"):
+        options = ["yes", "no"]
+    elif answer in SHAPES:
+        options = list(SHAPES)
+    else:
+        options = [answer, *rng.sample([c for c in COLORS if c != answer], 3)]
+        rng.shuffle(options)
+    return {"question": question, "options": options, "answer": answer, "qid": str(k)}
+
+
+def offline_items(n: int = 12, seed: int = 0) -> list[dict[str, Any]]:
+    """The offline image items every image protocol defaults to: ``{id, image, reference, questions,
+    benchmark}``: easy-vqa images and synthetic scenes (which also carry a rubric)."""
+    items = easy_vqa_items(n, seed)
+    items.extend(_scene_items(n, seed))
+    return items
+
+
+def _scene_items(n: int, seed: int) -> list[dict[str, Any]]:
+    """Synthetic scenes: known facts, reference caption, exact QA and the rubric built from the facts."""
+    from captionrl.domains.scenes import generate_scenes, rubric_from_facts
+
+    return [{"id": sc.id, "image": sc.render(), "benchmark": "scenes", "reference": sc.reference_caption,
+             "questions": list(sc.qa), "contradicting": sc.contradicting_caption,
+             "rubric": [r.to_dict() for r in rubric_from_facts(sc)]} for sc in generate_scenes(n, seed)]
+
+
+def demo_systems(items: Sequence[Mapping[str, Any]]) -> Systems:
+    """Systems of known quality built from offline items, for runs without caption files.
+
+    ``reference`` (the item's reference caption), ``other_item`` (the next different reference: fluent
+    but wrong), ``generic`` (generic image words) and ``empty``: a working judge must order them
+    reference > other_item/generic > empty, which makes the default run a check of the judge itself.
+    """
+    from captionrl.probes import GENERIC_WORDS, other_text
+
+    systems: Systems = {"reference": {}, "other_item": {}, "generic": {}, "empty": {}}
+    refs = [it["reference"] for it in items]
+    for i, it in enumerate(items):
+        base = {k: it[k] for k in ("id", "reference", "image", "benchmark") if k in it}
+        captions = {
+            "reference": it["reference"],
+            "other_item": other_text(refs, i),
+            "generic": GENERIC_WORDS,
+            "empty": "",
+        }
+        for name, cap in captions.items():
+            systems[name][str(it["id"])] = {**base, "caption": cap}
+    return systems
+
+
+def systems_for(caption_files: Sequence[str], demo_items: int, seed: int) -> Systems:
+    """The systems of an image-caption evaluation: the user's caption files, or the offline demo systems."""
+    if caption_files:
+        return load_systems(caption_files)
+    return demo_systems(offline_items(demo_items, seed=seed))
+
+
+# ---------------------------------------------------------------------- backends
+def backend_from_spec(spec: str) -> Any:
+    """The backend a spec string names (``hf:embedded``, ``openai:URL#MODEL``, ``hf:x,dtype=bfloat16``)."""
+    from captionrl.backends import backend_from_spec as build
+
+    return build(spec)
+
+
+def check_spec(field: str, spec: str) -> None:
+    """Validate a backend spec when a config is built (milliseconds, before any model loads)."""
+    from captionrl.backends import parse_backend_spec
+
+    try:
+        parse_backend_spec(spec)
+    except ConfigError as exc:
+        raise ConfigError(field, spec, f"is not a backend spec ({exc})",
+                          "write e.g. hf:embedded, hf:embedded,dtype=bfloat16 or openai:http://HOST:PORT/v1#MODEL") from exc
+
+
+class LazyBackend:
+    """Build the backend only when something first needs it (an n-gram reward, say, needs none)."""
+
+    def __init__(self, spec: str) -> None:
+        self._spec = spec
+        self._backend: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if self._backend is None:
+            self._backend = backend_from_spec(self._spec)
+        return getattr(self._backend, name)
