@@ -22,7 +22,7 @@ class BackendConfig:
     base_url: str | None = help_field(None, "openai: server URL, e.g. http://127.0.0.1:8000/v1")
     api_key_env: str = help_field("OPENAI_API_KEY", "openai: environment variable holding the API key (optional for local servers)")
     device: str = help_field("cpu", "hf: cpu, cuda, cuda:N or auto")
-    dtype: str = help_field("float32", "hf: float32, bfloat16 (faster on CPUs with AVX512-BF16), float16 or auto")
+    dtype: str = help_field("auto", "hf: auto (bf16 on GPUs and CPUs with native bf16, float32 elsewhere), float32, bfloat16 or float16")
     batch_size: int = help_field(8, "hf: requests per forward pass")
     concurrency: int = help_field(8, "openai: requests in flight at once")
     timeout_s: float = help_field(120.0, "openai: seconds before a request is abandoned and retried")
