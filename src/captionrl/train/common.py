@@ -319,7 +319,7 @@ def build_trainer(
         from trl import RLOOTrainer as Trainer
     else:
         from trl import GRPOTrainer as Trainer  # type: ignore[assignment]
-    return Trainer(
+    trainer = Trainer(
         model=model,
         reward_funcs=list(reward_funcs),
         args=args,
@@ -328,6 +328,10 @@ def build_trainer(
         callbacks=list(callbacks),
         peft_config=peft_config,
     )
+    from captionrl.train.timing import install_step_timer
+
+    install_step_timer(trainer, train.out_dir)  # time/* metrics per step, timing.json at the end
+    return trainer
 
 
 # ---------------------------------------------------------------------- resume
