@@ -38,6 +38,6 @@ def embedded_backend():
     """The embedded SmolLM2-135M-Instruct as an in-process backend (real model, loaded once)."""
     from captionrl.backends.hf import HFBackend
 
-    backend = HFBackend("embedded", batch_size=8)
+    backend = HFBackend("embedded", dtype="float32", batch_size=8)  # exact comparisons: pinned
     backend._ensure_loaded()
     return backend

@@ -39,6 +39,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("train", "sft"): ("captionrl.train.distill", "SFT distillation from a teacher's captions"),
     ("rubrics", "build"): ("captionrl.judges.rubric_build", "teacher committee captions + rubric writer -> rubric store"),
     ("report",): ("captionrl.eval.report", "gather results of several runs into the paper's tables"),
+    ("serve", "reward"): ("captionrl.serve.reward", "serve a reward over HTTP (OpenRLHF remote reward contract, verl client)"),
 }
 
 
