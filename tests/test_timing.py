@@ -10,7 +10,8 @@ import pytest
 
 from captionrl.rewards import completion_text
 from captionrl.train import common
-from captionrl.train.logging import MetricsLog, load_metrics
+from captionrl.train.curves import load_metrics
+from captionrl.train.logging import MetricsLog
 from captionrl.train.timing import KEYS, _Busy, find_backends, format_breakdown
 
 pytestmark = pytest.mark.slow
