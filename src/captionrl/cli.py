@@ -40,6 +40,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("train", "sft"): ("captionrl.train.distill", "SFT distillation from a teacher's captions"),
     ("rubrics", "build"): ("captionrl.judges.rubric_build", "teacher committee captions + rubric writer -> rubric store"),
     ("report",): ("captionrl.eval.report", "gather results of several runs into the paper's tables"),
+    ("serve", "reward"): ("captionrl.serve.reward", "serve a reward over HTTP (OpenRLHF remote reward contract, verl client)"),
 }
 
 
@@ -87,8 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(module.run_command(config_from_args(config_cls, args)) or 0)
-    except CaptionRLError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except CaptionRLError as exc:  # input (files, configs, servers): one line, no traceback; bugs keep theirs
+        print(f"error: {type(exc).__name__}: {' '.join(str(exc).splitlines())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted: rerun the same command to resume", file=sys.stderr)

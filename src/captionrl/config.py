@@ -77,7 +77,11 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not p.exists():
         raise ConfigError("config", str(path), "file not found", "give the path of a YAML file, e.g. configs/lineup-cpu.yaml")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as exc:
+        raise ConfigError("config", str(path), f"is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})", "save the file as UTF-8") from None
+    except OSError as exc:
+        raise ConfigError("config", str(path), f"cannot be read ({exc.strerror or exc})", "give the path of a readable YAML file") from None
     except yaml.YAMLError as exc:
         raise ConfigError("config", str(path), f"is not valid YAML ({exc})", "fix the YAML syntax") from exc
     if not isinstance(data, dict):

@@ -82,7 +82,7 @@ def load_labels(path: str | Path, field: str) -> dict[str, Any]:
     if not p.exists():
         raise DataError("file", str(path), "not found", f"give a JSONL file with {{id, {field}}} lines")
     out = {}
-    for n, rec in enumerate(read_jsonl(p)):
+    for n, rec in enumerate(read_jsonl(p, unique_key="id")):
         if "id" not in rec or field not in rec:
             raise DataError(f"{p.name}:line {n + 1}", sorted(rec), f"needs 'id' and '{field}'",
                             f'write lines like {{"id": "pair1", "{field}": "A"}}')

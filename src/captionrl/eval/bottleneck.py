@@ -167,7 +167,7 @@ def load_caption_files(files: Sequence[tuple[str, Path]], cfg: BottleneckConfig)
     captions: dict[str, dict[str, str]] = {}
     for name, path in files:
         caps: dict[str, str] = {}
-        for n, rec in enumerate(read_jsonl(path), 1):
+        for n, rec in enumerate(read_jsonl(path, unique_key="id"), 1):
             where = f"{path.name}:{n}"
             for key in ("id", "series", "caption"):
                 if key not in rec:

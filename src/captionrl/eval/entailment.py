@@ -66,7 +66,7 @@ def load_inputs(specs: Sequence[str], references: str | None) -> tuple[Systems, 
         rp = Path(references)
         if not rp.exists():
             raise DataError("--references", references, "file not found", "give a JSONL file of {id, references}")
-        for n, rec in enumerate(read_jsonl(rp), 1):
+        for n, rec in enumerate(read_jsonl(rp, unique_key="id"), 1):
             if "id" not in rec or "references" not in rec:
                 raise DataError(f"{rp.name}:{n}", sorted(rec), "needs 'id' and 'references'",
                                 'write {"id": "x", "references": ["..."]}')
@@ -79,7 +79,7 @@ def load_inputs(specs: Sequence[str], references: str | None) -> tuple[Systems, 
         if name in systems:
             raise ConfigError("--captions", spec, f"system name {name!r} repeats", "use NAME=PATH to name files")
         caps: dict[str, str] = {}
-        for n, rec in enumerate(read_jsonl(p), 1):
+        for n, rec in enumerate(read_jsonl(p, unique_key="id"), 1):
             if "id" not in rec or not isinstance(rec.get("caption"), str):
                 raise DataError(f"{p.name}:{n}", sorted(rec), "needs 'id' and a string 'caption'",
                                 'write {"id": "x", "caption": "...", "references": ["..."]}')

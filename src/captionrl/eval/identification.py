@@ -11,6 +11,7 @@ shuffled captions (another item's caption) must score at chance.
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -49,7 +50,7 @@ class IdentifyEvalConfig:
     controls: bool = help_field(True, "also score the empty-caption and shuffled-caption controls")
     batch_items: int = help_field(8, "items judged per verifier call (progress granularity)")
     length: int = help_field(24, "window length of the embedded default")
-    max_items: int = help_field(32, "items of the embedded default (seeded sample)")
+    max_items: int | None = help_field(None, "items to evaluate, a seeded sample (default: 32 embedded windows, or every item of the caption files)")
     captioner: str = help_field("hf:embedded", "captioner of the embedded default (backend spec, or 'none')")
 
     def __post_init__(self) -> None:
@@ -70,6 +71,8 @@ class IdentifyEvalConfig:
             check_spec("verifiers", v)
         if self.captioner != "none":
             check_spec("captioner", self.captioner)
+        if self.max_items is not None and self.max_items < 1:
+            raise ConfigError("max_items", self.max_items, "must be >= 1", "give a positive number of items, or omit it")
 
 
 CONFIG = IdentifyEvalConfig
@@ -249,9 +252,13 @@ def run(cfg: IdentifyEvalConfig, *, verifiers: Mapping[str, Backend] | None = No
     ``verifiers`` (name -> backend) and ``captioner`` replace the configured specs (tests inject them).
     """
     from captionrl.backends import parse_backend_spec
+    from captionrl.backends.openai_http import probe_server
     from captionrl.domains.candidates import mine_candidates
     from captionrl.domains.captioning import DESCRIBER, caption_series
 
+    if verifiers is None:  # an unreachable server is a named error now, not a table of unscored judgments
+        for v in cfg.verifiers:
+            probe_server(parse_backend_spec(v), field="verifiers")
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     prepared = None
@@ -264,11 +271,17 @@ def run(cfg: IdentifyEvalConfig, *, verifiers: Mapping[str, Backend] | None = No
                               f"use K <= {prepared.k}, or prepare again with k={max(cfg.ks)}")
     if cfg.captions:
         items, systems = _load_caption_files(cfg.captions)
+        all_items = list(items)  # the distractor pool stays the whole file
+        if cfg.max_items is not None and len(items) > cfg.max_items:
+            keep = set(random.Random(cfg.seed).sample(sorted(it.id for it in items), cfg.max_items))
+            items = [it for it in items if it.id in keep]
     else:
         from captionrl.domains.datasets import eval_windows, sample
 
+        n = 32 if cfg.max_items is None else cfg.max_items
         items = (sample(prepared.items[cfg.split], cfg.max_items, cfg.seed) if prepared is not None
-                 else eval_windows("embedded", cfg.length, "test", cfg.max_items, cfg.seed))
+                 else eval_windows("embedded", cfg.length, "test", n, cfg.seed))
+        all_items = list(items)
         systems = [CaptionSet(DESCRIBER, caption_series(items, DESCRIBER, out / "captions-describer.jsonl"))]
         if captioner is not None or cfg.captioner != "none":
             name = cfg.captioner.replace(":", "-").replace("/", "_")
@@ -289,7 +302,7 @@ def run(cfg: IdentifyEvalConfig, *, verifiers: Mapping[str, Backend] | None = No
 
         pool_items = [w for ws in split_windows(cfg.pool, len(items[0])).values() for w in ws]
     else:
-        pool_items = list(items)
+        pool_items = all_items
     sets = mine_candidates(items, pool_items, k=max(cfg.ks), rule=cfg.rule, seed=cfg.seed)
     distractors = {cs.item_id: list(cs.distractor_ids) for cs in sets}
     if verifiers is None:

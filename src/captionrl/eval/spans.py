@@ -75,7 +75,7 @@ def load_items(specs: Sequence[str]) -> tuple[dict[str, dict[str, str]], dict[st
         if not p.exists():
             raise DataError("--captions", spec, "file not found", "give JSONL files of {id, series, caption}")
         caps = {}
-        for n, rec in enumerate(read_jsonl(p), 1):
+        for n, rec in enumerate(read_jsonl(p, unique_key="id"), 1):
             if "id" not in rec or not isinstance(rec.get("caption"), str) or "series" not in rec:
                 raise DataError(f"{p.name}:{n}", sorted(rec), "needs 'id', 'series' and a string 'caption'",
                                 'write {"id": "x", "series": [1, 2, 3], "caption": "..."}')

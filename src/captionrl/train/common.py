@@ -55,7 +55,7 @@ class PolicyConfig:
     lora_alpha: int = help_field(32, "LoRA alpha (scale = alpha / r)")
     lora_dropout: float = help_field(0.05, "LoRA dropout")
     lora_target_modules: str | list[str] = help_field("all-linear", "modules that get LoRA adapters: 'all-linear' or a list of module names")
-    dtype: str = help_field("float32", "weights dtype when loading: float32, bfloat16, float16 or auto (CPU training: float32)")
+    dtype: str = help_field("auto", "weights dtype when loading: auto (float32 for trained weights; bf16 speed comes from train.bf16 autocast), float32, bfloat16 or float16")
     trust_remote_code: bool = help_field(False, "allow model repositories' own Python code")
 
     def __post_init__(self) -> None:
@@ -256,7 +256,10 @@ def load_policy(policy: PolicyConfig) -> tuple[Any, Any, bool]:
     kw: dict[str, Any] = {"trust_remote_code": policy.trust_remote_code}
     if gguf:
         kw["gguf_file"] = gguf
-    dtype = "auto" if policy.dtype == "auto" else getattr(torch, policy.dtype)
+    from captionrl.devices import record_dtype, resolve_dtype
+
+    dtype, reason = resolve_dtype(policy.dtype, "cuda" if torch.cuda.is_available() else "cpu", training=True)
+    record_dtype(f"policy:{policy.model}", dtype, reason)
     config = AutoConfig.from_pretrained(path, **kw)
     is_vlm = hasattr(config, "vision_config")
     if is_vlm:
@@ -370,7 +373,7 @@ def build_trainer(
         from trl import RLOOTrainer as Trainer
     else:
         from trl import GRPOTrainer as Trainer  # type: ignore[assignment]
-    return Trainer(
+    trainer = Trainer(
         model=model,
         reward_funcs=list(reward_funcs),
         args=args,
@@ -379,6 +382,10 @@ def build_trainer(
         callbacks=list(callbacks),
         peft_config=peft_config,
     )
+    from captionrl.train.timing import install_step_timer
+
+    install_step_timer(trainer, train.out_dir)  # time/* metrics per step, timing.json at the end
+    return trainer
 
 
 # ---------------------------------------------------------------------- resume
