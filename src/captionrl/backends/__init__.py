@@ -104,9 +104,34 @@ def parse_backend_spec(text: str) -> BackendConfig:
     return from_dict(BackendConfig, data, prefix="backend.")
 
 
-def backend_from_spec(spec: str) -> Backend:
-    """``make_backend(parse_backend_spec(spec))``: the backend a spec names (shared when identical)."""
-    return make_backend(parse_backend_spec(spec))
+def backend_from_spec(spec: str, field: str = "backend") -> Backend:
+    """``make_backend(parse_backend_spec(spec))``: the backend a spec names (shared when identical).
+
+    An ``openai`` server is asked for ``/models`` first: a command given a server that does not answer
+    stops with a named error here, instead of running to the end with every judgment unscored.
+    """
+    cfg = parse_backend_spec(spec)
+    if cfg.kind == "openai":
+        probe_server(cfg, field)
+    return make_backend(cfg)
+
+
+def probe_server(cfg: BackendConfig, field: str = "backend", timeout_s: float = 5.0) -> None:
+    """Raise a ``ConfigError`` when an OpenAI-compatible server cannot be reached at all.
+
+    Only a failed connection is an error: a server that answers ``/models`` with an HTTP error may still
+    serve completions, and its request errors become unscored judgments as usual.
+    """
+    import httpx
+
+    for url in str(cfg.base_url).split("|"):  # replicas: every one must be up
+        try:
+            httpx.get(url.rstrip("/") + "/models", timeout=timeout_s)
+        except httpx.HTTPError as exc:
+            raise ConfigError(
+                f"{field}.base_url", url, f"the server does not answer ({type(exc).__name__}: {exc})",
+                f"start the server first (e.g. vllm serve {cfg.model} --port PORT) or fix the URL in the spec",
+            ) from exc
 
 
 _CACHE: dict[tuple, Backend] = {}
@@ -138,4 +163,5 @@ __all__ = [
     "backend_from_spec",
     "make_backend",
     "parse_backend_spec",
+    "probe_server",
 ]

@@ -154,6 +154,9 @@ def _check(items: Sequence[Series], pool: Sequence[Series], k: int, rule: str, m
                           f"choose from {', '.join(STATS)}")
     if not pool:
         raise DataError("pool", [], "is empty", "pass the windows to draw distractors from")
+    if k > len(pool):
+        raise DataError("k", k, f"is larger than the pool of {len(pool)} window(s): a lineup needs K distinct "
+                        "windows", f"use a K of at most {len(pool)}, or a larger pool (more series, a smaller stride)")
     length = len(pool[0])
     for name, seq in (("pool", pool), ("items", items)):
         for i, s in enumerate(seq):

@@ -237,8 +237,15 @@ def load_jsonl(path: str | Path, *, fill: Fill = "error", domain: str | None = N
     if not p.is_file():
         raise DataError("path", str(p), "does not exist or is not a file", "check the path")
     out = []
-    with p.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
+    seen: set[str] = set()
+    with p.open("rb") as f:
+        for n, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(f"{p}:line {n}", raw[max(0, exc.start - 20): exc.start + 20],
+                                f"is not UTF-8 text (byte {raw[exc.start]:#04x} at column {exc.start + 1})",
+                                "save the file as UTF-8") from None
             if not line.strip():
                 continue
             try:
@@ -250,6 +257,10 @@ def load_jsonl(path: str | Path, *, fill: Fill = "error", domain: str | None = N
                 keys = sorted(rec) if isinstance(rec, dict) else type(rec).__name__
                 raise DataError(f"{p}:line {n}", keys, "has no 'series' field", 'write {"id": ..., "series": [...]}')
             sid = str(rec.get("id", f"{p.stem}_{n - 1}"))
+            if sid in seen:
+                raise DataError(f"{p}:line {n}.id", sid, "repeats an earlier line's id (which one counts?)",
+                                "give every line its own id")
+            seen.add(sid)
             meta: dict[str, Any] = {"captions": _captions(rec.get("caption", rec.get("captions")))}
             if "next" in rec:
                 meta["next"] = make_series(rec["next"], id=f"{sid}.next").values.tolist()

@@ -258,10 +258,15 @@ def _data_from_file(cfg: LineupConfig) -> LineupData:
         raise ConfigError("data.candidates_file", str(path), "file not found", "give a JSONL of candidate sets, or null to mine them")
     rows: dict[str, list[dict[str, Any]]] = {"train": [], "val": [], "test": []}
     pool: dict[str, Any] = {}
+    seen: set[str] = set()
     for n, rec in enumerate(read_jsonl(path)):
         for key in ("item_id", "candidates"):
             if key not in rec:
                 raise DataError(f"{path.name}:{n + 1}.{key}", sorted(rec), f"missing {key!r}", "write one JSON object per item with item_id and candidates")
+        if str(rec["item_id"]) in seen:
+            raise DataError(f"{path.name}:{n + 1}.item_id", rec["item_id"], "repeats an earlier line's item_id",
+                            "give every candidate set its own item_id")
+        seen.add(str(rec["item_id"]))
         cands = [list(map(float, c)) for c in rec["candidates"]]
         validate_candidate_set(cands, cfg.reward.k, f"candidates[{rec['item_id']}]", k_field="reward.k")
         ids = [str(x) for x in rec.get("candidate_ids") or [rec["item_id"], *[f"{rec['item_id']}#d{j}" for j in range(1, len(cands))]]]
