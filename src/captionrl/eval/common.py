@@ -133,8 +133,7 @@ def offline_items(n: int = 12, seed: int = 0) -> list[dict[str, Any]]:
 
 def _scene_items(n: int, seed: int) -> list[dict[str, Any]]:
     """Synthetic scenes: known facts, reference caption, exact QA and the rubric built from the facts."""
-    from captionrl.domains.scenes import generate_scenes
-    from captionrl.judges.rubric import rubric_from_facts
+    from captionrl.domains.scenes import generate_scenes, rubric_from_facts
 
     return [{"id": sc.id, "image": sc.render(), "benchmark": "scenes", "reference": sc.reference_caption,
              "questions": list(sc.qa), "contradicting": sc.contradicting_caption,

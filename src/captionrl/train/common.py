@@ -20,10 +20,13 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from captionrl.config import help_field, to_dict
 from captionrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from captionrl.backends import BackendConfig
 
 ALGORITHMS = ("rloo", "grpo")
 
@@ -35,7 +38,7 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 RESUME_SAFE_KEYS = ("train.threads", "train.report_to", "train.logging_steps", "train.max_steps",
-                    "train.resume", "eval")
+                    "train.resume", "eval", "check", "build_rubrics")
 """Settings that may change between an interrupted run and its resume (they do not change what was
 learnt so far). ``train.max_steps`` may grow to train longer; everything else must match the saved config."""
 
@@ -162,6 +165,20 @@ class TrainConfig:
                                   "is an RLOO setting", "remove it, or use train.scale_rewards with grpo")
 
 
+@dataclass
+class GRPOTrainConfig(TrainConfig):
+    """``TrainConfig`` of the GRPO-only recipes (RubiCap, MoCo Rubric): GRPO by default, and any other
+    algorithm refused before ``TrainConfig``'s GRPO-only keys could hide the real cause."""
+
+    algorithm: str = help_field("grpo", "grpo (this recipe trains with GRPO, as its paper does)")
+
+    def __post_init__(self) -> None:
+        if self.algorithm != "grpo":
+            raise ConfigError("train.algorithm", self.algorithm, "this recipe trains with GRPO (its paper's algorithm)",
+                              "set train.algorithm: grpo (use 'captionrl train lineup' for RLOO)")
+        super().__post_init__()
+
+
 # ---------------------------------------------------------------------- runtime
 def apply_threads(threads: int | None) -> None:
     """Set torch's CPU threads when the user asked for a number (never hard-coded: the user knows the box)."""
@@ -177,6 +194,43 @@ def quiet_offline_env(out_dir: str | Path) -> None:
     """No telemetry pings (the trainer runs offline) and TensorBoard files in a known folder of the run."""
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(Path(out_dir) / "tensorboard"))
+
+
+def probe_openai(cfg: BackendConfig, field: str = "verifier", timeout_s: float = 5.0) -> None:
+    """Fail fast, before the policy loads, when an OpenAI-compatible server (a ``BackendConfig``) does not
+    answer or does not serve the configured model; other backend kinds pass unchecked."""
+    if cfg.kind != "openai":
+        return
+    import httpx
+
+    url = str(cfg.base_url).rstrip("/") + "/models"
+    headers = {}
+    key = os.environ.get(cfg.api_key_env)
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    try:
+        resp = httpx.get(url, headers=headers, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise ConfigError(
+            f"{field}.base_url", cfg.base_url, f"the verifier server does not answer ({type(exc).__name__}: {exc})",
+            f"start it first (e.g. vllm serve {cfg.model} --port PORT) or fix {field}.base_url",
+        ) from exc
+    if resp.status_code != 200:
+        raise ConfigError(f"{field}.base_url", cfg.base_url, f"GET {url} returned HTTP {resp.status_code}",
+                          f"check the server and {field}.api_key_env")
+    try:
+        served = [m.get("id") for m in resp.json().get("data", [])]
+    except (ValueError, AttributeError):
+        served = []
+    if served and cfg.model not in served:
+        raise ConfigError(f"{field}.model", cfg.model, f"is not served at {cfg.base_url} (it serves {served})",
+                          f"set {field}.model to one of {served}")
+
+
+def probe_servers(servers: Sequence[tuple[BackendConfig, str]]) -> None:
+    """``probe_openai`` for each (backend config, config field) a run needs."""
+    for cfg, field in servers:
+        probe_openai(cfg, field)
 
 
 def cuda_available() -> bool:
@@ -426,3 +480,26 @@ def save_final_model(trainer: Any, folder: str | Path) -> Path:
     if trainer.accelerator.is_main_process and trainer.processing_class is not None:
         trainer.processing_class.save_pretrained(str(p))
     return p
+
+
+# ---------------------------------------------------------------------- commands
+def backend_config(value: Any, field: str) -> BackendConfig:
+    """A ``BackendConfig`` from a mapping in a run config, with errors that name the config field."""
+    from captionrl.backends import BackendConfig
+    from captionrl.config import from_dict
+
+    if isinstance(value, BackendConfig):
+        return value
+    return from_dict(BackendConfig, value or {}, prefix=field + ".")
+
+
+def print_result(result: Mapping[str, Any], keys: Sequence[str]) -> None:
+    """The console summary of a finished run: where each named output went, and how to open TensorBoard."""
+    for key in keys:
+        if result.get(key) is not None:
+            print(f"{key + ':':<11} {result[key]}")
+    if result.get("tensorboard"):
+        print(f"tensorboard: tensorboard --logdir {result['tensorboard']}")
+    if "reward_first" in result:
+        print(f"reward:     {result['reward_first']} (first step) -> {result['reward_last']} (last step); "
+              f"{result.get('step_seconds')} s/step")
