@@ -176,6 +176,14 @@ def good(tmp: Path, fmt: str, name: str = "good.jsonl") -> Path:
     return p
 
 
+def long_corpus(tmp: Path) -> Path:
+    """Three series of 40 values: a few dozen windows of length 4."""
+    p = tmp / "long.jsonl"
+    p.write_text("\n".join(json.dumps({"id": f"s{i}", "series": [float((v * (i + 2)) % 7) for v in range(40)]})
+                           for i in range(3)) + "\n")
+    return p
+
+
 def out(tmp: Path, name: str = "out") -> str:
     return f"out={tmp / name}"
 
@@ -185,42 +193,51 @@ def lineup(tmp: Path, *words: str) -> list[str]:
 
 
 def candidates_file(tmp: Path, kind: str) -> Path:
-    """A LineupRL candidates file: {item_id, split, candidates} with K=4 series of 8 values, broken by ``kind``."""
+    """A LineupRL candidates file in ``captionrl candidates``' format (4 items of 8 values, each lined up
+    with the 3 others, K=4), broken by ``kind``."""
     p = tmp / "caps.jsonl"
-    cands = [[float(v + j) for v in range(8)] for j in range(4)]
-    lines = [json.dumps({"item_id": f"it{i}", "split": "train", "candidates": cands}) for i in range(4)]
+    ids = [f"it{i}" for i in range(4)]
+
+    def rec(i: int, **over: object) -> str:
+        r: dict[str, object] = {"key": ids[i], "item_id": ids[i], "distractor_ids": [d for d in ids if d != ids[i]],
+                                "rule": "nearest", "seed": 0, "stats": ["mean"], "max_overlap": 0.0,
+                                "split": "train", "series": [float(v * (i + 1)) for v in range(8)]}
+        r.update(over)
+        return json.dumps({k: v for k, v in r.items() if v is not None})
+
+    lines = [rec(i) for i in range(4)]
     if kind == "missing":
         return p
     if kind == "empty":
         p.write_text("")
         return p
     if kind == "nonutf8":
-        p.write_bytes(("\n".join(lines) + "\n").encode().replace(b'"it1"', b'"it\xe91"'))
+        p.write_bytes(("\n".join(lines) + "\n").encode().replace(b'"nearest"', b'"n\xe9arest"', 2))
         return p
     if kind == "malformed":
         lines[2] = lines[2][:20]
     elif kind == "nan":
-        lines[1] = lines[1].replace("3.0", "NaN", 1)
+        lines[1] = rec(1, series=[1.0, float("nan"), *[2.0] * 6])
     elif kind == "mixed":
-        lines[1] = json.dumps({"item_id": "it1", "split": "train", "candidates": [cands[0], cands[1][:5], *cands[2:]]})
+        lines[1] = rec(1, series=[1.0, 2.0, 3.0, 4.0, 5.0])
     elif kind == "dup":
         lines[1] = lines[0]
     elif kind == "nofield":
-        lines[1] = json.dumps({"item_id": "it1", "split": "train"})
+        lines[1] = rec(1, series=None)
     elif kind == "small":  # fewer candidates than K
-        lines[1] = json.dumps({"item_id": "it1", "split": "train", "candidates": cands[:2]})
+        lines[1] = rec(1, distractor_ids=["it0"])
     p.write_text("\n".join(lines) + "\n")
     return p
 
 
-CANDIDATE_MUST = {**FILE_KINDS, "nofield": [where(2, "it1"), r"candidates"], "small": [where(2, "it1"), r"k"]}
+CANDIDATE_MUST = {**FILE_KINDS, "nofield": [where(2, "it1"), r"series"], "small": [where(2, "it1"), r"\bk\b"]}
 
 
 def lineup_file_cases() -> list[Case]:
     out_ = []
     for kind in [*ALL, "small"]:
         def make(tmp: Path, kind: str = kind) -> list[str]:
-            return lineup(tmp, f"data.candidates_file={candidates_file(tmp, kind)}")
+            return lineup(tmp, f"data.candidates_file={candidates_file(tmp, kind)}", "data.window=8")
         marks = (NEEDS_STRICT_READER,) if kind in READER else ()
         out_.append(Case(f"lineup-candidates-{kind}", make, CANDIDATE_MUST[kind], marks=marks))
     return out_
@@ -332,8 +349,8 @@ CASES: list[Case] = [
     *file_cases("candidates", "series", lambda t, f: ["candidates", "--corpus", str(f), "--out", str(t / "out"),
                                                       "--length", "4", "--quiet"],
                 ["missing", "empty", "malformed", "nonutf8", "nan", "dup"]),
-    Case("candidates-k-above-pool", lambda t: ["candidates", "--corpus", str(good(t, "series")), "--out", str(t / "out"),
-                                               "--length", "8", "--k", "50", "--quiet"], [r"\b50\b"]),
+    Case("candidates-k-above-pool", lambda t: ["candidates", "--corpus", str(long_corpus(t)), "--out", str(t / "out"),
+                                               "--length", "4", "--k", "50", "--quiet"], [r"\b50\b", r"(pool|windows)"]),
     # ---- eval configs: typos, wrong types (scalars and list items), values out of range
     Case("entail-config-typo", lambda t: ["eval", "entail", out(t), "tresh=0.5"], [r"tresh", r"threshold"]),
     Case("entail-config-type", lambda t: ["eval", "entail", out(t), "threshold=high"], [r"threshold", r"high", r"float"]),
@@ -352,7 +369,7 @@ CASES: list[Case] = [
     Case("lineup-unreachable", lambda t: lineup(t, "verifier.kind=openai",
                                                 f"verifier.base_url={DEAD.split('#')[0][7:]}"),
          [URL, r"answer"]),
-    Case("lineup-k-above-pool", lambda t: lineup(t, "reward.k=5000"), [r"5000", r"(windows|pool|candidates)"]),
+    Case("lineup-k-above-pool", lambda t: lineup(t, "reward.k=20", "data.series=[nile]", "data.window=8"), [r"\b20\b", r"(windows|pool)"]),
     *lineup_file_cases(),
     # ---- train rubicap / moco: config typos and types
     Case("rubicap-config-typo", lambda t: ["train", "rubicap", "train.max_stepz=3"], [r"max_stepz", r"max_steps"]),
