@@ -193,6 +193,7 @@ def long_corpus(tmp: Path) -> Path:
 
 
 def out(tmp: Path, name: str = "out") -> str:
+    """The ``out=DIR`` word; it goes before list flags, which would take it as one more of their values."""
     return f"out={tmp / name}"
 
 
