@@ -134,7 +134,14 @@ def _coerce(tp: Any, value: Any, name: str) -> Any:
             return str(value)
         raise ConfigError(name, value, f"must be {tp.__name__}", f"give a {tp.__name__} value")
     if origin is list and isinstance(value, tuple):
-        return list(value)
+        value = list(value)
+    if origin is list:
+        (elem,) = typing.get_args(tp) or (Any,)
+        if elem in (int, float, str, bool) and (isinstance(value, list) or elem is not str):
+            # ``seeds=3`` is the one-element list; a list's items get the same checks as a scalar field (a
+            # string for a list of strings is left to the config, which may split it: ``stats=mean,std``)
+            items = value if isinstance(value, list) else [value]
+            return [_coerce(elem, v, f"{name}[{i}]") for i, v in enumerate(items)]
     return value
 
 

@@ -109,9 +109,17 @@ def parse_backend_spec(text: str) -> BackendConfig:
     return from_dict(BackendConfig, data, prefix="backend.")
 
 
-def backend_from_spec(spec: str) -> Backend:
-    """``make_backend(parse_backend_spec(spec))``: the backend a spec names (shared when identical)."""
-    return make_backend(parse_backend_spec(spec))
+def backend_from_spec(spec: str, field: str = "backend") -> Backend:
+    """``make_backend(parse_backend_spec(spec))``: the backend a spec names (shared when identical).
+
+    An ``openai`` server is asked for ``/models`` first: a command given a server that does not answer
+    stops with a named error here, instead of running to the end with every judgment unscored.
+    """
+    from captionrl.backends.openai_http import probe_server
+
+    cfg = parse_backend_spec(spec)
+    probe_server(cfg, field)
+    return make_backend(cfg)
 
 
 _CACHE: dict[tuple, Backend] = {}

@@ -33,9 +33,9 @@ class CaptionConfig:
         if self.split not in ("train", "val", "test"):
             raise ConfigError("split", self.split, "unknown split", "use train, val or test")
         if self.captioner != DESCRIBER:
-            from captionrl.backends import parse_backend_spec
+            from captionrl.eval.common import check_spec
 
-            parse_backend_spec(self.captioner)
+            check_spec("captioner", self.captioner)
 
 
 CONFIG = CaptionConfig

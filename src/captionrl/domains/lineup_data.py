@@ -169,9 +169,14 @@ def _lineups_from_file(cfg: LineupDataConfig) -> tuple[list[CandidateSet], dict[
         raise ConfigError("data.candidates_file", str(path), "file not found",
                           "write it with `captionrl candidates --out DIR` (DIR/candidates.jsonl), or set null to mine here")
     sets, pool = load_candidate_file(path, field="data.candidates_file")
-    lengths = {len(s) for s in pool.values()}
-    if lengths != {cfg.window}:
-        raise DataError("data.candidates_file", str(path), f"holds windows of length {sorted(lengths)}, not data.window={cfg.window}",
+    if not sets:
+        raise DataError("data.candidates_file", str(path), "is empty (no candidate sets)",
+                        "write it with `captionrl candidates --out DIR`, or set null to mine here")
+    odd = next((s for s in pool.values() if len(s) != cfg.window), None)
+    if odd is not None:
+        lengths = sorted({len(s) for s in pool.values()})
+        raise DataError("data.candidates_file", str(path), f"holds windows of length {lengths}, not data.window="
+                        f"{cfg.window} (first: item {odd.id}, {len(odd)} values)",
                         f"set data.window: {min(lengths)}, or mine again with captionrl candidates --length {cfg.window}")
     return sets, pool
 

@@ -51,6 +51,8 @@ class EntailEvalConfig:
     def __post_init__(self) -> None:
         if self.method not in ("yesno", "letters", "nli"):
             raise ConfigError("method", self.method, "unknown method", "use yesno, letters or nli")
+        if self.batch < 1:
+            raise ConfigError("batch", self.batch, "must be at least 1", "set batch=8")
         if self.method != "nli":
             check_spec("backend", self.backend)
 
@@ -83,9 +85,14 @@ def load_inputs(specs: Sequence[str], references: str | None) -> tuple[Systems, 
             if "id" not in rec or not isinstance(rec.get("caption"), str):
                 raise DataError(f"{p.name}:{n}", sorted(rec), "needs 'id' and a string 'caption'",
                                 'write {"id": "x", "caption": "...", "references": ["..."]}')
+            if str(rec["id"]) in caps:
+                raise DataError(f"{p.name}:{n}.id", str(rec["id"]), "repeats an earlier line's id (which caption counts?)",
+                                "give every item one caption per file")
             caps[str(rec["id"])] = rec["caption"]
             if rec.get("references") is not None:
                 refs.setdefault(str(rec["id"]), references_of(rec["references"], f"{p.name}:{n}.references"))
+        if not caps:
+            raise DataError("--captions", str(p), "is empty (no caption lines)", "give a JSONL file of {id, caption} lines")
         systems[name] = caps
     return systems, refs
 

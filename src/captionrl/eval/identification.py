@@ -12,6 +12,7 @@ shuffled captions (another item's caption) must score at chance.
 from __future__ import annotations
 
 import random
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -61,6 +62,8 @@ class IdentifyEvalConfig:
             IdentifyConfig(mode=m)
         for d in self.directions:
             IdentifyConfig(direction=d)
+        if self.batch_items < 1:
+            raise ConfigError("batch_items", self.batch_items, "must be at least 1", "set batch_items=8")
         if self.rule not in ("nearest", "random"):
             raise ConfigError("rule", self.rule, "unknown distractor rule", "use nearest or random")
         if self.split not in ("train", "val", "test"):
@@ -242,7 +245,17 @@ def _load_caption_files(specs: Sequence[str]) -> tuple[list[Series], list[Captio
             items.setdefault(s.id, s)
         systems.append(CaptionSet(name, caps))
     common = set.intersection(*(set(s.captions) for s in systems))
+    _note_dropped(systems, common)
     return [items[i] for i in items if i in common], systems
+
+
+def _note_dropped(systems: Sequence[CaptionSet], common: set[str]) -> None:
+    """Say which items are left out because not every captions file has them (never drop them silently)."""
+    for s in systems:
+        extra = sorted(set(s.captions) - common)
+        if extra:
+            print(f"note: {len(extra)} item(s) of {s.name} skipped (not in every captions file, so not comparable): "
+                  f"{', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}", file=sys.stderr)
 
 
 def run(cfg: IdentifyEvalConfig, *, verifiers: Mapping[str, Backend] | None = None,

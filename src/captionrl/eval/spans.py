@@ -82,8 +82,16 @@ def load_items(specs: Sequence[str]) -> tuple[dict[str, dict[str, str]], dict[st
             arr = np.asarray(rec["series"], dtype=float)
             if arr.ndim != 1 or arr.size < 2 or not np.isfinite(arr).all():
                 raise DataError(f"{p.name}:{n}.series", rec["series"], "must be >= 2 finite numbers", "clean it")
-            series.setdefault(str(rec["id"]), arr)
+            if str(rec["id"]) in caps:
+                raise DataError(f"{p.name}:{n}.id", str(rec["id"]), "repeats an earlier line's id (which caption counts?)",
+                                "give every item one caption per file")
+            old = series.setdefault(str(rec["id"]), arr)
+            if old.shape != arr.shape or not np.allclose(old, arr):
+                raise DataError(f"{p.name}:{n}.series", rec["id"], "differs from the same id in another captions file",
+                                "pass files captioning the same items (same id -> same series)")
             caps[str(rec["id"])] = rec["caption"]
+        if not caps:
+            raise DataError("--captions", str(p), "is empty (no caption lines)", "give a JSONL file of {id, series, caption} lines")
         systems[name] = caps
     return systems, series
 

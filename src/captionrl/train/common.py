@@ -196,41 +196,13 @@ def quiet_offline_env(out_dir: str | Path) -> None:
     os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(Path(out_dir) / "tensorboard"))
 
 
-def probe_openai(cfg: BackendConfig, field: str = "verifier", timeout_s: float = 5.0) -> None:
-    """Fail fast, before the policy loads, when an OpenAI-compatible server (a ``BackendConfig``) does not
-    answer or does not serve the configured model; other backend kinds pass unchecked."""
-    if cfg.kind != "openai":
-        return
-    import httpx
-
-    url = str(cfg.base_url).rstrip("/") + "/models"
-    headers = {}
-    key = os.environ.get(cfg.api_key_env)
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
-    try:
-        resp = httpx.get(url, headers=headers, timeout=timeout_s)
-    except httpx.HTTPError as exc:
-        raise ConfigError(
-            f"{field}.base_url", cfg.base_url, f"the verifier server does not answer ({type(exc).__name__}: {exc})",
-            f"start it first (e.g. vllm serve {cfg.model} --port PORT) or fix {field}.base_url",
-        ) from exc
-    if resp.status_code != 200:
-        raise ConfigError(f"{field}.base_url", cfg.base_url, f"GET {url} returned HTTP {resp.status_code}",
-                          f"check the server and {field}.api_key_env")
-    try:
-        served = [m.get("id") for m in resp.json().get("data", [])]
-    except (ValueError, AttributeError):
-        served = []
-    if served and cfg.model not in served:
-        raise ConfigError(f"{field}.model", cfg.model, f"is not served at {cfg.base_url} (it serves {served})",
-                          f"set {field}.model to one of {served}")
-
-
 def probe_servers(servers: Sequence[tuple[BackendConfig, str]]) -> None:
-    """``probe_openai`` for each (backend config, config field) a run needs."""
+    """Probe each (backend config, config field) a run needs: an OpenAI-compatible server that does not
+    answer, or does not serve the named model, stops the run before any model loads."""
+    from captionrl.backends.openai_http import probe_server
+
     for cfg, field in servers:
-        probe_openai(cfg, field)
+        probe_server(cfg, field)
 
 
 def cuda_available() -> bool:
