@@ -6,9 +6,6 @@ Each case runs ``captionrl.cli.main`` in-process. Model loading is made impossib
 (``transformers`` ``from_pretrained``, the policy loader and the HF backend raise ``ModelLoaded``, a
 ``BaseException`` no ``except Exception`` can swallow), so a case that reaches a model fails loudly, and
 every case must finish within ``FAST_S`` seconds.
-
-Cases that need the strict JSONL reader (a malformed line in the middle of a file read by
-``records.read_jsonl``, undecodable bytes in one) are ``xfail(strict=True)`` until that reader lands.
 """
 
 from __future__ import annotations
@@ -26,7 +23,6 @@ import pytest
 from captionrl.cli import main
 
 FAST_S = 5.0  # every case takes ~0.1-1.2 s once imports are warm; a model load or a retry loop takes far longer
-NEEDS_STRICT_READER = pytest.mark.xfail(strict=True, reason="needs robust's strict reader")
 
 
 class ModelLoaded(BaseException):
@@ -161,21 +157,18 @@ FILE_KINDS = {
 }
 
 
-def file_cases(cmd: str, fmt: str, argv: Callable[[Path, Path], list[str]], kinds: list[str],
-               strict_reader: tuple[str, ...] = ()) -> list[Case]:
-    """The bad-file cases of one command; ``strict_reader``: kinds that wait for the strict JSONL reader."""
+def file_cases(cmd: str, fmt: str, argv: Callable[[Path, Path], list[str]], kinds: list[str]) -> list[Case]:
+    """The bad-file cases of one command."""
     out = []
     for kind in kinds:
         def make(tmp: Path, kind: str = kind) -> list[str]:
             return argv(tmp, bad_file(tmp, kind, fmt))
-        marks = (NEEDS_STRICT_READER,) if kind in strict_reader else ()
-        out.append(Case(f"{cmd}-{kind}", make, FILE_KINDS[kind], marks=marks))
+        out.append(Case(f"{cmd}-{kind}", make, FILE_KINDS[kind]))
     return out
 
 
 ALL = ["missing", "empty", "malformed", "nonutf8", "nan", "mixed", "dup", "nofield"]
 CAPTION_KINDS = ["missing", "empty", "malformed", "nonutf8", "dup", "nofield"]  # no series in these files
-READER = ("malformed", "nonutf8")  # kinds read_jsonl decides today
 
 
 def good(tmp: Path, fmt: str, name: str = "good.jsonl") -> Path:
@@ -221,7 +214,9 @@ def candidates_file(tmp: Path, kind: str) -> Path:
         p.write_text("")
         return p
     if kind == "nonutf8":
-        p.write_bytes(("\n".join(lines) + "\n").encode().replace(b'"nearest"', b'"n\xe9arest"', 2))
+        data = [line.encode() for line in lines]
+        data[1] = data[1].replace(b'"nearest"', b'"n\xe9arest"')  # line 2, so the error must name the line
+        p.write_bytes(b"\n".join(data) + b"\n")
         return p
     if kind == "malformed":
         lines[2] = lines[2][:20]
@@ -247,8 +242,7 @@ def lineup_file_cases() -> list[Case]:
     for kind in [*ALL, "small"]:
         def make(tmp: Path, kind: str = kind) -> list[str]:
             return lineup(tmp, f"data.candidates_file={candidates_file(tmp, kind)}", "data.window=8")
-        marks = (NEEDS_STRICT_READER,) if kind in READER else ()
-        out_.append(Case(f"lineup-candidates-{kind}", make, CANDIDATE_MUST[kind], marks=marks))
+        out_.append(Case(f"lineup-candidates-{kind}", make, CANDIDATE_MUST[kind]))
     return out_
 
 
@@ -311,17 +305,17 @@ CASES: list[Case] = [
                                             "--verifier", DEAD], [URL, r"answer"]),
     # ---- eval bottleneck: {id, series, caption, next}
     *file_cases("bottleneck", "series", lambda t, f: ["eval", "bottleneck", out(t), "--captions", str(f), "--quiet"],
-                ALL, strict_reader=READER),
+                ALL),
     # ---- eval entail: {id, caption, references}
     *file_cases("entail", "caption", lambda t, f: ["eval", "entail", out(t), "--captions", str(f), "--quiet"],
-                CAPTION_KINDS, strict_reader=READER),
+                CAPTION_KINDS),
     Case("entail-unknown-backend", lambda t: ["eval", "entail", out(t), "--captions", str(good(t, "caption")),
                                               "--backend", "nosuch:model"], [r"nosuch", r"backend"]),
     Case("entail-unreachable", lambda t: ["eval", "entail", out(t), "--captions", str(good(t, "caption")), "--backend", DEAD,
                                           "--quiet"], [URL, r"answer"]),
     # ---- eval spans: {id, series, caption}; mixed lengths are usable (each caption has its own series)
     *file_cases("spans", "series", lambda t, f: ["eval", "spans", out(t), "--captions", str(f), "--quiet"],
-                [k for k in ALL if k != "mixed"], strict_reader=READER),
+                [k for k in ALL if k != "mixed"]),
     Case("spans-mixed-usable", lambda t: ["eval", "spans", out(t), "--captions", str(bad_file(t, "mixed", "series")),
                                           "--quiet"], [], code=0, check=lambda t: _scored(t, "caps", 6)),
     Case("spans-conflicting-series", lambda t: ["eval", "spans", out(t), "--captions", str(good(t, "series")),
@@ -329,21 +323,20 @@ CASES: list[Case] = [
          [where(2, "it1"), r"differs"]),
     # ---- eval pairwise: two systems, the second broken
     *file_cases("pairwise", "caption", lambda t, f: ["eval", "pairwise", out(t), "--captions", str(good(t, "caption")), str(f)],
-                CAPTION_KINDS, strict_reader=READER),
+                CAPTION_KINDS),
     Case("pairwise-unknown-backend", lambda t: ["eval", "pairwise", out(t), "--judge", "nosuch:model"], [r"nosuch", r"judge"]),
     Case("pairwise-unreachable", lambda t: ["eval", "pairwise", out(t), "--captions", str(good(t, "caption")),
                                             str(good(t, "caption", "good2.jsonl")), "--judge", DEAD],
          [URL, r"answer"]),
     # ---- eval qa: caption files and question files
-    *file_cases("qa", "caption", lambda t, f: ["eval", "qa", out(t), "--captions", str(f)], CAPTION_KINDS,
-                strict_reader=READER),
+    *file_cases("qa", "caption", lambda t, f: ["eval", "qa", out(t), "--captions", str(f)], CAPTION_KINDS),
     Case("qa-questions-missing", lambda t: ["eval", "qa", out(t), "--qa", f"bench={t / 'caps.jsonl'}"],
          [r"caps\.jsonl", r"not found"]),
     Case("qa-unreachable", lambda t: ["eval", "qa", out(t), "--answerer", DEAD], [URL, r"answer"]),
     # ---- eval agreement: human labels {id, label}, judge decisions {id, decision}
     *[Case(f"agreement-{kind}", lambda t, kind=kind: ["eval", "agreement", out(t), f"labels={labels(t, kind)}",
                                                       "--judges", f"j={labels(t, 'good', 'decision')}"],
-           FILE_KINDS[kind], marks=(NEEDS_STRICT_READER,) if kind in READER else ())
+           FILE_KINDS[kind])
       for kind in ("missing", "empty", "malformed", "nonutf8", "dup")],
     Case("agreement-unreachable", lambda t: ["eval", "agreement", out(t), f"judge={DEAD}"],
          [URL, r"answer"]),
