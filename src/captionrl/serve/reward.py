@@ -6,7 +6,6 @@ converted, the legacy ``add_arguments``/``main`` pair that reads ``--config`` an
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 from captionrl.serve.config import RewardServiceConfig, build_judge
@@ -36,14 +35,3 @@ def run_command(cfg: RewardServiceConfig) -> int:
           f"(health: /health; records: {cfg.records or 'off'})", flush=True)
     make_server(cfg, judge).run()
     return 0
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", default=None, help="YAML file of RewardServiceConfig fields")
-    p.add_argument("overrides", nargs="*", help="key=value settings (dotted for nested: backend.base_url=...)")
-
-
-def main(args: argparse.Namespace) -> int:
-    from captionrl.config import load_config
-
-    return run_command(load_config(RewardServiceConfig, args.config, args.overrides))
