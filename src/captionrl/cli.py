@@ -23,6 +23,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("models",): ("captionrl.commands.models", "list backends and check that the embedded model loads"),
     ("caption",): ("captionrl.commands.caption", "caption series (or images) with a captioner backend"),
     ("candidates",): ("captionrl.domains.candidates", "mine distractor candidate sets for a corpus"),
+    ("data", "prepare"): ("captionrl.domains.prepare", "a benchmark's local copy -> a prepared dataset folder (splits, lineups, manifest)"),
     ("eval", "identify"): ("captionrl.eval.identification", "caption->series and series->caption identification"),
     ("eval", "bottleneck"): ("captionrl.eval.bottleneck", "caption-only forecasting and reconstruction"),
     ("eval", "entail"): ("captionrl.eval.entailment", "fraction of reference captions a caption entails"),
@@ -39,6 +40,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("train", "sft"): ("captionrl.train.distill", "SFT distillation from a teacher's captions"),
     ("rubrics", "build"): ("captionrl.judges.rubric_build", "teacher committee captions + rubric writer -> rubric store"),
     ("report",): ("captionrl.eval.report", "gather results of several runs into the paper's tables"),
+    ("serve", "reward"): ("captionrl.serve.reward", "serve a reward over HTTP (OpenRLHF remote reward contract, verl client)"),
 }
 
 
@@ -86,8 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(module.run_command(config_from_args(config_cls, args)) or 0)
-    except CaptionRLError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except CaptionRLError as exc:  # input (files, configs, servers): one line, no traceback; bugs keep theirs
+        print(f"error: {type(exc).__name__}: {' '.join(str(exc).splitlines())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted: rerun the same command to resume", file=sys.stderr)

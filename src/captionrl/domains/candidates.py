@@ -136,6 +136,9 @@ def load_candidate_file(path: str | Path, field: str = "candidates") -> tuple[li
             raise DataError(f"{where}.series", sorted(rec), "the line has no series values",
                             "write the file with `captionrl candidates` (one line per item with its series)")
         cs = CandidateSet.from_record(rec)
+        if cs.item_id in series:
+            raise DataError(f"{where}.item_id", cs.item_id, "repeats an earlier line's item_id (which lineup counts?)",
+                            "give every item one line (captionrl candidates writes each once)")
         series[cs.item_id] = Series(id=cs.item_id, values=np.asarray(rec["series"], dtype=float),
                                     source=str(rec.get("source") or cs.item_id), start=int(rec.get("start", 0)),
                                     domain=str(rec.get("domain", "")), split=str(rec.get("split", "")))
@@ -189,6 +192,9 @@ def _check(items: Sequence[Series], pool: Sequence[Series], k: int, rule: str, m
                           f"choose from {', '.join(STATS)}")
     if not pool:
         raise DataError("pool", [], "is empty", "pass the windows to draw distractors from")
+    if k > len(pool):
+        raise DataError("k", k, f"is larger than the pool of {len(pool)} window(s): a lineup needs K distinct "
+                        "windows", f"use a K of at most {len(pool)}, or a larger pool (more series, a smaller stride)")
     length = len(pool[0])
     for name, seq in (("pool", pool), ("items", items)):
         for i, s in enumerate(seq):

@@ -210,10 +210,15 @@ def load_manifest(path: str | Path, *, on_error: OnError = "raise") -> ImageSet:
         raise ConfigError("manifest", str(path), "file not found", "give the path of a .jsonl manifest")
     cands: list[ImageItem] = []
     seen: set[str] = set()
-    for lineno, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+    for lineno, raw in enumerate(p.read_bytes().splitlines(), 1):
+        where = f"{p.name}:{lineno}"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DataError(where, raw[max(0, exc.start - 20): exc.start + 20], f"is not UTF-8 text (byte "
+                            f"{raw[exc.start]:#04x} at column {exc.start + 1})", "save the manifest as UTF-8") from None
         if not line.strip():
             continue
-        where = f"{p.name}:{lineno}"
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
@@ -239,6 +244,8 @@ def load_manifest(path: str | Path, *, on_error: OnError = "raise") -> ImageSet:
         refs = _texts(rec.get("captions", rec.get("caption", rec.get("references"))), f"{where}.captions")
         cands.append(ImageItem(item_id, image, refs, _records(rec.get("qa"), f"{where}.qa"),
                                _records(rec.get("facts"), f"{where}.facts"), source=str(p)))
+    if not cands:
+        raise DataError("manifest", str(p), "is empty (no JSON lines)", 'write one {"id": ..., "image": ...} per line')
     return _collect(cands, on_error, str(p))
 
 
@@ -375,8 +382,10 @@ def load_images(spec: str, *, on_error: OnError = "raise") -> ImageSet:
         return load_hf_dataset(p, on_error=on_error, split="train" if (p / "dataset_dict.json").exists() else None)
     if p.is_dir():
         return load_folder(p, on_error=on_error)
-    raise ConfigError("items", spec, "is not a folder, a .jsonl manifest, scenes:N, easy-vqa or skimage",
-                      "give one of those")
+    problem = "is not a folder, a .jsonl manifest, scenes:N, easy-vqa or skimage"
+    if not p.exists() and (p.suffix or "/" in spec):
+        problem = "file not found (" + problem + ")"
+    raise ConfigError("items", spec, problem, "give one of those")
 
 
 def scene_item(scene: Scene) -> ImageItem:

@@ -47,6 +47,7 @@ class LineupDataConfig:
     n_test: int = help_field(32, "held-out test items of the final identification evaluation")
     candidates_file: str | None = help_field(None, "candidates.jsonl written by 'captionrl candidates' (mine there with --length data.window --stride data.stride) instead of mining here")
     distractors: str = help_field("nearest", "distractor rule: nearest (by summary statistics, the paper's) or random (ablation)")
+    prepared: str | None = help_field(None, "a folder written by 'captionrl data prepare': its splits, items and lineups (corpus, window, splits, candidates_file and distractors are then unused)")
 
     def __post_init__(self) -> None:
         if self.window < 4:
@@ -55,6 +56,9 @@ class LineupDataConfig:
             raise ConfigError("data.distractors", self.distractors, "unknown rule", "use nearest or random")
         if len(self.splits) != 3 or abs(sum(self.splits) - 1) > 1e-6 or min(self.splits) <= 0:
             raise ConfigError("data.splits", self.splits, "need three positive fractions summing to 1", "set data.splits: [0.7, 0.1, 0.2]")
+        if self.prepared and self.candidates_file:
+            raise ConfigError("data.candidates_file", self.candidates_file, "set together with data.prepared",
+                              "use one: a prepared folder carries its own lineups (set candidates_file: null)")
         if self.normalise not in (None, "zscore", "minmax"):
             raise ConfigError("data.normalise", self.normalise, "unknown normalisation", "use null, zscore or minmax")
         if self.n_val < 0 or self.n_test < 0 or (self.n_train is not None and self.n_train < 1):
@@ -104,9 +108,12 @@ def validate_candidate_set(cands: Sequence[Any], k: int, field: str, k_field: st
 
 # ---------------------------------------------------------------------- the build
 def build_lineup_data(cfg: LineupDataConfig, k: int, seed: int, *, k_field: str = "reward.k") -> LineupData:
-    """Lineups per split (mined, or read from ``cfg.candidates_file``), a seeded sample of each split's
-    items, and one validated TRL row per item; no model involved."""
-    if cfg.candidates_file:
+    """Lineups per split (mined, or read from ``cfg.candidates_file`` or a ``cfg.prepared`` folder), a seeded
+    sample of each split's items (more than exist is an error), and one validated TRL row per item; no model
+    involved."""
+    if cfg.prepared:
+        sets, pool = _lineups_from_prepared(cfg, k, k_field)
+    elif cfg.candidates_file:
         sets, pool = _lineups_from_file(cfg)
     else:
         sets, pool = _mine(cfg, k, seed)
@@ -117,6 +124,9 @@ def build_lineup_data(cfg: LineupDataConfig, k: int, seed: int, *, k_field: str 
     for i, (split, n) in enumerate(cfg.wanted().items()):
         found = by_split.get(split, [])
         chosen = range(len(found))
+        if n is not None and n > len(found):
+            raise DataError(f"data.n_{split}", n, f"asks for {n} {split} items but only {len(found)} exist",
+                            f"set data.n_{split}: {len(found)} or less (null = all), or prepare/mine more data")
         if n is not None and n < len(found):
             rng = np.random.default_rng([seed, i])
             chosen = sorted(rng.choice(len(found), size=n, replace=False).tolist())
@@ -143,15 +153,30 @@ def _mine(cfg: LineupDataConfig, k: int, seed: int) -> tuple[list[CandidateSet],
     return sets, {s.id: s for items in wanted.values() for s in items}
 
 
+def _lineups_from_prepared(cfg: LineupDataConfig, k: int, k_field: str) -> tuple[list[CandidateSet], dict[str, Series]]:
+    from captionrl.domains.prepare import load_prepared
+
+    prepared = load_prepared(str(cfg.prepared), field="data.prepared")
+    if prepared.k < k:
+        raise DataError("data.prepared", str(cfg.prepared), f"holds lineups of K={prepared.k}, fewer than {k_field}={k}",
+                        f"set {k_field}: {prepared.k} or less, or prepare again with k={k}")
+    return prepared.sets, prepared.pool
+
+
 def _lineups_from_file(cfg: LineupDataConfig) -> tuple[list[CandidateSet], dict[str, Series]]:
     path = Path(str(cfg.candidates_file))
     if not path.exists():
         raise ConfigError("data.candidates_file", str(path), "file not found",
                           "write it with `captionrl candidates --out DIR` (DIR/candidates.jsonl), or set null to mine here")
     sets, pool = load_candidate_file(path, field="data.candidates_file")
-    lengths = {len(s) for s in pool.values()}
-    if lengths != {cfg.window}:
-        raise DataError("data.candidates_file", str(path), f"holds windows of length {sorted(lengths)}, not data.window={cfg.window}",
+    if not sets:
+        raise DataError("data.candidates_file", str(path), "is empty (no candidate sets)",
+                        "write it with `captionrl candidates --out DIR`, or set null to mine here")
+    odd = next((s for s in pool.values() if len(s) != cfg.window), None)
+    if odd is not None:
+        lengths = sorted({len(s) for s in pool.values()})
+        raise DataError("data.candidates_file", str(path), f"holds windows of length {lengths}, not data.window="
+                        f"{cfg.window} (first: item {odd.id}, {len(odd)} values)",
                         f"set data.window: {min(lengths)}, or mine again with captionrl candidates --length {cfg.window}")
     return sets, pool
 

@@ -37,7 +37,7 @@ def load_caption_file(path: str | Path) -> dict[str, dict[str, Any]]:
     if not p.exists():
         raise DataError("captions", str(path), "file not found", "give a JSONL file with {id, caption} lines")
     out: dict[str, dict[str, Any]] = {}
-    for n, rec in enumerate(read_jsonl(p)):
+    for n, rec in enumerate(read_jsonl(p, unique_key="id")):
         if "id" not in rec or "caption" not in rec:
             raise DataError(f"{p.name}:line {n + 1}", sorted(rec), "needs 'id' and 'caption' fields",
                             'write lines like {"id": "img1", "caption": "A red circle."}')

@@ -193,8 +193,9 @@ def _facts(value: Any) -> list[dict[str, Any]] | None:
     if isinstance(value, str):
         try:
             value = json.loads(value)
-        except json.JSONDecodeError:
-            return None
+        except json.JSONDecodeError as exc:
+            raise DataError("facts", value[:80], f"is not valid JSON ({exc.msg})",
+                            "store the item's facts as a JSON list of objects") from None
     if isinstance(value, Sequence) and value and all(isinstance(f, Mapping) for f in value):
         return [dict(f) for f in value]
     return None

@@ -278,8 +278,14 @@ class RubricBuildConfig:
 
         if self.on_error not in ("raise", "skip"):
             raise ConfigError("on_error", self.on_error, "unknown choice", "use raise or skip")
-        for spec in [*self.committee, *([self.writer] if self.writer != "facts" else []), *([self.student] if self.student else [])]:
-            parse_backend_spec(spec)
+        specs = [*(("committee", s) for s in self.committee), *([("writer", self.writer)] if self.writer != "facts" else []),
+                 *([("student", self.student)] if self.student else [])]
+        for name, spec in specs:
+            try:
+                parse_backend_spec(spec)
+            except ConfigError as exc:
+                raise ConfigError(name, spec, f"is not a backend spec ({exc})",
+                                  "write e.g. hf:embedded, tiny-vlm or openai:http://HOST:PORT/v1#MODEL") from exc
 
 
 CONFIG = RubricBuildConfig

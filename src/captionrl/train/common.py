@@ -55,7 +55,7 @@ class PolicyConfig:
     lora_alpha: int = help_field(32, "LoRA alpha (scale = alpha / r)")
     lora_dropout: float = help_field(0.05, "LoRA dropout")
     lora_target_modules: str | list[str] = help_field("all-linear", "modules that get LoRA adapters: 'all-linear' or a list of module names")
-    dtype: str = help_field("float32", "weights dtype when loading: float32, bfloat16, float16 or auto (CPU training: float32)")
+    dtype: str = help_field("auto", "weights dtype when loading: auto (float32 for trained weights; bf16 speed comes from train.bf16 autocast), float32, bfloat16 or float16")
     trust_remote_code: bool = help_field(False, "allow model repositories' own Python code")
 
     def __post_init__(self) -> None:
@@ -196,41 +196,13 @@ def quiet_offline_env(out_dir: str | Path) -> None:
     os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(Path(out_dir) / "tensorboard"))
 
 
-def probe_openai(cfg: BackendConfig, field: str = "verifier", timeout_s: float = 5.0) -> None:
-    """Fail fast, before the policy loads, when an OpenAI-compatible server (a ``BackendConfig``) does not
-    answer or does not serve the configured model; other backend kinds pass unchecked."""
-    if cfg.kind != "openai":
-        return
-    import httpx
-
-    url = str(cfg.base_url).rstrip("/") + "/models"
-    headers = {}
-    key = os.environ.get(cfg.api_key_env)
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
-    try:
-        resp = httpx.get(url, headers=headers, timeout=timeout_s)
-    except httpx.HTTPError as exc:
-        raise ConfigError(
-            f"{field}.base_url", cfg.base_url, f"the verifier server does not answer ({type(exc).__name__}: {exc})",
-            f"start it first (e.g. vllm serve {cfg.model} --port PORT) or fix {field}.base_url",
-        ) from exc
-    if resp.status_code != 200:
-        raise ConfigError(f"{field}.base_url", cfg.base_url, f"GET {url} returned HTTP {resp.status_code}",
-                          f"check the server and {field}.api_key_env")
-    try:
-        served = [m.get("id") for m in resp.json().get("data", [])]
-    except (ValueError, AttributeError):
-        served = []
-    if served and cfg.model not in served:
-        raise ConfigError(f"{field}.model", cfg.model, f"is not served at {cfg.base_url} (it serves {served})",
-                          f"set {field}.model to one of {served}")
-
-
 def probe_servers(servers: Sequence[tuple[BackendConfig, str]]) -> None:
-    """``probe_openai`` for each (backend config, config field) a run needs."""
+    """Probe each (backend config, config field) a run needs: an OpenAI-compatible server that does not
+    answer, or does not serve the named model, stops the run before any model loads."""
+    from captionrl.backends.openai_http import probe_server
+
     for cfg, field in servers:
-        probe_openai(cfg, field)
+        probe_server(cfg, field)
 
 
 def cuda_available() -> bool:
@@ -256,7 +228,10 @@ def load_policy(policy: PolicyConfig) -> tuple[Any, Any, bool]:
     kw: dict[str, Any] = {"trust_remote_code": policy.trust_remote_code}
     if gguf:
         kw["gguf_file"] = gguf
-    dtype = "auto" if policy.dtype == "auto" else getattr(torch, policy.dtype)
+    from captionrl.devices import record_dtype, resolve_dtype
+
+    dtype, reason = resolve_dtype(policy.dtype, "cuda" if torch.cuda.is_available() else "cpu", training=True)
+    record_dtype(f"policy:{policy.model}", dtype, reason)
     config = AutoConfig.from_pretrained(path, **kw)
     is_vlm = hasattr(config, "vision_config")
     if is_vlm:
@@ -370,7 +345,7 @@ def build_trainer(
         from trl import RLOOTrainer as Trainer
     else:
         from trl import GRPOTrainer as Trainer  # type: ignore[assignment]
-    return Trainer(
+    trainer = Trainer(
         model=model,
         reward_funcs=list(reward_funcs),
         args=args,
@@ -379,6 +354,10 @@ def build_trainer(
         callbacks=list(callbacks),
         peft_config=peft_config,
     )
+    from captionrl.train.timing import install_step_timer
+
+    install_step_timer(trainer, train.out_dir)  # time/* metrics per step, timing.json at the end
+    return trainer
 
 
 # ---------------------------------------------------------------------- resume

@@ -64,7 +64,7 @@ def _entries(source: Source) -> list[dict[str, Any]]:
         return [dict(r) for r in rows if isinstance(r, Mapping)]
     from captionrl.records import read_jsonl
 
-    return list(read_jsonl(path))
+    return list(read_jsonl(path, appended=True))  # our own log: a killed run may leave a torn last line
 
 
 def _value(row: Mapping[str, Any], key: str) -> float | None:
@@ -77,8 +77,8 @@ def _value(row: Mapping[str, Any], key: str) -> float | None:
 
 def watched(key: str) -> str | None:
     """The label of a watched metric name (``None``: not watched; std/min/max variants are not)."""
-    if key.endswith("/std") or "min_" in key or "max_" in key:
-        return None
+    if key.endswith("/std") or "min_" in key or "max_" in key or key.startswith("time/"):
+        return None  # time/* parts get one stacked panel of their own
     for pattern, label in WATCHED:
         if pattern in key:
             return label if key == pattern else key
@@ -93,6 +93,43 @@ def curve_keys(records: Sequence[Mapping[str, Any]]) -> list[str]:
         keys += [k for k in sorted(present) if pattern in k and k not in keys and watched(k) is not None]
     keys += [k for k in ("loss", "kl", "entropy") if k in present and k not in keys]
     return keys
+
+
+TIME_PARTS = ("generation", "reward", "logprobs", "backward", "optimizer")
+"""The disjoint parts of a step (``train/timing.py``); ``time/verifier`` is a share of ``time/reward``."""
+
+
+def _time_breakdown(rows: Sequence[Mapping[str, Any]]) -> dict[str, tuple[list[float], list[float]]]:
+    """Per-step seconds of each ``time/*`` part present in the log (empty when the run was not timed)."""
+    out: dict[str, tuple[list[float], list[float]]] = {}
+    for part in (*TIME_PARTS, "verifier", "step"):
+        pts = [(float(r.get("step", i)), v) for i, r in enumerate(rows)
+               if (v := _value(r, f"time/{part}")) is not None]
+        if pts:
+            out[part] = ([x for x, _ in pts], [y for _, y in pts])
+    return out if any(p in out for p in TIME_PARTS) else {}
+
+
+def _plot_time_breakdown(ax: Any, timing: Mapping[str, tuple[list[float], list[float]]]) -> None:
+    """Stacked bars of where each step's seconds went, the verifier's share drawn over the reward's."""
+    bottom: dict[float, float] = {}
+    for part in TIME_PARTS:
+        if part not in timing:
+            continue
+        xs, ys = timing[part]
+        base = [bottom.get(x, 0.0) for x in xs]
+        ax.bar(xs, ys, bottom=base, width=0.8, label=part)
+        if part == "reward" and "verifier" in timing:
+            vx, vy = timing["verifier"]
+            vbase = [bottom.get(x, 0.0) for x in vx]
+            ax.bar(vx, vy, bottom=vbase, width=0.4, color="none", edgecolor="black", hatch="//", label="verifier")
+        for x, y, b in zip(xs, ys, base, strict=True):
+            bottom[x] = b + y
+    if "step" in timing:
+        ax.plot(*timing["step"], color="black", linewidth=1, marker=".", label="step")
+    ax.set_ylabel("seconds per step", fontsize=8)
+    ax.legend(loc="upper right", fontsize=6, ncol=3)
+    ax.grid(alpha=0.3)
 
 
 def moving_average(values: Sequence[float], window: int) -> list[float]:
@@ -140,8 +177,12 @@ def plot_curves(
         found = sorted({k for r in rows for k in r})
         raise DataError("keys", names, f"none of them is in the log ({len(rows)} rows)",
                         f"choose among the logged keys: {', '.join(found[:30]) or '(empty log)'}")
-    fig, axes = plt.subplots(len(series), 1, figsize=(7, 2.4 * len(series)), sharex=True, squeeze=False)
-    for ax, (key, (xs, ys)) in zip(axes[:, 0], series.items(), strict=True):
+    timing = _time_breakdown(rows) if keys is None else {}
+    panels = len(series) + (1 if timing else 0)
+    fig, axes = plt.subplots(panels, 1, figsize=(7, 2.4 * panels), sharex=True, squeeze=False)
+    if timing:
+        _plot_time_breakdown(axes[-1, 0], timing)
+    for ax, (key, (xs, ys)) in zip(axes[:, 0], series.items(), strict=False):
         ax.plot(xs, ys, color="tab:blue", alpha=0.35, linewidth=1, marker="o", markersize=2.5, label="logged")
         if smooth > 1 and len(ys) > 2:
             ax.plot(xs, moving_average(ys, smooth), color="tab:blue", linewidth=2, label=f"{smooth}-point mean")

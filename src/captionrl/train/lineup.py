@@ -39,7 +39,7 @@ from captionrl.train.common import (
     PolicyConfig,
     TrainConfig,
     print_result,
-    probe_openai,
+    probe_servers,
 )
 from captionrl.train.common import backend_config as _backend_config  # the name evaluate() uses
 from captionrl.train.skeleton import Recipe, Run, train
@@ -378,7 +378,7 @@ CONFIG = LineupConfig
 def run_command(cfg: LineupConfig) -> int:
     """``captionrl train lineup``: check (data only) or train, then print where everything went."""
     if cfg.check:
-        probe_openai(cfg.verifier)
+        probe_servers([(cfg.verifier, "verifier")])
         data = build_lineup_data(cfg.data, cfg.reward.k, cfg.seed)
         print(json.dumps({k: len(v) for k, v in data.rows.items()}))
         return 0

@@ -96,5 +96,5 @@ def load_samples(folder: str | Path) -> list[dict[str, Any]]:
     """Every sample record of a run (all ranks), in file order."""
     out: list[dict[str, Any]] = []
     for p in sorted(Path(folder).glob("samples.rank*.jsonl")):
-        out.extend(read_jsonl(p))
+        out.extend(read_jsonl(p, appended=True))
     return out
