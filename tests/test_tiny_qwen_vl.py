@@ -87,7 +87,7 @@ def test_chat_templates_render_the_family_format():
 def tiny(request):
     from captionrl.backends.hf import HFBackend
 
-    backend = HFBackend(f"tiny-{request.param}", batch_size=4)
+    backend = HFBackend(f"tiny-{request.param}", batch_size=4, dtype="float32")  # exact comparisons below
     backend._ensure_loaded()
     return request.param, backend
 
@@ -256,7 +256,7 @@ def test_lineup_rloo_step_with_tiny_qwen2_5_vl_policy_on_charts(tmp_path, embedd
 
 @pytest.mark.slow
 def test_lineup_paper_config_dry_run_with_tiny_qwen2_5_vl(tmp_path, embedded_backend, vision_calls):
-    """configs/lineup-paper.yaml as a user dry-runs it: only the models, sizes and CPU switches replaced.
+    """configs/lineup-paper.yaml as a user dry-runs it: models, data, sizes and CPU switches replaced.
 
     Kept from the paper config: chart input, RLOO with beta 0.05 (a reference model), gradient
     checkpointing, letter-mode verifier (K=2 here, the paper's 4 costs twice the verifier time), checkpoint selection on validation items and the
@@ -269,6 +269,8 @@ def test_lineup_paper_config_dry_run_with_tiny_qwen2_5_vl(tmp_path, embedded_bac
     out = tmp_path / "run"
     cfg = load_config(LineupConfig, ROOT / "configs" / "lineup-paper.yaml", [
         "policy.model=tiny-qwen2.5-vl", "policy.dtype=float32", "verifier.kind=hf", "verifier.model=embedded",
+        "eval.verifiers={}",  # the paper's held-out verifiers are served models; the training one stays
+        "data.prepared=null", "data.corpus=embedded",  # no prepared benchmark folder: the embedded corpus
         "data.window=8", "data.n_train=4", "data.n_val=2", "data.n_test=2", "reward.k=2",
         "train.num_generations=2", "train.per_device_train_batch_size=2", "train.max_completion_length=8",
         "train.max_steps=2", "train.save_steps=1", "train.report_to=[]", "train.threads=1",
