@@ -14,7 +14,7 @@ def tiny_backend():
     from captionrl.backends.hf import HFBackend
     from captionrl.testing import tiny_vlm_dir
 
-    backend = HFBackend(str(tiny_vlm_dir()), batch_size=4)
+    backend = HFBackend(str(tiny_vlm_dir()), batch_size=4, dtype="float32")  # exact comparisons below
     backend._ensure_loaded()
     return backend
 

@@ -735,10 +735,10 @@ def probe_server(cfg: Any, field: str = "verifier", timeout_s: float = 5.0) -> N
         try:
             resp = httpx.get(url, headers=headers, timeout=timeout_s)
         except httpx.HTTPError as exc:
-            raise ConfigError(f"{field}", base, f"the server does not answer ({type(exc).__name__}: {exc})",
+            raise ConfigError(f"{field}.base_url", base, f"the server does not answer ({type(exc).__name__}: {exc})",
                               f"start it first (e.g. vllm serve {cfg.model} --port PORT) or fix the URL") from exc
         if resp.status_code != 200:
-            raise ConfigError(f"{field}", base, f"GET {url} returned HTTP {resp.status_code}",
+            raise ConfigError(f"{field}.base_url", base, f"GET {url} returned HTTP {resp.status_code}",
                               f"check the server and {cfg.api_key_env}")
         try:
             served = [m.get("id") for m in resp.json().get("data", [])]
