@@ -5,11 +5,9 @@ reads each caption and the K candidate series (the true one and K-1 mined distra
 described one; the group's rewards drive an RLOO (or GRPO) update. Everything trainer-side is TRL
 (``train.common``); this module only builds the data, the reward and the end-of-run report.
 
-Reward shaping is a *wrapper* around the identification reward, not extra TRL reward functions: TRL sums
-several reward functions with ``nansum`` and treats a row as unscored only when *all* of them return
-``None``, so a separate length penalty would turn a verifier failure into a penalty-only score (a silent 0
-the policy learns from). The wrapper subtracts its penalties only from scored captions and leaves a
-failed verification ``None``. It logs caption length and the fraction of the series transcribed.
+Reward shaping (length, transcription guard, factuality, numbers-masked pass) is
+``captionrl.rewards.shaping.ShapedReward`` around the identification reward: a failed verification stays
+``None``, never a penalty-only score.
 
 Run folder (``train.out_dir``): ``config.yaml``, ``checkpoints/``, ``metrics.jsonl``, ``samples.rank*.jsonl``,
 ``tensorboard/``, ``curves.png``, ``model/`` and ``eval/`` (records.jsonl, table.md, summary.json).
@@ -19,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -33,9 +29,9 @@ from captionrl.backends import BackendConfig
 from captionrl.config import help_field, load_config
 from captionrl.errors import ConfigError, DataError
 from captionrl.judges.identify import validate_candidate_set
+from captionrl.rewards.shaping import ShapedReward, ShapingConfig
 from captionrl.train.common import PolicyConfig, TrainConfig
 
-NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
 
 
 # ---------------------------------------------------------------------- config
@@ -80,8 +76,15 @@ class LineupRewardConfig:
     lam: float = help_field(1.0, "lambda: reward = lambda * accuracy")
     max_caption_chars: int | None = help_field(None, "captions longer than this are penalised (null = no length shaping)")
     length_penalty: float = help_field(0.0, "penalty per 100 characters above max_caption_chars")
-    max_transcription: float = help_field(0.25, "free fraction of the series' values a caption may copy verbatim (key values are welcome)")
-    transcription_penalty: float = help_field(1.0, "penalty per unit of transcribed fraction above max_transcription (copying the numbers wins a likelihood verifier without describing anything)")
+    max_copied_values: int = help_field(4, "series values a caption may copy for free, counted in values (start, end, max, min are key values), never a fraction of the series")
+    transcription_penalty: float = help_field(0.1, "penalty per copied value beyond max_copied_values (values matched at the caption's rounding; 0 = guard off: copying the numbers wins a likelihood verifier without describing anything)")
+    transcription_run: int = help_field(3, "a run of this many consecutive series values, in order, is transcription and is always penalised")
+    run_penalty: float = help_field(1.0, "penalty for a caption with such a run (0 = off)")
+    factuality_penalty: float = help_field(0.0, "weight of the share of claims the series contradicts (span-audit code checks within factuality_tolerance sigma; 0 = off)")
+    factuality_tolerance: float = help_field(0.35, "claims within this many standard deviations of the series are supported")
+    claims_extractor: str = help_field("rules", "claim extraction of the factuality term: rules, or llm (needs claims_backend: a capable served model)")
+    claims_backend: str | None = help_field(None, "backend spec of the LLM claim extractor, e.g. openai:http://127.0.0.1:8000/v1#MODEL")
+    masked_weight: float = help_field(0.0, "numbers-masked pass: base = (1-w)*score + w*score(caption with numbers masked); 0 = off")
 
     def __post_init__(self) -> None:
         if not isinstance(self.k, int) or self.k < 2:
@@ -90,11 +93,20 @@ class LineupRewardConfig:
             raise ConfigError("reward.mode", self.mode, "unknown verifier mode", "use letter or likelihood")
         if self.signal not in ("hard", "soft"):
             raise ConfigError("reward.signal", self.signal, "unknown signal", "use hard or soft")
-        if self.length_penalty < 0 or self.transcription_penalty < 0:
-            raise ConfigError("reward.*_penalty", (self.length_penalty, self.transcription_penalty),
+        if min(self.length_penalty, self.transcription_penalty, self.run_penalty, self.factuality_penalty) < 0:
+            raise ConfigError("reward.*_penalty", (self.length_penalty, self.transcription_penalty, self.run_penalty,
+                                                   self.factuality_penalty),
                               "penalties must be >= 0", "set them to 0 to switch shaping off")
-        if not 0 <= self.max_transcription <= 1:
-            raise ConfigError("reward.max_transcription", self.max_transcription, "must be in [0, 1]", "set e.g. 0.25")
+        if self.max_copied_values < 0 or self.transcription_run < 2:
+            raise ConfigError("reward.max_copied_values/transcription_run", (self.max_copied_values, self.transcription_run),
+                              "need max_copied_values >= 0 and transcription_run >= 2", "set e.g. 4 and 3")
+        if self.claims_extractor not in ("rules", "llm"):
+            raise ConfigError("reward.claims_extractor", self.claims_extractor, "unknown extractor", "use rules or llm")
+        if self.claims_extractor == "llm" and not self.claims_backend:
+            raise ConfigError("reward.claims_backend", None, "the llm claim extractor needs a served model",
+                              "set reward.claims_backend: openai:URL#MODEL, or reward.claims_extractor: rules")
+        if not 0 <= self.masked_weight <= 1:
+            raise ConfigError("reward.masked_weight", self.masked_weight, "must be in [0, 1]", "set 0 (off) or e.g. 0.5")
 
 
 @dataclass
@@ -296,84 +308,24 @@ def add_charts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 # ---------------------------------------------------------------------- reward shaping
-def transcription_fraction(caption: str, series_text: str, n_values: int) -> float:
-    """Numbers of the caption that appear verbatim in the rendered series, over the series length (<= 1)."""
-    shown = {t.strip() for t in series_text.split(",")}
-    hits = sum(1 for m in NUMBER_RE.findall(caption) if m in shown)
-    return min(1.0, hits / max(n_values, 1))
+def shaping_config(reward: LineupRewardConfig) -> ShapingConfig:
+    """The shaping terms of ``reward`` (lam is applied by the identification judge itself, so 1 here)."""
+    from captionrl.judges.transcription import TranscriptionConfig
+    from captionrl.rewards.factuality import FactualityTerm
 
+    guard = None
+    if reward.transcription_penalty > 0 or reward.run_penalty > 0:
+        guard = TranscriptionConfig(max_copied_values=reward.max_copied_values, min_run=reward.transcription_run,
+                                    value_penalty=reward.transcription_penalty, run_penalty=reward.run_penalty)
+    backend = None
+    if reward.claims_extractor == "llm" and reward.factuality_penalty > 0:
+        from captionrl.backends import make_backend, parse_backend_spec
 
-class ShapedReward:
-    """Identification reward minus length and transcription penalties; ``None`` stays ``None``.
-
-    Logs ``shaping/*`` metrics through TRL's ``log_metric`` and writes one sample record per caption.
-    """
-
-    def __init__(self, base: Any, reward: LineupRewardConfig, samples: Any = None) -> None:
-        self.base = base
-        self.cfg = reward
-        self.samples = samples
-        self.__name__ = "lineup"
-        self._last_judgments: list[Any] = []
-        previous = getattr(base, "on_judgments", None)
-
-        def keep(captions: Any, columns: Any, judgments: list[Any]) -> None:
-            self._last_judgments = judgments
-            if previous is not None:
-                previous(captions, columns, judgments)
-
-        if hasattr(base, "on_judgments"):
-            base.on_judgments = keep
-
-    def penalties(self, caption: str, series_text: str, n_values: int) -> tuple[float, float, float]:
-        """(length penalty, transcription penalty, transcribed fraction) of one caption."""
-        c = self.cfg
-        length_pen = 0.0
-        if c.max_caption_chars is not None and len(caption) > c.max_caption_chars:
-            length_pen = c.length_penalty * (len(caption) - c.max_caption_chars) / 100.0
-        frac = transcription_fraction(caption, series_text, n_values)
-        trans_pen = c.transcription_penalty * max(0.0, frac - c.max_transcription)
-        return length_pen, trans_pen, frac
-
-    def __call__(self, prompts: Any = None, completions: Sequence[Any] = (), completion_ids: Any = None,
-                 **kwargs: Any) -> list[float | None]:
-        from captionrl.rewards import completion_text
-
-        self._last_judgments = []
-        base_scores = self.base(prompts, completions, completion_ids, **kwargs)
-        captions = [completion_text(c) for c in completions]
-        texts = kwargs.get("series_text") or [""] * len(captions)
-        series = kwargs.get("series") or [[]] * len(captions)
-        out: list[float | None] = []
-        rows = []
-        stats = {"length_penalty": [], "transcription_penalty": [], "transcription_frac": [], "caption_chars": []}
-        for i, cap in enumerate(captions):
-            lp, tp, frac = self.penalties(cap, texts[i], len(series[i]))
-            base = base_scores[i]
-            final = None if base is None or (isinstance(base, float) and math.isnan(base)) else float(base) - lp - tp
-            out.append(final)
-            stats["length_penalty"].append(lp)
-            stats["transcription_penalty"].append(tp)
-            stats["transcription_frac"].append(frac)
-            stats["caption_chars"].append(float(len(cap)))
-            j = self._last_judgments[i] if i < len(self._last_judgments) else None
-            rows.append({
-                "item_id": (kwargs.get("item_id") or [None] * len(captions))[i], "caption": cap,
-                "identification": base, "length_penalty": lp, "transcription_penalty": tp,
-                "transcription_frac": frac, "reward": final,
-                "hard": j.extra.get("hard") if j is not None else None,
-                "soft": j.extra.get("soft") if j is not None else None,
-                "error": j.error if j is not None else None,
-            })
-        log_metric = kwargs.get("log_metric")
-        if callable(log_metric):
-            for name, vals in stats.items():
-                log_metric(f"shaping/{name}", float(np.mean(vals)) if vals else 0.0)
-            log_metric("verifier_failures", float(sum(v is None for v in out)))
-        if self.samples is not None:
-            state = kwargs.get("trainer_state")
-            self.samples.write(int(getattr(state, "global_step", -1)) if state is not None else -1, rows)
-        return out
+        backend = make_backend(parse_backend_spec(str(reward.claims_backend)))
+    term = FactualityTerm(weight=reward.factuality_penalty, tolerance=reward.factuality_tolerance,
+                          extractor=reward.claims_extractor if backend is not None else "rules", backend=backend)
+    return ShapingConfig(lam=1.0, max_caption_chars=reward.max_caption_chars, length_penalty=reward.length_penalty,
+                         transcription=guard, factuality=term, masked_weight=reward.masked_weight)
 
 
 # ---------------------------------------------------------------------- run
@@ -409,7 +361,8 @@ def run(cfg: LineupConfig, verifier: Any = None) -> dict[str, Any]:
 
     dataset = Dataset.from_list(train_rows)
     samples = SampleLog(out)
-    reward = ShapedReward(make_identification_reward(verifier, cfg.identify_config()), cfg.reward, samples)
+    reward = ShapedReward(make_identification_reward(verifier, cfg.identify_config()), shaping_config(cfg.reward),
+                          samples, name="lineup")
     args = common.trainer_args(cfg.train, seed=int(cfg.train.seed or 0))
     trainer = common.build_trainer(
         cfg.train, args, model, processing, [reward], dataset,
