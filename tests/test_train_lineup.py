@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from captionrl.errors import ConfigError, DataError
-from captionrl.train import lineup
 from captionrl.rewards.shaping import ShapedReward
+from captionrl.train import lineup
 from captionrl.train.lineup import LineupRewardConfig, load_lineup_config, shaping_config
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -33,7 +33,6 @@ from captionrl.rewards.shaping import ShapedReward, ShapingConfig
 from captionrl.train.common import PolicyConfig, TrainConfig
 
 
-
 # ---------------------------------------------------------------------- config
 @dataclass
 class LineupDataConfig:
@@ -118,6 +117,8 @@ class LineupEvalConfig:
     modes: list[str] | None = help_field(None, "verifier modes (null = the training reward's mode)")
     compare_initial: bool = help_field(True, "also caption the test items with the untrained policy, as a baseline row")
     verifiers: dict[str, Any] = help_field({}, "name -> backend config of evaluation verifiers (empty = the training verifier)")
+    final_checks: bool = help_field(True, "checks the captioner was not trained on: span audit, transcription, full stops, clipped ratio, identification apart from the training verifier")
+    bottleneck: bool = help_field(False, "also the caption-only reconstruction bottleneck against the initial model and controls (loads a text encoder)")
 
 
 @dataclass
@@ -328,6 +329,27 @@ def shaping_config(reward: LineupRewardConfig) -> ShapingConfig:
                          transcription=guard, factuality=term, masked_weight=reward.masked_weight)
 
 
+PREFLIGHT_KEYS = ("reward.transcription_penalty", "reward.run_penalty", "reward.max_copied_values",
+                  "reward.factuality_penalty", "reward.masked_weight", "reward.mode", "reward.signal", "verifier")
+"""Config keys that change what the reward preflight finds (printed when it refuses a run)."""
+
+
+def preflight(cfg: LineupConfig, rows: Sequence[Mapping[str, Any]], reward: Any, out: Path) -> Any:
+    """Issue 11's reward preflight on a seeded sample of training rows: the describer's caption must beat
+    every hacking probe under ``reward`` (the trainer's own callable); raises ``PreflightError`` otherwise."""
+    import os
+
+    from captionrl.preflight import run_preflight, sample_rows, series_references
+
+    if cfg.train.preflight_items <= 0:
+        return None
+    chosen = sample_rows(rows, cfg.train.preflight_items, cfg.seed)
+    honest, dumps = series_references(chosen, cfg.data.precision)
+    main = int(os.environ.get("RANK", "0")) == 0
+    return run_preflight(reward, chosen, honest, dumps, keys=PREFLIGHT_KEYS, force=cfg.train.force_preflight,
+                         out_dir=out if main else None, echo=main)
+
+
 # ---------------------------------------------------------------------- run
 def run(cfg: LineupConfig, verifier: Any = None) -> dict[str, Any]:
     """Train, save, plot, evaluate; returns the paths of what was written (and a few figures).
@@ -363,6 +385,7 @@ def run(cfg: LineupConfig, verifier: Any = None) -> dict[str, Any]:
     samples = SampleLog(out)
     reward = ShapedReward(make_identification_reward(verifier, cfg.identify_config()), shaping_config(cfg.reward),
                           samples, name="lineup")
+    preflight(cfg, train_rows, reward, out)
     args = common.trainer_args(cfg.train, seed=int(cfg.train.seed or 0))
     trainer = common.build_trainer(
         cfg.train, args, model, processing, [reward], dataset,
@@ -465,8 +488,9 @@ def _backend_config(value: Any, field: str) -> BackendConfig:
 
 
 def generate_captions(model: Any, processing: Any, rows: Sequence[Mapping[str, Any]], max_new_tokens: int,
-                      use_chart: bool, name: str) -> dict[str, str]:
-    """Greedy captions of ``rows`` by an in-memory policy (the same prompts it was trained on)."""
+                      use_chart: bool, name: str, clipped: dict[str, bool] | None = None) -> dict[str, str]:
+    """Greedy captions of ``rows`` by an in-memory policy (the same prompts it was trained on); ``clipped``
+    (if given) receives, per item, whether the caption was cut by the token budget."""
     from captionrl.backends import ChatRequest
     from captionrl.backends.hf import HFBackend
 
@@ -479,6 +503,8 @@ def generate_captions(model: Any, processing: Any, rows: Sequence[Mapping[str, A
             msgs = [{"role": "user", "content": [{"type": "image", "image": r["image"]}, {"type": "text", "text": text}]}]
         reqs.append(ChatRequest(messages=msgs, max_new_tokens=max_new_tokens, temperature=0.0))
     gens = backend.generate(reqs)
+    if clipped is not None:
+        clipped.update({str(r["item_id"]): g.finish_reason == "length" for r, g in zip(rows, gens, strict=True)})
     return {str(r["item_id"]): (g.text or "") for r, g in zip(rows, gens, strict=True)}
 
 
@@ -491,13 +517,16 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
     if use_chart:
         rows = add_charts(rows)
     max_new = cfg.train.max_completion_length
-    systems = [CaptionSet("trained", generate_captions(policy, processing, rows, max_new, use_chart, "trained"))]
+    clipped: dict[str, dict[str, bool]] = {"trained": {}, "initial": {}}
+    systems = [CaptionSet("trained", generate_captions(policy, processing, rows, max_new, use_chart, "trained",
+                                                       clipped["trained"]))]
     if cfg.eval.compare_initial:
         from captionrl.train.common import load_policy
 
         base, base_proc, _ = load_policy(cfg.policy)
         base.eval()
-        systems.append(CaptionSet("initial", generate_captions(base, base_proc, rows, max_new, use_chart, "initial")))
+        systems.append(CaptionSet("initial", generate_captions(base, base_proc, rows, max_new, use_chart, "initial",
+                                                               clipped["initial"])))
         del base
     items = [data.pool[r["item_id"]] for r in rows]
     distractors = {r["item_id"]: list(r["candidate_ids"][1:]) for r in rows}
@@ -509,8 +538,25 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
     ecfg = IdentifyEvalConfig(modes=list(cfg.eval.modes or [cfg.reward.mode]), directions=list(cfg.eval.directions),
                               ks=[cfg.reward.k], seed=cfg.seed, precision=cfg.data.precision)
     summary = run_identification(items, systems, distractors, data.pool, verifiers, ecfg, out_dir)
-    return {"table": str(out_dir / "table.md"), "summary": str(out_dir / "summary.json"),
-            "rows": summary.get("rows", [])}
+    result = {"table": str(out_dir / "table.md"), "summary": str(out_dir / "summary.json"),
+              "rows": summary.get("rows", []), "captions": {s.name: s.captions for s in systems}}
+    if cfg.eval.final_checks:
+        from captionrl.eval.final_checks import run_final_checks
+
+        checks = run_final_checks({s.name: s.captions for s in systems}, {it.id: it.values for it in items}, out_dir,
+                                  identification=summary, guard=_guard(cfg.reward),
+                                  tolerance=cfg.reward.factuality_tolerance, clipped=clipped,
+                                  bottleneck=cfg.eval.bottleneck)
+        result["final_checks"] = str(out_dir / "final_checks.md")
+        result["final_rows"] = checks["rows"]
+    return result
+
+
+def _guard(reward: LineupRewardConfig) -> Any:
+    """The transcription guard's counting rule (its penalties are irrelevant to the evaluation column)."""
+    from captionrl.judges.transcription import TranscriptionConfig
+
+    return TranscriptionConfig(max_copied_values=reward.max_copied_values, min_run=reward.transcription_run)
 
 
 # ---------------------------------------------------------------------- CLI
@@ -537,4 +583,7 @@ def main(args: argparse.Namespace) -> int:
         if ev:
             print(f"evaluation: {ev['table']}")
             print(Path(ev["table"]).read_text())
+            if ev.get("final_checks"):
+                print(f"checks the model was not trained on: {ev['final_checks']}")
+                print(Path(ev["final_checks"]).read_text())
     return 0
