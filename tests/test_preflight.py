@@ -65,14 +65,14 @@ def test_refusal_names_the_winner_and_the_keys_and_unscored_honest_refuses(tmp_p
 
 @pytest.mark.slow
 def test_preflight_passes_the_cpu_config_and_refuses_an_unguarded_likelihood_reward(tmp_path, embedded_backend):
-    cfg, rows, reward, honest, dumps = _setup(embedded_backend, [])
+    _, rows, reward, honest, dumps = _setup(embedded_backend, [])
     ok = run_preflight(reward, rows, honest, dumps, keys=lineup.PREFLIGHT_KEYS, out_dir=tmp_path / "ok")
     assert ok.passed and not ok.winners
     means = {r.probe: r.mean for r in ok.rows}
     assert all(means[p] < means["honest"] for p in means if p != "honest")
     assert "honest" in (tmp_path / "ok" / "preflight.md").read_text()
 
-    cfg, rows, reward, honest, dumps = _setup(embedded_backend, UNGUARDED)
+    _, rows, reward, honest, dumps = _setup(embedded_backend, UNGUARDED)
     with pytest.raises(PreflightError, match="dump") as err:
         run_preflight(reward, rows, honest, dumps, keys=lineup.PREFLIGHT_KEYS, out_dir=tmp_path / "bad")
     assert "reward.transcription_penalty" in str(err.value)
