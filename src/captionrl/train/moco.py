@@ -371,6 +371,12 @@ def run_moco(cfg: MocoConfig, out: Path, model: Any, processing: Any, rows: list
     result["model"] = str(common.save_final_model(trainer, out / "model"))
     if not trainer.accelerator.is_main_process:
         return result
+    from captionrl.train.image_checks import image_final_checks
+
+    refs = {str(r["item_id"]): list(r["references"]) for r in rows}
+    checks = image_final_checks(common.unwrap_for_inference(trainer), processing, rows, refs, out / "eval",
+                                cfg.train.max_completion_length, seed=cfg.seed)
+    result["final_checks"] = {"table": str(out / "eval" / "final_checks.md"), "rows": checks["rows"]}
     curves = plot_curves(out / "metrics.jsonl", CURVE_KEYS, path=out / "curves.png",
                          title=f"MoCo Rubric ({cfg.momentum.variant}, m={cfg.momentum.m}, H={cfg.momentum.interval})")
     result.update(curves=str(out / "curves.png"), curve_points=curves, records=str(records.path),

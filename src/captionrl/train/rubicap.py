@@ -402,6 +402,10 @@ def run(cfg: RubicapConfig, judge_backend: Any = None, callbacks: Sequence[Any] 
                           "use a VLM (its config has a vision_config), e.g. Qwen/Qwen2.5-VL-7B-Instruct or tiny-vlm")
     samples = SampleLog(out)
     reward = RubricReward(make_judge(cfg, backend), samples)
+    from captionrl.train.image_checks import image_final_checks, references_of, rubicap_preflight
+
+    references = references_of(load_items(cfg))
+    rubicap_preflight(cfg, data.rows, reward, out, references)
     trainer = common.build_trainer(
         cfg.train, args, model, processing, [reward], to_dataset(data),
         callbacks=[MetricsLog(out / "metrics.jsonl"), *callbacks], peft_config=common.lora_config(cfg.policy),
@@ -420,6 +424,9 @@ def run(cfg: RubicapConfig, judge_backend: Any = None, callbacks: Sequence[Any] 
     if not trainer.accelerator.is_main_process:
         return result
     result["model"] = str(model_dir)
+    checks = image_final_checks(common.unwrap_for_inference(trainer), processing, data.rows, references,
+                                out / "eval", cfg.train.max_completion_length, seed=cfg.seed)
+    result["final_checks"] = {"table": str(out / "eval" / "final_checks.md"), "rows": checks["rows"]}
     metrics = load_metrics(out / "metrics.jsonl")
     present = {k for m in metrics for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     keys = [k for k in CURVE_KEYS if k in present]
