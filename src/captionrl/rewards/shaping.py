@@ -8,7 +8,8 @@ penalties only from scored captions and leaves a failed base judgment ``None``.
 Terms, each logged as its own metric through TRL's ``log_metric`` (``shaping/*``) and, per caption, through
 ``log_extra`` (the completions table):
 
-- length: ``length_penalty`` per 100 characters above ``max_caption_chars``;
+- length: ``length_penalty`` per 100 characters above ``max_caption_chars``, and ``unfinished_penalty``
+  when the caption does not end a sentence (cut by the token budget);
 - transcription (``judges.transcription``): copied series values beyond an allowance counted in values,
   and any run of consecutive values; applies where the rows carry a ``series`` column;
 - factuality (``rewards.factuality``): ``weight * share of contradicted claims``; series rows only;
@@ -56,9 +57,10 @@ class ShapingConfig:
     transcription: TranscriptionConfig | None = None      # None: the guard is off (still measured and logged)
     factuality: FactualityTerm = field(default_factory=FactualityTerm)
     masked_weight: float = 0.0
+    unfinished_penalty: float = 0.0                        # a caption that does not end a sentence
 
     def __post_init__(self) -> None:
-        if self.length_penalty < 0:
+        if self.length_penalty < 0 or self.unfinished_penalty < 0:
             raise ConfigError("length_penalty", self.length_penalty, "must be >= 0", "set 0 to switch it off")
         if not 0 <= self.masked_weight <= 1:
             raise ConfigError("masked_weight", self.masked_weight, "must be in [0, 1]", "set 0 (off) or e.g. 0.5")
@@ -116,10 +118,12 @@ class ShapedReward:
 
     # ------------------------------------------------------------------ per-caption terms
     def length_penalty(self, caption: str) -> float:
+        """Characters above the limit, plus the unfinished-sentence penalty (both are about form)."""
         c = self.cfg
+        unfinished = 0.0 if ends_with_stop(caption) else c.unfinished_penalty
         if c.max_caption_chars is None or len(caption) <= c.max_caption_chars:
-            return 0.0
-        return c.length_penalty * (len(caption) - c.max_caption_chars) / 100.0
+            return unfinished
+        return unfinished + c.length_penalty * (len(caption) - c.max_caption_chars) / 100.0
 
     def shape(self, captions: Sequence[str], base_scores: Sequence[Any], series: Sequence[Any] | None = None,
               series_text: Sequence[str] | None = None, masked_scores: Sequence[Any] | None = None) -> list[Shaped]:

@@ -50,6 +50,7 @@ class LineupDataConfig:
     n_test: int = help_field(32, "held-out test items of the final identification evaluation")
     candidates_file: str | None = help_field(None, "JSONL of prepared candidate sets ({item_id, split, series, candidates, candidate_ids}) instead of mining")
     distractors: str = help_field("nearest", "distractor rule: nearest (by summary statistics, the paper's) or random (ablation)")
+    instruction: str | None = help_field(None, "the captioning instruction after the numbers (null = the default of captionrl.domains.captioning); a short-answer instruction lets a small model finish its caption within the token budget")
 
     def __post_init__(self) -> None:
         if self.window < 4:
@@ -84,6 +85,7 @@ class LineupRewardConfig:
     claims_extractor: str = help_field("rules", "claim extraction of the factuality term: rules, or llm (needs claims_backend: a capable served model)")
     claims_backend: str | None = help_field(None, "backend spec of the LLM claim extractor, e.g. openai:http://127.0.0.1:8000/v1#MODEL")
     masked_weight: float = help_field(0.0, "numbers-masked pass: base = (1-w)*score + w*score(caption with numbers masked); 0 = off")
+    unfinished_penalty: float = help_field(0.0, "penalty for a caption that does not end a sentence (cut by the token budget or trailing off)")
 
     def __post_init__(self) -> None:
         if not isinstance(self.k, int) or self.k < 2:
@@ -92,7 +94,8 @@ class LineupRewardConfig:
             raise ConfigError("reward.mode", self.mode, "unknown verifier mode", "use letter or likelihood")
         if self.signal not in ("hard", "soft"):
             raise ConfigError("reward.signal", self.signal, "unknown signal", "use hard or soft")
-        if min(self.length_penalty, self.transcription_penalty, self.run_penalty, self.factuality_penalty) < 0:
+        if min(self.length_penalty, self.transcription_penalty, self.run_penalty, self.factuality_penalty,
+               self.unfinished_penalty) < 0:
             raise ConfigError("reward.*_penalty", (self.length_penalty, self.transcription_penalty, self.run_penalty,
                                                    self.factuality_penalty),
                               "penalties must be >= 0", "set them to 0 to switch shaping off")
@@ -251,13 +254,22 @@ def make_row(cfg: LineupConfig, item: Any, distractors: Sequence[Any]) -> dict[s
     cands = [values, *[np.asarray(d.values, dtype=float).tolist() for d in distractors]]
     validate_candidate_set(cands, cfg.reward.k, f"candidates[{item.id}]", k_field="reward.k")
     return {
-        "prompt": caption_messages(text, len(values)),
+        "prompt": _instructed(caption_messages(text, len(values)), cfg.data.instruction),
         "item_id": str(item.id),
         "series": values,
         "series_text": text,
         "candidates": cands,
         "candidate_ids": [str(item.id), *[str(d.id) for d in distractors]],
     }
+
+
+def _instructed(messages: list[dict[str, Any]], instruction: str | None) -> list[dict[str, Any]]:
+    """The caption prompt with ``data.instruction`` in place of the default instruction (None: unchanged)."""
+    from captionrl.domains.captioning import CAPTION_INSTRUCTION
+
+    if not instruction:
+        return messages
+    return [{**m, "content": m["content"].replace(CAPTION_INSTRUCTION, instruction)} for m in messages]
 
 
 def _data_from_file(cfg: LineupConfig) -> LineupData:
@@ -283,7 +295,7 @@ def _data_from_file(cfg: LineupConfig) -> LineupData:
         text, _ = render_numbers(np.asarray(cands[0]), precision=cfg.data.precision, normalise=cfg.data.normalise)
         split = str(rec.get("split", "train"))
         rows.setdefault(split, []).append({
-            "prompt": caption_messages(text, len(cands[0])), "item_id": str(rec["item_id"]), "series": cands[0],
+            "prompt": _instructed(caption_messages(text, len(cands[0])), cfg.data.instruction), "item_id": str(rec["item_id"]), "series": cands[0],
             "series_text": text, "candidates": cands[: cfg.reward.k], "candidate_ids": ids[: cfg.reward.k],
         })
     if not rows["train"]:
@@ -326,7 +338,8 @@ def shaping_config(reward: LineupRewardConfig) -> ShapingConfig:
     term = FactualityTerm(weight=reward.factuality_penalty, tolerance=reward.factuality_tolerance,
                           extractor=reward.claims_extractor if backend is not None else "rules", backend=backend)
     return ShapingConfig(lam=1.0, max_caption_chars=reward.max_caption_chars, length_penalty=reward.length_penalty,
-                         transcription=guard, factuality=term, masked_weight=reward.masked_weight)
+                         transcription=guard, factuality=term, masked_weight=reward.masked_weight,
+                         unfinished_penalty=reward.unfinished_penalty)
 
 
 PREFLIGHT_KEYS = ("reward.transcription_penalty", "reward.run_penalty", "reward.max_copied_values",
