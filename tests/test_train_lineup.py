@@ -28,7 +28,7 @@ TINY = [
     "train.algorithm=rloo", "train.num_generations=2", "train.per_device_train_batch_size=4",
     "train.max_completion_length=8", "train.max_steps=2", "train.save_steps=2", "train.learning_rate=1.0e-5",
     "train.beta=0.0", "train.report_to=[]", "train.threads=1",
-    "eval.compare_initial=false",
+    "eval.compare_initial=false", "eval.bottleneck=false", "train.preflight_items=2",
 ]
 
 
@@ -216,3 +216,9 @@ def test_lineup_trains_for_real_and_logs_the_verifiers_rewards(tmp_path, embedde
     summary = json.loads(Path(result["eval"]["summary"]).read_text())
     assert summary["protocol"] and any(r["system"] == "trained" for r in summary["rows"])
     assert (out / "config.yaml").exists() and (out / "checkpoints" / "checkpoint-2").is_dir()
+    # 5. ... preceded by the reward preflight and followed by checks it was not trained on
+    assert json.loads((out / "preflight.json").read_text())["passed"] is True
+    checks = json.loads((out / "eval" / "final_checks.json").read_text())
+    trained = next(r for r in checks["rows"] if r["system"] == "trained")
+    assert {"green", "red", "transcription", "ends_with_stop", "clipped_ratio", "c2s[train]"} <= set(trained)
+    assert trained["clipped_ratio"] == 1.0  # 8 tokens cut every caption, and the table says so
