@@ -9,8 +9,9 @@ Reward shaping (length, transcription guard, factuality, numbers-masked pass) is
 ``captionrl.rewards.shaping.ShapedReward`` around the identification reward: a failed verification stays
 ``None``, never a penalty-only score.
 
-Run folder (``train.out_dir``): ``config.yaml``, ``checkpoints/``, ``metrics.jsonl``, ``samples.rank*.jsonl``,
-``tensorboard/``, ``curves.png``, ``model/`` and ``eval/`` (records.jsonl, table.md, summary.json).
+Run folder (``train.out_dir``): ``config.yaml``, ``preflight.md``/``preflight.json`` (the reward preflight),
+``checkpoints/``, ``metrics.jsonl``, ``samples.rank*.jsonl``, ``tensorboard/``, ``curves.png``, ``model/`` and
+``eval/`` (records.jsonl, table.md, summary.json, final_checks.md/.json: checks the model was not trained on).
 """
 
 from __future__ import annotations
