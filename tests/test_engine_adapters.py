@@ -50,7 +50,23 @@ def test_openrlhf_reward_func_batch(embedded_judge):
     out = reward_func(queries, prompts, [LABEL, LABEL])
     assert out["rewards"].shape == (2,) and out["scores"].shape == (2,)
     assert float(out["rewards"][0]) > float(out["rewards"][1])  # the falling caption does not describe the wave
-    assert set(out["extra_logs"]) == {"identification_hard", "caption_chars"}
+    assert set(out["extra_logs"]) == {"identification_hard", "caption_chars", "copied_values", "transcription_share",
+                                      "transcription_penalty", "red_share"}
+
+
+def test_adapters_apply_the_training_guard(monkeypatch):
+    """A number dump that the judge loves is penalised exactly as in training (run of 3+ values: -1)."""
+    from captionrl.adapters.verl import compute_score
+
+    class _Loves:
+        def judge(self, captions, columns):
+            return [Judgment(score=1.0, extra={"hard": 1.0, "soft": 1.0}) for _ in captions]
+
+    monkeypatch.setattr(engine, "identification_judge", lambda: _Loves())
+    dump = ", ".join(f"{v:.2f}" for v in WAVE[:6])
+    got = compute_score("lineup", dump, LABEL)
+    assert got["copied_values"] == 6 and got["score"] == pytest.approx(1.0 - 0.1 * 2 - 1.0)
+    assert compute_score("lineup", describe_series(WAVE), LABEL)["score"] == pytest.approx(1.0)
 
 
 def test_failures_raise_or_become_nan_never_zero(monkeypatch):

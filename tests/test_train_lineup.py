@@ -18,13 +18,9 @@ import pytest
 from captionrl.config import load_config
 from captionrl.domains.lineup_data import build_lineup_data, validate_candidate_set
 from captionrl.errors import ConfigError, DataError
+from captionrl.rewards.shaping import ShapedReward
 from captionrl.train import lineup
-from captionrl.train.lineup import (
-    LineupConfig,
-    LineupRewardConfig,
-    ShapedReward,
-    transcription_fraction,
-)
+from captionrl.train.lineup import LineupConfig, LineupRewardConfig, shaping_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,7 +30,7 @@ TINY = [
     "train.algorithm=rloo", "train.num_generations=2", "train.per_device_train_batch_size=4",
     "train.max_completion_length=8", "train.max_steps=2", "train.save_steps=2", "train.learning_rate=1.0e-5",
     "train.beta=0.0", "train.report_to=[]", "train.threads=1",
-    "eval.compare_initial=false",
+    "eval.compare_initial=false", "eval.bottleneck=false", "train.preflight_items=2",
 ]
 
 
@@ -155,13 +151,6 @@ def test_algorithm_defaults_are_explicit():
 
 
 # ---------------------------------------------------------------------- shaping (no model)
-def test_transcription_fraction_counts_verbatim_values():
-    text = "1.50, 2.25, 3.00, 4.75"
-    assert transcription_fraction("It starts at 1.50 and ends at 4.75.", text, 4) == 0.5
-    assert transcription_fraction("It has 4 points and rises.", text, 4) == 0.0
-    assert transcription_fraction("1.50, 2.25, 3.00, 4.75, 1.50", text, 4) == 1.0
-
-
 class _FixedBase:
     """A stand-in identification reward (parse path only): fixed scores, one verifier failure."""
 
@@ -173,16 +162,42 @@ class _FixedBase:
 
 
 def test_shaping_penalises_scored_captions_and_keeps_failures_unscored():
-    cfg = LineupRewardConfig(max_caption_chars=20, length_penalty=1.0, max_transcription=0.25, transcription_penalty=1.0)
-    shaped = ShapedReward(_FixedBase([1.0, 1.0, None]), cfg)
+    cfg = LineupRewardConfig(max_caption_chars=20, length_penalty=1.0, max_copied_values=1, transcription_penalty=0.1,
+                             transcription_run=3, run_penalty=1.0)
+    shaped = ShapedReward(_FixedBase([1.0, 1.0, None]), shaping_config(cfg))
     logged = {}
     caps = ["short one", "1.50, 2.25, 3.00, 4.75 copied", "anything"]
     out = shaped(prompts=[None] * 3, completions=caps, series_text=["1.50, 2.25, 3.00, 4.75"] * 3,
                  series=[[1.5, 2.25, 3.0, 4.75]] * 3, log_metric=lambda k, v: logged.__setitem__(k, v))
     assert out[0] == 1.0
-    assert out[1] == pytest.approx(1.0 - (len(caps[1]) - 20) / 100 - 0.75)
+    # 4 copied values: 3 beyond the allowance of 1 (0.1 each), and a run of 4 consecutive values (1.0)
+    assert out[1] == pytest.approx(1.0 - (len(caps[1]) - 20) / 100 - 0.3 - 1.0)
     assert out[2] is None  # a failed verification is never turned into a penalty-only score
     assert logged["verifier_failures"] == 1.0 and logged["shaping/transcription_frac"] == pytest.approx(1 / 3)
+    assert logged["shaping/copied_values"] == pytest.approx(4 / 3)
+
+
+def test_factuality_penalises_contradicted_claims_and_masked_pass_mixes_scores():
+    cfg = LineupRewardConfig(factuality_penalty=0.5, masked_weight=0.5, transcription_penalty=0.0, run_penalty=0.0)
+
+    class _Masked(_FixedBase):
+        def __call__(self, prompts, completions, completion_ids=None, **kw):
+            return [0.2 if "#" in c else 1.0 for c in completions]
+
+    shaped = ShapedReward(_Masked([]), shaping_config(cfg))
+    series = [[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]]
+    logged = {}
+    true, false = shaped(completions=["It rises and ends at 6.", "It falls and ends at 1."], series=series * 2,
+                         log_metric=lambda k, v: logged.__setitem__(k, v))
+    # masked: numbers become '#', scored 0.2; base (1.0 + 0.2) / 2 = 0.6; the false caption's two claims are red
+    assert true == pytest.approx(0.6)
+    assert false == pytest.approx(0.6 - 0.5)
+    assert logged["shaping/red_share"] == pytest.approx(0.5) and logged["shaping/masked_base"] == pytest.approx(0.2)
+
+
+def test_llm_claims_need_a_backend():
+    with pytest.raises(ConfigError, match="claims_backend"):
+        LineupRewardConfig(claims_extractor="llm")
 
 
 # ---------------------------------------------------------------------- real training
@@ -231,3 +246,9 @@ def test_lineup_trains_for_real_and_logs_the_verifiers_rewards(tmp_path, embedde
     summary = json.loads(Path(result["eval"]["summary"]).read_text())
     assert summary["protocol"] and any(r["system"] == "trained" for r in summary["rows"])
     assert (out / "config.yaml").exists() and (out / "checkpoints" / "checkpoint-2").is_dir()
+    # 5. ... preceded by the reward preflight and followed by checks it was not trained on
+    assert json.loads((out / "preflight.json").read_text())["passed"] is True
+    checks = json.loads((out / "eval" / "final_checks.json").read_text())
+    trained = next(r for r in checks["rows"] if r["system"] == "trained")
+    assert {"green", "red", "transcription", "ends_with_stop", "clipped_ratio", "c2s[train]"} <= set(trained)
+    assert trained["clipped_ratio"] == 1.0  # 8 tokens cut every caption, and the table says so

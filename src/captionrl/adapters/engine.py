@@ -1,8 +1,12 @@
 """What the engine adapters share: the reward's configuration, label encoding and failure policy.
 
 Engines call a plain function per sample, so the judge is built once per process from the YAML file named
-by ``CAPTIONRL_REWARD_CONFIG`` (sections ``verifier``: a BackendConfig, ``identify``: an IdentifyConfig),
-or from the defaults (the embedded model as a likelihood verifier). The candidate set travels in the
+by ``CAPTIONRL_REWARD_CONFIG`` (sections ``verifier``: a BackendConfig, ``identify``: an IdentifyConfig,
+``shaping``: the keys of ``SHAPING_KEYS``), or from the defaults (the embedded model as a likelihood
+verifier). The reward is shaped exactly as in training (``captionrl.rewards.shaping``): the transcription
+guard is on by default (4 free copied values, 0.1 per further value, 1.0 for a run of 3 consecutive
+values), measured against the true series (index 0 of the candidates); the factuality term when
+``shaping.factuality_penalty`` > 0. The candidate set travels in the
 sample's label / ground truth as JSON: ``{"candidates": [[true series...], [distractor...], ...]}``.
 
 Neither engine can skip a sample, so a verifier failure cannot become ``None`` there. It must not become
@@ -21,9 +25,14 @@ from typing import Any
 
 from captionrl.errors import BackendError, DataError
 from captionrl.judges.identify import IdentificationJudge, IdentifyConfig
+from captionrl.judges.transcription import TranscriptionConfig
+from captionrl.rewards.factuality import FactualityTerm
+from captionrl.rewards.shaping import Shaped, ShapedReward, ShapingConfig
 from captionrl.types import Judgment
 
 CONFIG_ENV = "CAPTIONRL_REWARD_CONFIG"
+SHAPING_KEYS = {"max_caption_chars": None, "length_penalty": 0.0, "max_copied_values": 4, "transcription_penalty": 0.1,
+                "transcription_run": 3, "run_penalty": 1.0, "factuality_penalty": 0.0, "factuality_tolerance": 0.35}
 FAILURE_ENV = "CAPTIONRL_ON_FAILURE"
 
 
@@ -53,6 +62,32 @@ def identification_judge() -> IdentificationJudge:
     return IdentificationJudge(make_backend(verifier), icfg)
 
 
+def shaping_config(data: dict[str, Any] | None = None) -> ShapingConfig:
+    """The shaping section of the adapters' YAML (missing keys: ``SHAPING_KEYS``' defaults)."""
+    data = dict(data or {})
+    unknown = set(data) - set(SHAPING_KEYS)
+    if unknown:
+        raise DataError("shaping", sorted(unknown), "unknown shaping keys", f"use only {sorted(SHAPING_KEYS)}")
+    c = {**SHAPING_KEYS, **data}
+    guard = None
+    if c["transcription_penalty"] > 0 or c["run_penalty"] > 0:
+        guard = TranscriptionConfig(max_copied_values=int(c["max_copied_values"]), min_run=int(c["transcription_run"]),
+                                    value_penalty=float(c["transcription_penalty"]), run_penalty=float(c["run_penalty"]))
+    return ShapingConfig(max_caption_chars=c["max_caption_chars"], length_penalty=float(c["length_penalty"]),
+                         transcription=guard, factuality=FactualityTerm(weight=float(c["factuality_penalty"]),
+                                                                        tolerance=float(c["factuality_tolerance"])))
+
+
+@lru_cache(maxsize=1)
+def shaped_reward() -> ShapedReward:
+    """The process-wide shaping wrapper (its base is unused: the adapters judge first, then shape)."""
+    from captionrl.config import load_yaml
+
+    path = os.environ.get(CONFIG_ENV)
+    data = load_yaml(path) if path else {}
+    return ShapedReward(lambda *a, **k: [], shaping_config(data.get("shaping")), name="lineup")
+
+
 def score_or_fail(judgment: Judgment) -> float:
     if judgment.scored:
         return float(judgment.score)  # type: ignore[arg-type]
@@ -66,3 +101,26 @@ def score_or_fail(judgment: Judgment) -> float:
 
 def judge_captions(captions: Sequence[str], labels: Sequence[Any]) -> list[Judgment]:
     return identification_judge().judge(list(captions), {"candidates": [decode_label(lab) for lab in labels]})
+
+
+def shaped_scores(captions: Sequence[str], labels: Sequence[Any]) -> list[tuple[Judgment, Shaped]]:
+    """Judge, then shape exactly as training does (guard and factuality against the true series)."""
+    cands = [decode_label(lab) for lab in labels]
+    judgments = identification_judge().judge(list(captions), {"candidates": cands})
+    shaped = shaped_reward().shape(list(captions), [j.score if j.scored else None for j in judgments],
+                                   series=[c[0] for c in cands])
+    return list(zip(judgments, shaped, strict=True))
+
+
+def final_score(judgment: Judgment, shaped: Shaped) -> float:
+    """The shaped reward, or the failure policy of ``score_or_fail`` when the judge could not score."""
+    base = score_or_fail(judgment)
+    return base if shaped.reward is None or math.isnan(base) else float(shaped.reward)
+
+
+def shaping_logs(shaped: Shaped) -> dict[str, float]:
+    """Per-sample terms both engines log next to the score."""
+    t = shaped.transcription
+    return {"copied_values": float(t.copied if t else 0), "transcription_share": float(t.share if t else 0.0),
+            "transcription_penalty": shaped.transcription_penalty,
+            "red_share": float("nan") if shaped.red_share is None else shaped.red_share}

@@ -10,18 +10,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from captionrl.adapters.engine import judge_captions, score_or_fail
+from captionrl.adapters.engine import final_score, shaped_scores, shaping_logs
 
 
 def reward_func(queries: Sequence[str], prompts: Sequence[str], labels: Sequence[Any], **kwargs: Any) -> dict[str, Any]:
     import torch
 
     captions = [q[len(p):] if q.startswith(p) else q for q, p in zip(queries, prompts, strict=True)]
-    judgments = judge_captions(captions, labels)
-    rewards = torch.tensor([score_or_fail(j) for j in judgments], dtype=torch.float32)
-    hard = torch.tensor([float(j.extra.get("hard", float("nan"))) for j in judgments])
+    pairs = shaped_scores(captions, labels)
+    rewards = torch.tensor([final_score(j, s) for j, s in pairs], dtype=torch.float32)
+    hard = torch.tensor([float(j.extra.get("hard", float("nan"))) for j, _ in pairs])
+    logs = [shaping_logs(s) for _, s in pairs]
     return {
         "rewards": rewards,
         "scores": rewards.clone(),
-        "extra_logs": {"identification_hard": hard, "caption_chars": torch.tensor([float(len(c)) for c in captions])},
+        "extra_logs": {"identification_hard": hard, "caption_chars": torch.tensor([float(len(c)) for c in captions]),
+                       **{k: torch.tensor([row[k] for row in logs]) for k in (logs[0] if logs else {})}},
     }

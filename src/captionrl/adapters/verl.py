@@ -10,16 +10,19 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from captionrl.adapters.engine import judge_captions, score_or_fail
+from captionrl.adapters.engine import final_score, shaped_scores, shaping_logs
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None, **kwargs: Any) -> dict[str, Any]:
-    (j,) = judge_captions([solution_str], [ground_truth])
+    """The shaped identification reward (the same guard and penalties as ``captionrl train lineup``)."""
+    ((j, s),) = shaped_scores([solution_str], [ground_truth])
     return {
-        "score": score_or_fail(j),
+        "score": final_score(j, s),
+        "identification": j.score,
         "hard": j.extra.get("hard"),
         "soft": j.extra.get("soft"),
         "caption_chars": len(solution_str),
+        **shaping_logs(s),
     }
 
 

@@ -24,23 +24,25 @@ IMAGE_CAPTION_INSTRUCTION = (
 """What an image captioner is asked (RubiCap's policy, the rubric committee's teachers)."""
 
 
-def caption_messages(numbers_text: str, n: int, image: Any = None) -> list[Message]:
+def caption_messages(numbers_text: str, n: int, image: Any = None, instruction: str | None = None) -> list[Message]:
     """Chat messages asking a captioner to describe a series.
 
     Language-only policies read the values printed as text; vision-language policies get the chart image
-    (``image``), as in the paper's setup, and the numbers are left out.
+    (``image``), as in the paper's setup, and the numbers are left out. ``instruction`` replaces the
+    default ``CAPTION_INSTRUCTION`` (a short-answer instruction lets a small model finish within budget).
     """
+    instruction = instruction or CAPTION_INSTRUCTION
     if image is not None:
         return [
             {
                 "role": "user",
                 "content": [
                     {"type": "image", "image": image},
-                    {"type": "text", "text": f"The chart shows a time series of {n} values. {CAPTION_INSTRUCTION}"},
+                    {"type": "text", "text": f"The chart shows a time series of {n} values. {instruction}"},
                 ],
             }
         ]
-    return [{"role": "user", "content": f"Time series of {n} values:\n{numbers_text}\n\n{CAPTION_INSTRUCTION}"}]
+    return [{"role": "user", "content": f"Time series of {n} values:\n{numbers_text}\n\n{instruction}"}]
 
 
 def image_caption_messages(instruction: str = IMAGE_CAPTION_INSTRUCTION) -> list[Message]:

@@ -47,6 +47,7 @@ class LineupDataConfig:
     n_test: int = help_field(32, "held-out test items of the final identification evaluation")
     candidates_file: str | None = help_field(None, "candidates.jsonl written by 'captionrl candidates' (mine there with --length data.window --stride data.stride) instead of mining here")
     distractors: str = help_field("nearest", "distractor rule: nearest (by summary statistics, the paper's) or random (ablation)")
+    instruction: str | None = help_field(None, "the captioning instruction after the numbers (null = the default of captionrl.domains.captioning); a short-answer instruction lets a small model finish its caption within the token budget")
     prepared: str | None = help_field(None, "a folder written by 'captionrl data prepare': its splits, items and lineups (corpus, window, splits, candidates_file and distractors are then unused)")
 
     def __post_init__(self) -> None:
@@ -189,7 +190,7 @@ def lineup_row(cfg: LineupDataConfig, item: Series, distractors: Sequence[Series
     cands = [values, *[np.asarray(d.values, dtype=float).tolist() for d in distractors]]
     validate_candidate_set(cands, k, f"candidates[{item.id}]", k_field=k_field)
     return {
-        "prompt": caption_messages(text, len(values)),
+        "prompt": caption_messages(text, len(values), instruction=cfg.instruction),
         "item_id": str(item.id),
         "series": values,
         "series_text": text,
@@ -198,11 +199,11 @@ def lineup_row(cfg: LineupDataConfig, item: Series, distractors: Sequence[Series
     }
 
 
-def add_charts(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def add_charts(rows: Sequence[Mapping[str, Any]], instruction: str | None = None) -> list[dict[str, Any]]:
     """VLM policies read the chart: an ``image`` column and a prompt without the numbers."""
     out = []
     for r in rows:
         img = render_chart(np.asarray(r["series"]))
-        text = f"The chart shows a time series of {len(r['series'])} values. {CAPTION_INSTRUCTION}"
+        text = f"The chart shows a time series of {len(r['series'])} values. {instruction or CAPTION_INSTRUCTION}"
         out.append({**r, "prompt": [{"role": "user", "content": text}], "image": img})
     return out

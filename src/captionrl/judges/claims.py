@@ -285,3 +285,38 @@ def audit(caption: str, series: np.ndarray, claims: Sequence[Claim], tolerance: 
     return {"claims": [asdict(c) for c in checked],
             "share": {k: sum(c.colour == k for c in checked) / n for k in COLOURS},
             "char_share": {k: chars[k] / total for k in COLOURS}}
+
+
+# ------------------------------------------------------------------------------------- factuality
+@dataclass(frozen=True)
+class Factuality:
+    """Colour counts of one caption's claims: the factuality reward term and the final checks read it."""
+
+    claims: int      # every clause with content (gray ones included)
+    green: int
+    blue: int
+    red: int
+    gray: int
+
+    @property
+    def checkable(self) -> int:
+        """Claims the series can confirm or contradict (not gray)."""
+        return self.green + self.blue + self.red
+
+    @property
+    def red_share(self) -> float:
+        """Contradicted claims over checkable ones: padding with uncheckable text cannot dilute it."""
+        return self.red / self.checkable if self.checkable else 0.0
+
+    @property
+    def green_share(self) -> float:
+        return self.green / self.checkable if self.checkable else 0.0
+
+
+def factuality(caption: str, series: Any, claims: Sequence[Claim] | None = None, tolerance: float = 0.35,
+               index_base: int = 0) -> Factuality:
+    """Check ``caption``'s claims (rule-extracted unless ``claims`` are given) against ``series``."""
+    v = np.asarray(series, dtype=float)
+    found = list(claims) if claims is not None else extract_rules(caption, index_base)
+    colours = [check(c, v, tolerance).colour for c in found] if len(v) else ["gray"] * len(found)
+    return Factuality(claims=len(found), **{k: colours.count(k) for k in COLOURS})

@@ -107,6 +107,8 @@ class TrainConfig:
     use_vllm: bool = help_field(False, "generate with vLLM (GPU only; see TRL's vllm_mode)")
     vllm_mode: str = help_field("colocate", "vLLM integration: colocate (same GPUs) or server (trl vllm-serve)")
     log_completions: bool = help_field(False, "let TRL print/log a table of sampled captions every logging step")
+    preflight_items: int = help_field(8, "reward preflight: training items on which an honest reference must beat every hacking probe before step 1 (0 = skip)")
+    force_preflight: bool = help_field(False, "start training even when a hacking probe beats the honest reference in the reward preflight")
     extra: dict[str, Any] = help_field({}, "any other RLOOConfig/GRPOConfig field, passed through unchanged (e.g. deepspeed: configs/accelerate/ds_zero2.json)")
 
     def __post_init__(self) -> None:

@@ -177,7 +177,7 @@ def plot_curves(
         found = sorted({k for r in rows for k in r})
         raise DataError("keys", names, f"none of them is in the log ({len(rows)} rows)",
                         f"choose among the logged keys: {', '.join(found[:30]) or '(empty log)'}")
-    timing = _time_breakdown(rows) if keys is None else {}
+    timing = _time_breakdown(rows)
     panels = len(series) + (1 if timing else 0)
     fig, axes = plt.subplots(panels, 1, figsize=(7, 2.4 * panels), sharex=True, squeeze=False)
     if timing:

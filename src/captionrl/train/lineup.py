@@ -6,22 +6,19 @@ described one; the group's rewards drive an RLOO (or GRPO) update. The steps are
 (``train.skeleton``), the dataset is ``domains.lineup_data`` and the trainer is TRL's (``train.common``);
 this module is the recipe: its config, the shaped reward and the end-of-run selection and evaluation.
 
-Reward shaping is a *wrapper* around the identification reward, not extra TRL reward functions: TRL sums
-several reward functions with ``nansum`` and treats a row as unscored only when *all* of them return
-``None``, so a separate length penalty would turn a verifier failure into a penalty-only score (a silent 0
-the policy learns from). The wrapper subtracts its penalties only from scored captions and leaves a
-failed verification ``None``. It logs caption length and the fraction of the series transcribed.
+Reward shaping (length, transcription guard, factuality, numbers-masked pass) is
+``captionrl.rewards.shaping.ShapedReward`` around the identification reward: a failed verification stays
+``None``, never a penalty-only score.
 
-Run folder (``train.out_dir``): ``config.yaml``, ``checkpoints/``, ``metrics.jsonl``, ``samples.rank*.jsonl``,
-``tensorboard/``, ``curves.png``, ``model/`` and ``eval/`` (records.jsonl, table.md, summary.json).
+Run folder (``train.out_dir``): ``config.yaml``, ``preflight.md``/``preflight.json`` (the reward preflight),
+``checkpoints/``, ``metrics.jsonl``, ``samples.rank*.jsonl``, ``tensorboard/``, ``curves.png``, ``model/`` and
+``eval/`` (records.jsonl, table.md, summary.json, final_checks.md/.json: checks the model was not trained on).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +31,7 @@ from captionrl.config import help_field
 from captionrl.domains.lineup_data import LineupData, LineupDataConfig, add_charts, build_lineup_data
 from captionrl.errors import ConfigError
 from captionrl.judges.identify import IdentifyConfig, IdentifyScoring
+from captionrl.rewards.shaping import ShapedReward, ShapingConfig
 from captionrl.train import common
 from captionrl.train.common import (
     PolicyConfig,
@@ -43,8 +41,6 @@ from captionrl.train.common import (
 )
 from captionrl.train.common import backend_config as _backend_config  # the name evaluate() uses
 from captionrl.train.skeleton import Recipe, Run, train
-
-NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
 
 
 # ---------------------------------------------------------------------- config
@@ -56,16 +52,34 @@ class LineupRewardConfig(IdentifyScoring):
 
     max_caption_chars: int | None = help_field(None, "captions longer than this are penalised (null = no length shaping)")
     length_penalty: float = help_field(0.0, "penalty per 100 characters above max_caption_chars")
-    max_transcription: float = help_field(0.25, "free fraction of the series' values a caption may copy verbatim (key values are welcome)")
-    transcription_penalty: float = help_field(1.0, "penalty per unit of transcribed fraction above max_transcription (copying the numbers wins a likelihood verifier without describing anything)")
+    max_copied_values: int = help_field(4, "series values a caption may copy for free, counted in values (start, end, max, min are key values), never a fraction of the series")
+    transcription_penalty: float = help_field(0.1, "penalty per copied value beyond max_copied_values (values matched at the caption's rounding; 0 = guard off: copying the numbers wins a likelihood verifier without describing anything)")
+    transcription_run: int = help_field(3, "a run of this many consecutive series values, in order, is transcription and is always penalised")
+    run_penalty: float = help_field(1.0, "penalty for a caption with such a run (0 = off)")
+    factuality_penalty: float = help_field(0.0, "weight of the share of claims the series contradicts (span-audit code checks within factuality_tolerance sigma; 0 = off)")
+    factuality_tolerance: float = help_field(0.35, "claims within this many standard deviations of the series are supported")
+    claims_extractor: str = help_field("rules", "claim extraction of the factuality term: rules, or llm (needs claims_backend: a capable served model)")
+    claims_backend: str | None = help_field(None, "backend spec of the LLM claim extractor, e.g. openai:http://127.0.0.1:8000/v1#MODEL")
+    masked_weight: float = help_field(0.0, "numbers-masked pass: base = (1-w)*score + w*score(caption with numbers masked); 0 = off")
+    unfinished_penalty: float = help_field(0.0, "penalty for a caption that does not end a sentence (cut by the token budget or trailing off)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.length_penalty < 0 or self.transcription_penalty < 0:
-            raise ConfigError("reward.*_penalty", (self.length_penalty, self.transcription_penalty),
+        if min(self.length_penalty, self.transcription_penalty, self.run_penalty, self.factuality_penalty,
+               self.unfinished_penalty) < 0:
+            raise ConfigError("reward.*_penalty", (self.length_penalty, self.transcription_penalty, self.run_penalty,
+                                                   self.factuality_penalty),
                               "penalties must be >= 0", "set them to 0 to switch shaping off")
-        if not 0 <= self.max_transcription <= 1:
-            raise ConfigError("reward.max_transcription", self.max_transcription, "must be in [0, 1]", "set e.g. 0.25")
+        if self.max_copied_values < 0 or self.transcription_run < 2:
+            raise ConfigError("reward.max_copied_values/transcription_run", (self.max_copied_values, self.transcription_run),
+                              "need max_copied_values >= 0 and transcription_run >= 2", "set e.g. 4 and 3")
+        if self.claims_extractor not in ("rules", "llm"):
+            raise ConfigError("reward.claims_extractor", self.claims_extractor, "unknown extractor", "use rules or llm")
+        if self.claims_extractor == "llm" and not self.claims_backend:
+            raise ConfigError("reward.claims_backend", None, "the llm claim extractor needs a served model",
+                              "set reward.claims_backend: openai:URL#MODEL, or reward.claims_extractor: rules")
+        if not 0 <= self.masked_weight <= 1:
+            raise ConfigError("reward.masked_weight", self.masked_weight, "must be in [0, 1]", "set 0 (off) or e.g. 0.5")
 
 
 @dataclass
@@ -77,6 +91,8 @@ class LineupEvalConfig:
     modes: list[str] | None = help_field(None, "verifier modes (null = the training reward's mode)")
     compare_initial: bool = help_field(True, "also caption the test items with the untrained policy, as a baseline row")
     verifiers: dict[str, Any] = help_field({}, "name -> backend config of evaluation verifiers (empty = the training verifier)")
+    final_checks: bool = help_field(True, "checks the captioner was not trained on: span audit, transcription, full stops, clipped ratio, identification apart from the training verifier")
+    bottleneck: bool = help_field(False, "also the caption-only reconstruction bottleneck against the initial model and controls (loads a text encoder)")
 
 
 @dataclass
@@ -106,84 +122,46 @@ class LineupConfig:
 
 
 # ---------------------------------------------------------------------- reward shaping
-def transcription_fraction(caption: str, series_text: str, n_values: int) -> float:
-    """Numbers of the caption that appear verbatim in the rendered series, over the series length (<= 1)."""
-    shown = {t.strip() for t in series_text.split(",")}
-    hits = sum(1 for m in NUMBER_RE.findall(caption) if m in shown)
-    return min(1.0, hits / max(n_values, 1))
+def shaping_config(reward: LineupRewardConfig) -> ShapingConfig:
+    """The shaping terms of ``reward`` (lam is applied by the identification judge itself, so 1 here)."""
+    from captionrl.judges.transcription import TranscriptionConfig
+    from captionrl.rewards.factuality import FactualityTerm
+
+    guard = None
+    if reward.transcription_penalty > 0 or reward.run_penalty > 0:
+        guard = TranscriptionConfig(max_copied_values=reward.max_copied_values, min_run=reward.transcription_run,
+                                    value_penalty=reward.transcription_penalty, run_penalty=reward.run_penalty)
+    backend = None
+    if reward.claims_extractor == "llm" and reward.factuality_penalty > 0:
+        from captionrl.backends import make_backend, parse_backend_spec
+
+        backend = make_backend(parse_backend_spec(str(reward.claims_backend)))
+    term = FactualityTerm(weight=reward.factuality_penalty, tolerance=reward.factuality_tolerance,
+                          extractor=reward.claims_extractor if backend is not None else "rules", backend=backend)
+    return ShapingConfig(lam=1.0, max_caption_chars=reward.max_caption_chars, length_penalty=reward.length_penalty,
+                         transcription=guard, factuality=term, masked_weight=reward.masked_weight,
+                         unfinished_penalty=reward.unfinished_penalty)
 
 
-class ShapedReward:
-    """Identification reward minus length and transcription penalties; ``None`` stays ``None``.
+PREFLIGHT_KEYS = ("reward.transcription_penalty", "reward.run_penalty", "reward.max_copied_values",
+                  "reward.factuality_penalty", "reward.masked_weight", "reward.mode", "reward.signal", "verifier")
+"""Config keys that change what the reward preflight finds (printed when it refuses a run)."""
 
-    Logs ``shaping/*`` metrics through TRL's ``log_metric`` and writes one sample record per caption.
-    """
 
-    def __init__(self, base: Any, reward: LineupRewardConfig, samples: Any = None) -> None:
-        self.base = base
-        self.cfg = reward
-        self.samples = samples
-        self.__name__ = "lineup"
-        self._last_judgments: list[Any] = []
-        previous = getattr(base, "on_judgments", None)
+def preflight(cfg: LineupConfig, rows: Sequence[Mapping[str, Any]], reward: Any, out: Path) -> Any:
+    """Issue 11's reward preflight on a seeded sample of training rows: the describer's caption must beat
+    every hacking probe under ``reward`` (the trainer's own callable); raises ``PreflightError`` otherwise."""
+    import os
 
-        def keep(captions: Any, columns: Any, judgments: list[Any]) -> None:
-            self._last_judgments = judgments
-            if previous is not None:
-                previous(captions, columns, judgments)
+    from captionrl.preflight import run_preflight, sample_rows, series_references
 
-        if hasattr(base, "on_judgments"):
-            base.on_judgments = keep
-
-    def penalties(self, caption: str, series_text: str, n_values: int) -> tuple[float, float, float]:
-        """(length penalty, transcription penalty, transcribed fraction) of one caption."""
-        c = self.cfg
-        length_pen = 0.0
-        if c.max_caption_chars is not None and len(caption) > c.max_caption_chars:
-            length_pen = c.length_penalty * (len(caption) - c.max_caption_chars) / 100.0
-        frac = transcription_fraction(caption, series_text, n_values)
-        trans_pen = c.transcription_penalty * max(0.0, frac - c.max_transcription)
-        return length_pen, trans_pen, frac
-
-    def __call__(self, prompts: Any = None, completions: Sequence[Any] = (), completion_ids: Any = None,
-                 **kwargs: Any) -> list[float | None]:
-        from captionrl.rewards import completion_text
-
-        self._last_judgments = []
-        base_scores = self.base(prompts, completions, completion_ids, **kwargs)
-        captions = [completion_text(c) for c in completions]
-        texts = kwargs.get("series_text") or [""] * len(captions)
-        series = kwargs.get("series") or [[]] * len(captions)
-        out: list[float | None] = []
-        rows = []
-        stats = {"length_penalty": [], "transcription_penalty": [], "transcription_frac": [], "caption_chars": []}
-        for i, cap in enumerate(captions):
-            lp, tp, frac = self.penalties(cap, texts[i], len(series[i]))
-            base = base_scores[i]
-            final = None if base is None or (isinstance(base, float) and math.isnan(base)) else float(base) - lp - tp
-            out.append(final)
-            stats["length_penalty"].append(lp)
-            stats["transcription_penalty"].append(tp)
-            stats["transcription_frac"].append(frac)
-            stats["caption_chars"].append(float(len(cap)))
-            j = self._last_judgments[i] if i < len(self._last_judgments) else None
-            rows.append({
-                "item_id": (kwargs.get("item_id") or [None] * len(captions))[i], "caption": cap,
-                "identification": base, "length_penalty": lp, "transcription_penalty": tp,
-                "transcription_frac": frac, "reward": final,
-                "hard": j.extra.get("hard") if j is not None else None,
-                "soft": j.extra.get("soft") if j is not None else None,
-                "error": j.error if j is not None else None,
-            })
-        log_metric = kwargs.get("log_metric")
-        if callable(log_metric):
-            for name, vals in stats.items():
-                log_metric(f"shaping/{name}", float(np.mean(vals)) if vals else 0.0)
-            log_metric("verifier_failures", float(sum(v is None for v in out)))
-        if self.samples is not None:
-            state = kwargs.get("trainer_state")
-            self.samples.write(int(getattr(state, "global_step", -1)) if state is not None else -1, rows)
-        return out
+    if cfg.train.preflight_items <= 0:
+        return None
+    chosen = sample_rows(rows, cfg.train.preflight_items, cfg.seed)
+    honest, dumps = series_references(chosen, cfg.data.precision)
+    main = int(os.environ.get("RANK", "0")) == 0
+    return run_preflight(reward, chosen, honest, dumps, keys=PREFLIGHT_KEYS, force=cfg.train.force_preflight,
+                         out_dir=out if main else None, echo=main)
 
 
 # ---------------------------------------------------------------------- run
@@ -223,7 +201,7 @@ class LineupRecipe(Recipe):
         from datasets import Dataset
 
         rows = run.data.rows["train"]
-        return Dataset.from_list(add_charts(rows) if self.use_chart else rows)
+        return Dataset.from_list(add_charts(rows, self.cfg.data.instruction) if self.use_chart else rows)
 
     def reward_functions(self, run: Run) -> list[Any]:
         from captionrl.rewards import make_identification_reward
@@ -231,8 +209,13 @@ class LineupRecipe(Recipe):
 
         self.samples = SampleLog(run.out)
         self.reward = ShapedReward(make_identification_reward(self.verifier, self.cfg.identify_config()),
-                                   self.cfg.reward, self.samples)
+                                   shaping_config(self.cfg.reward), self.samples, name="lineup")
         return [self.reward]
+
+    def preflight(self, run: Run) -> None:
+        """The describer's caption must beat every hacking probe under the trainer's own reward callable."""
+        rows = run.data.rows["train"]
+        preflight(self.cfg, add_charts(rows, self.cfg.data.instruction) if self.use_chart else rows, self.reward, run.out)
 
     def close(self, run: Run) -> None:
         if self.samples is not None:
@@ -288,7 +271,7 @@ def select_checkpoint(cfg: LineupConfig, data: LineupData, processing: Any, rewa
 
     from captionrl.records import RecordWriter, write_json
 
-    rows = add_charts(data.rows["val"]) if use_chart else data.rows["val"]
+    rows = add_charts(data.rows["val"], cfg.data.instruction) if use_chart else data.rows["val"]
     ckpts = sorted((p for p in (out / "checkpoints").glob("checkpoint-*") if (p / "trainer_state.json").exists()),
                    key=lambda p: int(p.name.split("-")[1]))
     sel = out / "selection"
@@ -323,8 +306,9 @@ def select_checkpoint(cfg: LineupConfig, data: LineupData, processing: Any, rewa
 
 
 def generate_captions(model: Any, processing: Any, rows: Sequence[Mapping[str, Any]], max_new_tokens: int,
-                      use_chart: bool, name: str) -> dict[str, str]:
-    """Greedy captions of ``rows`` by an in-memory policy (the same prompts it was trained on)."""
+                      use_chart: bool, name: str, clipped: dict[str, bool] | None = None) -> dict[str, str]:
+    """Greedy captions of ``rows`` by an in-memory policy (the same prompts it was trained on); ``clipped``
+    (if given) receives, per item, whether the caption was cut by the token budget."""
     from captionrl.backends import ChatRequest
     from captionrl.backends.hf import HFBackend
 
@@ -337,6 +321,8 @@ def generate_captions(model: Any, processing: Any, rows: Sequence[Mapping[str, A
             msgs = [{"role": "user", "content": [{"type": "image", "image": r["image"]}, {"type": "text", "text": text}]}]
         reqs.append(ChatRequest(messages=msgs, max_new_tokens=max_new_tokens, temperature=0.0))
     gens = backend.generate(reqs)
+    if clipped is not None:
+        clipped.update({str(r["item_id"]): g.finish_reason == "length" for r, g in zip(rows, gens, strict=True)})
     return {str(r["item_id"]): (g.text or "") for r, g in zip(rows, gens, strict=True)}
 
 
@@ -347,15 +333,18 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
 
     rows = data.rows["test"]
     if use_chart:
-        rows = add_charts(rows)
+        rows = add_charts(rows, cfg.data.instruction)
     max_new = cfg.train.max_completion_length
-    systems = [CaptionSet("trained", generate_captions(policy, processing, rows, max_new, use_chart, "trained"))]
+    clipped: dict[str, dict[str, bool]] = {"trained": {}, "initial": {}}
+    systems = [CaptionSet("trained", generate_captions(policy, processing, rows, max_new, use_chart, "trained",
+                                                       clipped["trained"]))]
     if cfg.eval.compare_initial:
         from captionrl.train.common import load_policy
 
         base, base_proc, _ = load_policy(cfg.policy)
         base.eval()
-        systems.append(CaptionSet("initial", generate_captions(base, base_proc, rows, max_new, use_chart, "initial")))
+        systems.append(CaptionSet("initial", generate_captions(base, base_proc, rows, max_new, use_chart, "initial",
+                                                               clipped["initial"])))
         del base
     items = [data.pool[r["item_id"]] for r in rows]
     distractors = {r["item_id"]: list(r["candidate_ids"][1:]) for r in rows}
@@ -367,8 +356,25 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
     ecfg = IdentifyEvalConfig(modes=list(cfg.eval.modes or [cfg.reward.mode]), directions=list(cfg.eval.directions),
                               ks=[cfg.reward.k], seed=cfg.seed, precision=cfg.data.precision)
     summary = run_identification(items, systems, distractors, data.pool, verifiers, ecfg, out_dir)
-    return {"table": str(out_dir / "table.md"), "summary": str(out_dir / "summary.json"),
-            "rows": summary.rows}
+    result = {"table": str(out_dir / "table.md"), "summary": str(out_dir / "summary.json"),
+              "rows": summary.rows, "captions": {s.name: s.captions for s in systems}}
+    if cfg.eval.final_checks:
+        from captionrl.eval.final_checks import run_final_checks
+
+        checks = run_final_checks({s.name: s.captions for s in systems}, {it.id: it.values for it in items}, out_dir,
+                                  identification=summary, guard=_guard(cfg.reward),
+                                  tolerance=cfg.reward.factuality_tolerance, clipped=clipped,
+                                  bottleneck=cfg.eval.bottleneck)
+        result["final_checks"] = str(out_dir / "final_checks.md")
+        result["final_rows"] = checks["rows"]
+    return result
+
+
+def _guard(reward: LineupRewardConfig) -> Any:
+    """The transcription guard's counting rule (its penalties are irrelevant to the evaluation column)."""
+    from captionrl.judges.transcription import TranscriptionConfig
+
+    return TranscriptionConfig(max_copied_values=reward.max_copied_values, min_run=reward.transcription_run)
 
 
 # ---------------------------------------------------------------------- command

@@ -61,6 +61,7 @@ from captionrl.judges.online_rubric import (
 from captionrl.judges.roles import generator_messages, policy_messages
 from captionrl.momentum import VARIANTS, MomentumSettings, reward_interval_steps
 from captionrl.rewards import JudgeReward, completion_text
+from captionrl.train import common
 from captionrl.train.common import (
     GRPOTrainConfig,
     PolicyConfig,
@@ -340,6 +341,16 @@ class MocoRecipe(Recipe):
         if self.records is not None:
             self.records.close()
 
+    def final_evaluation(self, run: Run) -> dict[str, Any]:
+        """A check the policy was not trained on: CIDEr-D of its greedy captions against the references."""
+        from captionrl.train.image_checks import image_final_checks
+
+        rows = run.data
+        refs = {str(r["item_id"]): list(r["references"]) for r in rows}
+        checks = image_final_checks(common.unwrap_for_inference(run.trainer), run.processing, rows, refs,
+                                    run.out / "eval", self.cfg.train.max_completion_length, seed=self.cfg.seed)
+        return {"final_checks": {"table": str(run.out / "eval" / "final_checks.md"), "rows": checks["rows"]}}
+
     def summary(self, run: Run) -> dict[str, Any]:
         cfg, momentum = self.cfg, self.box["momentum"]
         steps = max(1, run.trainer.state.global_step - _checkpoint_step(run.resume_from))
@@ -477,7 +488,6 @@ def run_evolm(cfg: MocoConfig, out: Path, model: Any, processing: Any, rows: lis
     from datasets import Dataset
 
     from captionrl.records import RecordWriter, write_json
-    from captionrl.train import common
     from captionrl.train.curves import load_metrics, plot_curves
     from captionrl.train.logging import MetricsLog
 

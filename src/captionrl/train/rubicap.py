@@ -37,6 +37,7 @@ from captionrl.backends import BackendConfig
 from captionrl.config import help_field
 from captionrl.domains.captioning import IMAGE_CAPTION_INSTRUCTION
 from captionrl.errors import ConfigError, DataError
+from captionrl.train import common
 from captionrl.train.common import (
     GRPOTrainConfig,
     PolicyConfig,
@@ -354,6 +355,8 @@ class RubicapRecipe(Recipe):
         super().__init__(cfg, callbacks)
         self.judge_backend = judge_backend
         self.samples: Any = None
+        self.reward: Any = None
+        self._references: dict[str, list[str]] | None = None
 
     def servers(self) -> list[tuple[Any, str]]:
         return list(servers(self.cfg))
@@ -383,11 +386,35 @@ class RubicapRecipe(Recipe):
 
         backend = self.judge_backend if self.judge_backend is not None else make_backend(self.cfg.judge)
         self.samples = SampleLog(run.out)
-        return [RubricReward(make_judge(self.cfg, backend), self.samples)]
+        self.reward = RubricReward(make_judge(self.cfg, backend), self.samples)
+        return [self.reward]
+
+    def references(self) -> dict[str, list[str]]:
+        """Reference captions per item, for the preflight's honest caption and the final CIDEr-D check."""
+        from captionrl.train.image_checks import references_of
+
+        if self._references is None:
+            self._references = references_of(load_items(self.cfg))
+        return self._references
+
+    def preflight(self, run: Run) -> None:
+        """A reference caption must beat every hacking probe under the trainer's own rubric reward."""
+        from captionrl.train.image_checks import rubicap_preflight
+
+        rubicap_preflight(self.cfg, run.data.rows, self.reward, run.out, self.references())
 
     def close(self, run: Run) -> None:
         if self.samples is not None:
             self.samples.close()
+
+    def final_evaluation(self, run: Run) -> dict[str, Any]:
+        """A check the policy was not trained on: CIDEr-D of its greedy captions against the references."""
+        from captionrl.train.image_checks import image_final_checks
+
+        checks = image_final_checks(common.unwrap_for_inference(run.trainer), run.processing, run.data.rows,
+                                    self.references(), run.out / "eval", self.cfg.train.max_completion_length,
+                                    seed=self.cfg.seed)
+        return {"final_checks": {"table": str(run.out / "eval" / "final_checks.md"), "rows": checks["rows"]}}
 
     def summary(self, run: Run) -> dict[str, Any]:
         data = run.data

@@ -143,6 +143,11 @@ def train(recipe: Recipe) -> Run:
         return run
     run.result.update(recipe.final_evaluation(run))
     run.result.update(curves(recipe, run))
+    timing = run.out / "timing.json"  # written by train.timing's StepTimer: parts of a step and the dtypes chosen
+    if timing.is_file():
+        import json
+
+        run.result["timing"] = json.loads(timing.read_text())
     run.result.update(recipe.summary(run))
     from captionrl.records import write_json
 

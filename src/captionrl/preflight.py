@@ -1,0 +1,175 @@
+"""Reward preflight: before step 1, an honest reference must out-score every hacking probe.
+
+On a seeded sample of training items the run's own reward callable (the very object the trainer will call,
+shaping included) scores the six captions of ``captionrl.probes``: the honest reference (the describer for
+series, the exact-facts caption for scenes, the reference captions where a dataset has them), the empty
+caption, another item's honest caption, a dump (of the numbers, or of generic image words), an injected
+answer and self-praise. A probe whose mean reward is at or above the honest mean is a way to earn reward
+without describing; the run refuses to start (``PreflightError``, a ``ConfigError``) and prints the table
+with the config keys that change the outcome, unless ``force`` is set. The table is saved in the run folder
+(``preflight.md``, ``preflight.json``) either way.
+
+Unscored rewards (``None``/NaN) are left out of a probe's mean; a probe no item could score cannot win,
+but an honest reference that no item could score refuses the run (the reward cannot tell anything apart).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from captionrl.errors import ConfigError
+from captionrl.probes import probe_captions
+
+FORCE_KEY = "train.force_preflight"
+
+
+class PreflightError(ConfigError):
+    """A hacking probe scores at least as high as the honest reference under the run's reward."""
+
+
+@dataclass
+class ProbeRow:
+    probe: str
+    mean: float | None
+    scored: int
+    n: int
+    margin: float | None      # probe mean - honest mean (>= 0: the probe wins)
+    wins: bool
+
+
+@dataclass
+class PreflightResult:
+    """The preflight table and its verdict."""
+
+    rows: list[ProbeRow]
+    honest_mean: float | None
+    winners: list[str]
+    passed: bool
+    forced: bool = False
+    item_ids: list[str] = field(default_factory=list)
+    examples: dict[str, str] = field(default_factory=dict)
+
+    def table(self) -> str:
+        lines = ["| probe | mean reward | scored | minus honest | wins |", "|---|---|---|---|---|"]
+        for r in self.rows:
+            mean = "unscored" if r.mean is None else f"{r.mean:.4f}"
+            margin = "" if r.margin is None else f"{r.margin:+.4f}"
+            lines.append(f"| {r.probe} | {mean} | {r.scored}/{r.n} | {margin} | {'YES' if r.wins else ''} |")
+        return "\n".join(lines) + "\n"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"protocol": "reward-preflight", "passed": self.passed, "forced": self.forced,
+                "honest_mean": self.honest_mean, "winners": self.winners, "items": self.item_ids,
+                "rows": [asdict(r) for r in self.rows], "examples": self.examples}
+
+
+def sample_rows(rows: Sequence[Mapping[str, Any]], n: int, seed: int) -> list[Mapping[str, Any]]:
+    """A seeded sample of ``n`` training rows (all of them when there are fewer)."""
+    if n >= len(rows):
+        return list(rows)
+    rng = np.random.default_rng([seed, 7919])
+    return [rows[i] for i in sorted(rng.choice(len(rows), size=n, replace=False).tolist())]
+
+
+def series_references(rows: Sequence[Mapping[str, Any]], precision: int = 2) -> tuple[list[str], list[str]]:
+    """(honest describer captions, number dumps) of LineupRL rows (columns ``series`` and ``series_text``)."""
+    from captionrl.domains.describe import describe_series
+
+    honest = [describe_series(np.asarray(r["series"], dtype=float), precision) for r in rows]
+    dumps = [f"Values: {r.get('series_text') or ', '.join(f'{v:.{precision}f}' for v in r['series'])}" for r in rows]
+    return honest, dumps
+
+
+def _mean(values: Sequence[Any]) -> tuple[float | None, int]:
+    vals = [float(v) for v in values if v is not None and not math.isnan(float(v))]
+    return (float(np.mean(vals)) if vals else None), len(vals)
+
+
+def score_probes(reward: Callable[..., Sequence[Any]], rows: Sequence[Mapping[str, Any]], honest: Sequence[str],
+                 dumps: Sequence[str], batch: int = 8) -> dict[str, list[Any]]:
+    """Every probe's rewards on ``rows``, through ``reward`` called as TRL calls it (chat completions)."""
+    captions = probe_captions(list(honest), list(dumps))
+    cols = [k for k in rows[0] if k != "prompt"] if rows else []
+    saved = getattr(reward, "samples", None)
+    if saved is not None:
+        reward.samples = None  # type: ignore[attr-defined]  # probes are not training samples
+    try:
+        out: dict[str, list[Any]] = {}
+        for probe, caps in captions.items():
+            got: list[Any] = []
+            for a in range(0, len(rows), batch):
+                chunk = rows[a: a + batch]
+                kwargs = {k: [r[k] for r in chunk] for k in cols}
+                got.extend(reward(prompts=[r.get("prompt") for r in chunk],
+                                  completions=[[{"role": "assistant", "content": c}] for c in caps[a: a + batch]],
+                                  **kwargs))
+            out[probe] = got
+        return out
+    finally:
+        if saved is not None:
+            reward.samples = saved  # type: ignore[attr-defined]
+
+
+def run_preflight(reward: Callable[..., Sequence[Any]], rows: Sequence[Mapping[str, Any]], honest: Sequence[str],
+                  dumps: Sequence[str], *, keys: Sequence[str] = (), force: bool = False,
+                  out_dir: str | Path | None = None, echo: bool = True) -> PreflightResult:
+    """Score the probes on ``rows`` (already sampled), save the table, refuse when a probe wins.
+
+    Args:
+        reward: the trainer's reward callable (TRL signature).
+        rows: training rows (dataset columns, ``prompt`` included) of the sampled items.
+        honest, dumps: per row, the honest reference and the dump probe.
+        keys: config keys that change the outcome (printed in the refusal).
+        force: start anyway (``train.force_preflight=true``): the table is still saved and printed.
+        out_dir: run folder for ``preflight.md`` / ``preflight.json`` (None: not saved).
+    Raises:
+        PreflightError: a probe's mean is >= the honest mean, or the honest reference is never scored.
+    """
+    scores = score_probes(reward, rows, honest, dumps)
+    honest_mean, _ = _mean(scores["honest"])
+    table: list[ProbeRow] = []
+    winners: list[str] = []
+    for probe, vals in scores.items():
+        mean, scored = _mean(vals)
+        margin = None if mean is None or honest_mean is None else mean - honest_mean
+        wins = probe != "honest" and margin is not None and margin >= 0
+        if wins:
+            winners.append(probe)
+        table.append(ProbeRow(probe, mean, scored, len(vals), margin, wins))
+    passed = honest_mean is not None and not winners
+    examples = {p: c[0] for p, c in probe_captions(list(honest[:1]), list(dumps[:1])).items()} if honest else {}
+    result = PreflightResult(table, honest_mean, winners, passed, forced=force and not passed,
+                             item_ids=[str(r.get("item_id", i)) for i, r in enumerate(rows)], examples=examples)
+    if out_dir is not None:
+        from captionrl.records import write_json
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        verdict = "passed" if passed else ("FAILED, forced" if force else "FAILED")
+        (out / "preflight.md").write_text(f"# Reward preflight: {verdict}\n\nHonest reference vs hacking probes on "
+                                          f"{len(rows)} training items, under the training reward.\n\n{result.table()}")
+        write_json(out / "preflight.json", result.to_json())
+    if echo:
+        print(f"reward preflight ({len(rows)} items):\n{result.table()}")
+    if not passed and not force:
+        why = (f"probe(s) {winners} score at or above the honest reference ({_fmt(honest_mean)})" if winners
+               else "the reward scored no honest reference")
+        raise PreflightError(
+            "reward", ", ".join(keys) or "the reward", f"{why}: a policy can earn this reward without describing.\n"
+            f"{result.table()}",
+            f"change one of {list(keys)} (e.g. switch the transcription guard on, raise its penalties), or start "
+            f"anyway with {FORCE_KEY}=true",
+        )
+    if not passed:
+        print(f"reward preflight FAILED ({winners}); starting anyway because {FORCE_KEY}=true")
+    return result
+
+
+def _fmt(x: float | None) -> str:
+    return "unscored" if x is None else f"{x:.4f}"

@@ -1,0 +1,60 @@
+"""The factuality reward term: the span audit's code checks, turned into a penalty on contradicted claims.
+
+A caption's claims (a value at a step or over an interval, a statistic, a trend, a length) are extracted by
+rules (``judges.claims.extract_rules``, the default) or by an LLM (``extract_llm``, when a capable model is
+served: ``extractor="llm"`` with a backend), and each is checked by code against the series within
+``tolerance`` standard deviations. The term is ``weight * red_share``: the share of checkable claims the
+series contradicts. An LLM extraction that fails falls back to the rules for that caption (counted in
+``llm_fallbacks``), so the term is always defined and never silently 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from captionrl.errors import ConfigError
+from captionrl.judges.claims import Factuality, extract_llm, factuality
+
+EXTRACTORS = ("rules", "llm")
+
+
+@dataclass
+class FactualityTerm:
+    """``weight * red_share`` per caption; ``backend`` is required (and only used) with ``extractor='llm'``."""
+
+    weight: float = 0.0
+    tolerance: float = 0.35
+    extractor: str = "rules"
+    backend: Any = None
+    index_base: int = 0
+    llm_fallbacks: int = 0
+
+    def __post_init__(self) -> None:
+        if self.weight < 0:
+            raise ConfigError("factuality_penalty", self.weight, "must be >= 0", "set 0 to switch the term off")
+        if self.tolerance <= 0:
+            raise ConfigError("factuality_tolerance", self.tolerance, "must be > 0", "use 0.35 (the span audit's)")
+        if self.extractor not in EXTRACTORS:
+            raise ConfigError("claims_extractor", self.extractor, "unknown extractor", f"use one of {EXTRACTORS}")
+        if self.extractor == "llm" and self.backend is None:
+            raise ConfigError("claims_backend", None, "the LLM claim extractor needs a served model",
+                              "set claims_backend (e.g. openai:http://127.0.0.1:8000/v1#MODEL) or claims_extractor: rules")
+
+    @property
+    def enabled(self) -> bool:
+        return self.weight > 0
+
+    def findings(self, captions: Sequence[str], series: Sequence[Any]) -> list[Factuality]:
+        """Colour counts of every caption's claims against its series."""
+        claims: list[Any] = [None] * len(captions)
+        if self.extractor == "llm":
+            got = extract_llm(self.backend, list(captions), index_base=self.index_base)
+            claims = [c for c, _ in got]
+            self.llm_fallbacks += sum(c is None for c in claims)
+        return [factuality(cap, s, claims=cl, tolerance=self.tolerance, index_base=self.index_base)
+                for cap, s, cl in zip(captions, series, claims, strict=True)]
+
+    def penalty(self, finding: Factuality) -> float:
+        return self.weight * finding.red_share

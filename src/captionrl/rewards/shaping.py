@@ -1,0 +1,233 @@
+"""Reward shaping around any judge reward: ``lam * base - length - transcription - factuality``.
+
+It is a *wrapper*, not extra TRL reward functions: TRL sums several reward functions with ``nansum`` and
+treats a row as unscored only when *all* of them return ``None``, so a separate penalty function would turn
+a verifier failure into a penalty-only score (a silent 0 the policy learns from). The wrapper subtracts its
+penalties only from scored captions and leaves a failed base judgment ``None``.
+
+Terms, each logged as its own metric through TRL's ``log_metric`` (``shaping/*``) and, per caption, through
+``log_extra`` (the completions table):
+
+- length: ``length_penalty`` per 100 characters above ``max_caption_chars``, and ``unfinished_penalty``
+  when the caption does not end a sentence (cut by the token budget);
+- transcription (``judges.transcription``): copied series values beyond an allowance counted in values,
+  and any run of consecutive values; applies where the rows carry a ``series`` column;
+- factuality (``rewards.factuality``): ``weight * share of contradicted claims``; series rows only;
+- numbers-masked pass (``masked_weight > 0``): the base reward also scores the caption with its numbers
+  masked, and the base becomes ``(1 - w) * base + w * masked``: a caption that is identifiable only through
+  copied numbers loses that part. A failed masked judgment leaves the caption unscored (``None``).
+
+The same object is the training reward, the preflight's reward and the checkpoint-selection reward.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from captionrl.errors import ConfigError
+from captionrl.judges.transcription import Transcription, TranscriptionConfig, parse_shown, transcription
+from captionrl.rewards import TRL_SPECIAL_KWARGS, completion_text
+from captionrl.rewards.factuality import FactualityTerm
+
+MASK_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+MASK = "#"
+
+
+def mask_numbers(caption: str) -> str:
+    """The caption with every number replaced by ``#`` (what the numbers-masked pass scores)."""
+    return MASK_RE.sub(MASK, caption)
+
+
+def ends_with_stop(caption: str) -> bool:
+    """Whether the caption ends a sentence (a clipped caption usually does not)."""
+    return caption.rstrip().endswith((".", "!", "?"))
+
+
+@dataclass
+class ShapingConfig:
+    """What is taken off (or scaled into) a judge's reward. Defaults switch every term off."""
+
+    lam: float = 1.0
+    max_caption_chars: int | None = None
+    length_penalty: float = 0.0
+    transcription: TranscriptionConfig | None = None      # None: the guard is off (still measured and logged)
+    factuality: FactualityTerm = field(default_factory=FactualityTerm)
+    masked_weight: float = 0.0
+    unfinished_penalty: float = 0.0                        # a caption that does not end a sentence
+
+    def __post_init__(self) -> None:
+        if self.length_penalty < 0 or self.unfinished_penalty < 0:
+            raise ConfigError("length_penalty", self.length_penalty, "must be >= 0", "set 0 to switch it off")
+        if not 0 <= self.masked_weight <= 1:
+            raise ConfigError("masked_weight", self.masked_weight, "must be in [0, 1]", "set 0 (off) or e.g. 0.5")
+
+
+@dataclass(frozen=True)
+class Shaped:
+    """One caption's shaped reward and its parts (``reward`` is None when the base judgment failed)."""
+
+    reward: float | None
+    base: float | None       # the judge's score of the caption as written
+    masked: float | None     # the judge's score of the caption with its numbers masked (masked pass only)
+    length_penalty: float
+    transcription: Transcription | None
+    transcription_penalty: float
+    red_share: float | None
+    green_share: float | None
+    factuality_penalty: float
+
+
+def _score(x: Any) -> float | None:
+    if x is None:
+        return None
+    x = float(x)
+    return None if math.isnan(x) else x
+
+
+class ShapedReward:
+    """A TRL reward callable: ``lam * base(captions) - penalties``; ``None`` stays ``None``.
+
+    Args:
+        base: a TRL reward callable (e.g. ``JudgeReward``); if it has ``on_judgments`` the judgments are
+            kept for the sample records (hard/soft/error).
+        cfg: the shaping terms.
+        samples: optional ``SampleLog``-like object with ``write(step, rows)``.
+        name: the reward's name in TRL's logs.
+    """
+
+    def __init__(self, base: Callable[..., Sequence[float | None]], cfg: ShapingConfig | None = None,
+                 samples: Any = None, name: str = "shaped") -> None:
+        self.base = base
+        self.cfg = cfg or ShapingConfig()
+        self.samples = samples
+        self.__name__ = name
+        self._last_judgments: list[Any] = []
+        previous = getattr(base, "on_judgments", None)
+
+        def keep(captions: Any, columns: Any, judgments: list[Any]) -> None:
+            self._last_judgments = judgments
+            if previous is not None:
+                previous(captions, columns, judgments)
+
+        if hasattr(base, "on_judgments"):
+            base.on_judgments = keep
+
+    # ------------------------------------------------------------------ per-caption terms
+    def length_penalty(self, caption: str) -> float:
+        """Characters above the limit, plus the unfinished-sentence penalty (both are about form)."""
+        c = self.cfg
+        unfinished = 0.0 if ends_with_stop(caption) else c.unfinished_penalty
+        if c.max_caption_chars is None or len(caption) <= c.max_caption_chars:
+            return unfinished
+        return unfinished + c.length_penalty * (len(caption) - c.max_caption_chars) / 100.0
+
+    def shape(self, captions: Sequence[str], base_scores: Sequence[Any], series: Sequence[Any] | None = None,
+              series_text: Sequence[str] | None = None, masked_scores: Sequence[Any] | None = None) -> list[Shaped]:
+        """The shaped reward of each caption from its base score (and masked score) and its series."""
+        c = self.cfg
+        n = len(captions)
+        has_series = series is not None and any(len(s or []) for s in series)
+        facts = c.factuality.findings(captions, series) if has_series and c.factuality.enabled else [None] * n
+        out = []
+        for i, cap in enumerate(captions):
+            raw = base = _score(base_scores[i])
+            masked = _score(masked_scores[i]) if masked_scores is not None else None
+            if base is not None and masked_scores is not None:
+                base = None if masked is None else (1 - c.masked_weight) * base + c.masked_weight * masked
+            lp = self.length_penalty(cap)
+            tr = None
+            if has_series:
+                shown = parse_shown(series_text[i]) if series_text and series_text[i] else None
+                tr = transcription(cap, series[i], c.transcription or TranscriptionConfig(), shown=shown)  # type: ignore[index]
+            tp = tr.penalty if (tr is not None and c.transcription is not None) else 0.0
+            f = facts[i]
+            fp = c.factuality.penalty(f) if f is not None else 0.0
+            reward = None if base is None else c.lam * base - lp - tp - fp
+            out.append(Shaped(reward, raw, masked, lp, tr, tp, f.red_share if f else None,
+                              f.green_share if f else None, fp))
+        return out
+
+    # ------------------------------------------------------------------ TRL entry point
+    def __call__(self, prompts: Any = None, completions: Sequence[Any] = (), completion_ids: Any = None,
+                 **kwargs: Any) -> list[float | None]:
+        self._last_judgments = []
+        base_scores = list(self.base(prompts, completions, completion_ids, **kwargs))
+        judgments = self._last_judgments
+        captions = [completion_text(c) for c in completions]
+        masked_scores = None
+        if self.cfg.masked_weight > 0:
+            quiet = {k: v for k, v in kwargs.items() if k not in TRL_SPECIAL_KWARGS}
+            masked_scores = list(self.base(prompts, [mask_numbers(c) for c in captions], None, **quiet))
+            self._last_judgments = judgments
+        shaped = self.shape(captions, base_scores, kwargs.get("series"), kwargs.get("series_text"), masked_scores)
+        self._log(captions, shaped, kwargs)
+        if self.samples is not None:
+            self._write_samples(captions, shaped, judgments, kwargs)
+        return [s.reward for s in shaped]
+
+    def _log(self, captions: Sequence[str], shaped: Sequence[Shaped], kwargs: dict[str, Any]) -> None:
+        log_metric = kwargs.get("log_metric")
+        if callable(log_metric):
+            for name, value in metrics(captions, shaped).items():
+                log_metric(name, value)
+        log_extra = kwargs.get("log_extra")
+        if callable(log_extra):
+            log_extra("copied_values", [s.transcription.copied if s.transcription else 0 for s in shaped])
+            log_extra("red_share", [s.red_share if s.red_share is not None else float("nan") for s in shaped])
+            log_extra("shaped_reward", [s.reward if s.reward is not None else float("nan") for s in shaped])
+
+    def _write_samples(self, captions: Sequence[str], shaped: Sequence[Shaped], judgments: Sequence[Any],
+                       kwargs: dict[str, Any]) -> None:
+        ids = kwargs.get("item_id") or [None] * len(captions)
+        rows = []
+        for i, (cap, s) in enumerate(zip(captions, shaped, strict=True)):
+            j = judgments[i] if i < len(judgments) else None
+            t = s.transcription
+            rows.append({
+                "item_id": ids[i], "caption": cap, "identification": s.base,
+                "masked": s.masked, "length_penalty": s.length_penalty,
+                "transcription_penalty": s.transcription_penalty,
+                "transcription_frac": t.share if t else 0.0, "copied_values": t.copied if t else 0,
+                "longest_run": t.longest_run if t else 0, "red_share": s.red_share,
+                "factuality_penalty": s.factuality_penalty, "reward": s.reward,
+                "hard": j.extra.get("hard") if j is not None else None,
+                "soft": j.extra.get("soft") if j is not None else None,
+                "error": j.error if j is not None else None,
+            })
+        state = kwargs.get("trainer_state")
+        self.samples.write(int(getattr(state, "global_step", -1)) if state is not None else -1, rows)
+
+
+def metrics(captions: Sequence[str], shaped: Sequence[Shaped]) -> dict[str, float]:
+    """Batch means of every shaping term (what ``ShapedReward`` logs under ``shaping/*``)."""
+
+    def mean(xs: Sequence[float]) -> float:
+        return float(sum(xs) / len(xs)) if xs else 0.0
+
+    out = {
+        "shaping/length_penalty": mean([s.length_penalty for s in shaped]),
+        "shaping/caption_chars": mean([float(len(c)) for c in captions]),
+        "shaping/ends_with_stop": mean([float(ends_with_stop(c)) for c in captions]),
+        "verifier_failures": float(sum(s.reward is None for s in shaped)),
+    }
+    trs = [s.transcription for s in shaped if s.transcription is not None]
+    if trs:
+        out.update({
+            "shaping/transcription_penalty": mean([s.transcription_penalty for s in shaped]),
+            "shaping/transcription_frac": mean([t.share for t in trs]),
+            "shaping/copied_values": mean([float(t.copied) for t in trs]),
+            "shaping/run_frac": mean([float(t.has_run) for t in trs]),
+        })
+    reds = [s.red_share for s in shaped if s.red_share is not None]
+    if reds:
+        out["shaping/red_share"] = mean(reds)
+        out["shaping/green_share"] = mean([s.green_share or 0.0 for s in shaped if s.green_share is not None])
+        out["shaping/factuality_penalty"] = mean([s.factuality_penalty for s in shaped])
+    masked = [s.masked for s in shaped if s.masked is not None]
+    if masked:
+        out["shaping/masked_base"] = mean(masked)
+    return out

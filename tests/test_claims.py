@@ -1,0 +1,33 @@
+"""The factuality finding of judges.claims: red share over checkable claims, so padding cannot dilute it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from captionrl.domains.describe import describe_series
+from captionrl.errors import ConfigError
+from captionrl.judges.claims import factuality
+from captionrl.rewards.factuality import FactualityTerm
+
+RISING = np.linspace(10, 40, 12)
+
+
+def test_describer_is_supported_and_contradictions_are_red():
+    honest = factuality(describe_series(RISING), RISING)
+    assert honest.red == 0 and honest.green >= 3 and honest.red_share == 0.0
+    wrong = factuality("It falls. The maximum is 2 at step 3.", RISING)
+    assert wrong.red == 2 and wrong.red_share == 1.0
+
+
+def test_padding_with_uncheckable_text_does_not_dilute_the_red_share():
+    padded = factuality("It falls. What a lovely day. Such colours. Truly remarkable.", RISING)
+    assert padded.gray >= 3 and padded.red_share == 1.0
+
+
+def test_term_weights_the_share_and_llm_needs_a_backend():
+    term = FactualityTerm(weight=0.5)
+    (f,) = term.findings(["It falls and ends at 40."], [RISING])
+    assert term.penalty(f) == pytest.approx(0.5 * f.red_share) and 0 < f.red_share < 1
+    with pytest.raises(ConfigError, match="claims_backend"):
+        FactualityTerm(weight=1.0, extractor="llm")

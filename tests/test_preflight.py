@@ -1,0 +1,79 @@
+"""Reward preflight with the real embedded verifier: the CPU config's shaped reward passes; the same
+likelihood verifier with the transcription guard (and the factuality term) switched off is refused,
+because the number dump wins it; ``train.force_preflight`` starts anyway and the table is saved."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from captionrl.preflight import PreflightError, run_preflight, sample_rows, series_references
+from captionrl.rewards import make_identification_reward
+from captionrl.rewards.shaping import ShapedReward
+from captionrl.train import lineup
+
+ROOT = Path(__file__).resolve().parents[1]
+N_ITEMS = 2
+UNGUARDED = ["reward.transcription_penalty=0", "reward.run_penalty=0", "reward.factuality_penalty=0"]
+
+
+def _setup(backend, overrides):
+    cfg = lineup.load_lineup_config(ROOT / "configs" / "lineup-cpu.yaml", ["data.n_train=8", *overrides])
+    rows = sample_rows(lineup.build_data(cfg).rows["train"], N_ITEMS, cfg.seed)
+    reward = ShapedReward(make_identification_reward(backend, cfg.identify_config()),
+                          lineup.shaping_config(cfg.reward), name="lineup")
+    honest, dumps = series_references(rows, cfg.data.precision)
+    return cfg, rows, reward, honest, dumps
+
+
+def test_sample_is_seeded_and_dumps_are_the_shown_numbers():
+    rows = [{"item_id": str(i), "series": [1.0, 2.0, 3.5], "series_text": "1.00, 2.00, 3.50"} for i in range(20)]
+    assert sample_rows(rows, 5, 0) == sample_rows(rows, 5, 0) != sample_rows(rows, 5, 1)
+    honest, dumps = series_references(rows[:1])
+    assert dumps == ["Values: 1.00, 2.00, 3.50"] and "starts at 1" in honest[0]
+
+
+class _Fixed:
+    """A stand-in reward (refusal path only): ``by_caption(caption, its row's series)``."""
+
+    def __init__(self, by_caption):
+        self.by_caption = by_caption
+
+    def __call__(self, prompts=None, completions=(), completion_ids=None, **kw):
+        return [self.by_caption(c[-1]["content"], s) for c, s in zip(completions, kw["series"], strict=True)]
+
+
+def test_refusal_names_the_winner_and_the_keys_and_unscored_honest_refuses(tmp_path):
+    rows = [{"prompt": "p", "series": [1.0, 2.0, 3.0], "series_text": "1.00, 2.00, 3.00"},
+            {"prompt": "p", "series": [5.0, 2.0, 1.0], "series_text": "5.00, 2.00, 1.00"}]
+    honest, dumps = series_references(rows)
+    praise = _Fixed(lambda c, s: 1.0 if "accurate" in c else 0.9 if c == series_references([{"series": s}])[0][0]
+                    else 0.1)
+    with pytest.raises(PreflightError, match=r"(?s)self_praise.*train.force_preflight=true") as err:
+        run_preflight(praise, rows, honest, dumps, keys=["reward.mode"], out_dir=tmp_path)
+    assert "reward.mode" in str(err.value)
+    saved = json.loads((tmp_path / "preflight.json").read_text())
+    assert saved["passed"] is False and saved["winners"] == ["self_praise"]
+    forced = run_preflight(praise, rows, honest, dumps, force=True, out_dir=tmp_path / "forced", echo=False)
+    assert forced.forced and forced.winners == ["self_praise"]
+    assert "FAILED, forced" in (tmp_path / "forced" / "preflight.md").read_text()
+    with pytest.raises(PreflightError, match="scored no honest reference"):
+        run_preflight(_Fixed(lambda c, s: None), rows, honest, dumps)
+
+
+@pytest.mark.slow
+def test_preflight_passes_the_cpu_config_and_refuses_an_unguarded_likelihood_reward(tmp_path, embedded_backend):
+    _, rows, reward, honest, dumps = _setup(embedded_backend, [])
+    ok = run_preflight(reward, rows, honest, dumps, keys=lineup.PREFLIGHT_KEYS, out_dir=tmp_path / "ok")
+    assert ok.passed and not ok.winners
+    means = {r.probe: r.mean for r in ok.rows}
+    assert all(means[p] < means["honest"] for p in means if p != "honest")
+    assert "honest" in (tmp_path / "ok" / "preflight.md").read_text()
+
+    _, rows, reward, honest, dumps = _setup(embedded_backend, UNGUARDED)
+    with pytest.raises(PreflightError, match="dump") as err:
+        run_preflight(reward, rows, honest, dumps, keys=lineup.PREFLIGHT_KEYS, out_dir=tmp_path / "bad")
+    assert "reward.transcription_penalty" in str(err.value)
+    assert json.loads((tmp_path / "bad" / "preflight.json").read_text())["winners"][0] == "dump"
