@@ -362,7 +362,7 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
         from captionrl.eval.final_checks import run_final_checks
 
         checks = run_final_checks({s.name: s.captions for s in systems}, {it.id: it.values for it in items}, out_dir,
-                                  identification=summary, guard=_guard(cfg.reward),
+                                  identification=summary.summary(), guard=_guard(cfg.reward),
                                   tolerance=cfg.reward.factuality_tolerance, clipped=clipped,
                                   bottleneck=cfg.eval.bottleneck)
         result["final_checks"] = str(out_dir / "final_checks.md")
