@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -78,7 +79,10 @@ class MomentumCallback(TrainerCallback):
         if state.is_world_process_zero:
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             folder.mkdir(parents=True, exist_ok=True)
-            torch.save(blob, folder / MOMENTUM_STATE)
+            # written aside, then renamed: a kill mid-write leaves no torn momentum.pt to resume from
+            tmp = folder / (MOMENTUM_STATE + ".tmp")
+            torch.save(blob, tmp)
+            os.replace(tmp, folder / MOMENTUM_STATE)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._writer is not None:

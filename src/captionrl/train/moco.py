@@ -318,7 +318,9 @@ def run(cfg: MocoConfig) -> dict[str, Any]:
 
     out = Path(cfg.train.out_dir)
     common.quiet_offline_env(out)
-    resume_from = common.prepare_run_dir(cfg, out, cfg.train.resume)
+    # a MoCo checkpoint is complete only with its momentum (written after the Trainer's own files)
+    required = ("momentum.pt",) if cfg.method == "moco" else ()
+    resume_from = common.prepare_run_dir(cfg, out, cfg.train.resume, required)
     rows = build_rows(cfg)
     common.apply_threads(cfg.train.threads)
     model, processing, is_vlm = common.load_policy(cfg.policy)  # 'tiny-vlm' resolves in the hf backend
@@ -558,7 +560,8 @@ def run_evolm(cfg: MocoConfig, out: Path, model: Any, processing: Any, rows: lis
         earlier = current
         state_path.parent.mkdir(parents=True, exist_ok=True)
         trainable = {n: p.detach().cpu() for n, p in model.named_parameters() if p.requires_grad}
-        torch.save(trainable, state_path)
+        torch.save(trainable, state_path.with_suffix(".pt.tmp"))  # a kill mid-write must not tear the last good state
+        os.replace(state_path.with_suffix(".pt.tmp"), state_path)
         phases.write({"key": str(phase), "phase": phase, "policy_steps": steps, "generator_steps": ev.generator_steps})
     train_s = time.perf_counter() - t0
     records.close()

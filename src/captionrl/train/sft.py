@@ -590,6 +590,8 @@ def run(cfg: SFTRunConfig, model: Any = None, processing: Any = None, callbacks:
     trainer = SFTTrainer(model=model, args=sft_args(cfg, out / "checkpoints"), train_dataset=dataset,
                          processing_class=processing, peft_config=lora_config(cfg.policy),
                          callbacks=list(callbacks))
+    if ckpt is not None:
+        print(f"resuming from {ckpt}", flush=True)  # the same line as the RL recipes
     result = trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
     model_dir = save_final_model(trainer, out / "model")
     history = trainer.state.log_history
