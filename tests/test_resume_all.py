@@ -74,6 +74,32 @@ def test_only_incomplete_checkpoints_mean_a_fresh_start(tmp_path, capsys):
     assert incomplete_reason(_fake_checkpoint(tmp_path, 2)) is None
 
 
+def test_resumed_sampler_continues_the_uninterrupted_shuffle():
+    from types import SimpleNamespace
+
+    from torch.utils.data import DataLoader
+    from trl.trainer.utils import RepeatSampler
+
+    from captionrl.train.callbacks import ResumeShuffleCallback
+
+    def loader() -> DataLoader:  # TRL's sampler as GRPO builds it: each item's group of 2 in one batch
+        sampler = RepeatSampler(list(range(6)), mini_repeat_count=2, batch_size=1, repeat_count=1, shuffle=True, seed=3)
+        return DataLoader(list(range(6)), batch_size=2, sampler=sampler)
+
+    def epoch(dl: DataLoader) -> list[list[int]]:
+        return [b.tolist() for b in dl]
+
+    uninterrupted = loader()
+    orders = [epoch(uninterrupted) for _ in range(3)]
+    assert len(orders[0]) == 6 and orders[0] != orders[1] != orders[2]
+    assert epoch(loader()) == orders[0]  # a fresh sampler replays epoch 0: what a plain resume would do
+    for step, expected in ((8, orders[1]), (12, orders[2]), (3, orders[0])):  # resumed in epoch 1, 2, 0
+        resumed = loader()
+        ResumeShuffleCallback().on_train_begin(SimpleNamespace(gradient_accumulation_steps=1),
+                                               SimpleNamespace(global_step=step), None, train_dataloader=resumed)
+        assert epoch(resumed) == expected, step
+
+
 # ---------------------------------------------------------------------- helpers for the kill tests
 def _env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
@@ -206,11 +232,9 @@ MOCO_KILL_AFTER = 2  # checkpoint-2 complete (momentum.pt included), steps 3-4 a
 
 
 def _moco_cmd(out: Path) -> list[str]:
-    # 8 images, one per step: the 4 steps stay inside the first epoch. A resume past an epoch boundary
-    # replays the first epoch's image order (TRL's RepeatSampler draws every epoch's shuffle from one
-    # generator seeded at start, and transformers 5 no longer replays the skipped epochs through it), so
-    # there the resumed run is a valid run but not the uninterrupted one.
-    return _train("moco", "--config", str(ROOT / "configs" / "moco-cpu.yaml"), "data.n_train=8",
+    # 2 images, one per step: the kill after step 2 lands on an epoch boundary, so the resumed epoch must
+    # draw the uninterrupted run's second shuffle (train.callbacks.ResumeShuffleCallback), not the first.
+    return _train("moco", "--config", str(ROOT / "configs" / "moco-cpu.yaml"), "data.n_train=2",
                   "train.max_completion_length=8", "rubric.max_new_tokens=8", "rubric.max_attempts=1",
                   "train.threads=1", f"train.max_steps={MOCO_STEPS}", "train.save_steps=1",
                   "train.save_total_limit=null", f"train.out_dir={out}")
@@ -244,6 +268,7 @@ def moco_runs(tmp_path_factory) -> Iterator[MocoRuns]:
                 ref.send_signal(signal.SIGKILL)
                 ref.wait()
     yield MocoRuns(ref_out, out, resumed_from, text, before)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def _momentum(ckpt: Path) -> dict:
@@ -281,7 +306,8 @@ def test_moco_momentum_after_resume_equals_an_uninterrupted_run(moco_runs):
     k = int(r.resumed_from.name.split("-")[1])
     # up to the kill both runs are the same computation (fixed seed, one thread) ...
     assert _max_diff(_momentum(_ckpt(r.reference, k)), _momentum(r.resumed_from)) == 0.0
-    # ... and the resumed run restores the momentum and continues as if it had never been interrupted
+    # ... and the resumed run restores the momentum (and the epoch's data order) and continues as if it
+    # had never been interrupted
     ref_final, res_final = _momentum(_ckpt(r.reference, MOCO_STEPS)), _momentum(_ckpt(r.resumed, MOCO_STEPS))
     assert res_final["updates"] == ref_final["updates"] == MOCO_STEPS
     assert res_final["last_update_step"] == ref_final["last_update_step"] == MOCO_STEPS

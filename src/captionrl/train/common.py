@@ -316,13 +316,15 @@ def build_trainer(
         from trl import RLOOTrainer as Trainer
     else:
         from trl import GRPOTrainer as Trainer  # type: ignore[assignment]
+    from captionrl.train.callbacks import ResumeShuffleCallback
+
     return Trainer(
         model=model,
         reward_funcs=list(reward_funcs),
         args=args,
         train_dataset=train_dataset,
         processing_class=processing_class,
-        callbacks=list(callbacks),
+        callbacks=[*callbacks, ResumeShuffleCallback()],  # resume keeps the uninterrupted data order
         peft_config=peft_config,
     )
 
