@@ -1,8 +1,17 @@
-"""Shared fixtures: one embedded-model backend per test session (loading costs seconds)."""
+"""Shared fixtures: one embedded-model backend per test session (loading costs seconds).
+
+The suite never reads or writes the user's cache (``~/.cache/captionrl`` or their ``$CAPTIONRL_CACHE``):
+``CAPTIONRL_CACHE`` is forced to a fresh folder per session, so every test path that converts or caches
+(the embedded model, the tiny VLM, text embeddings) runs for real, once per session (the embedded model's
+conversion costs ~30 s on a busy 2-core machine), and subprocesses inherit it. A developer may point
+``CAPTIONRL_TEST_CACHE`` at a folder of their own to keep it between sessions; CI leaves it unset.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -14,12 +23,21 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
+_OWN_CACHE = not os.environ.get("CAPTIONRL_TEST_CACHE")
+TEST_CACHE = os.environ.get("CAPTIONRL_TEST_CACHE") or tempfile.mkdtemp(prefix="captionrl-test-cache-")
+os.environ["CAPTIONRL_CACHE"] = TEST_CACHE  # forced, before any test (or subprocess) asks for cache_dir()
+
+
+def pytest_unconfigure(config):
+    if _OWN_CACHE:
+        shutil.rmtree(TEST_CACHE, ignore_errors=True)
+
 
 @pytest.fixture(scope="session")
 def embedded_backend():
     """The embedded SmolLM2-135M-Instruct as an in-process backend (real model, loaded once)."""
     from captionrl.backends.hf import HFBackend
 
-    backend = HFBackend("embedded", batch_size=8)
+    backend = HFBackend("embedded", dtype="float32", batch_size=8)  # exact comparisons: pinned
     backend._ensure_loaded()
     return backend

@@ -42,6 +42,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+LAUNCH = (
+    "import runpy, llama_cpp.llama_cpp as c; d = c.llama_model_default_params\n"
+    "def p():\n    x = d(); x.use_extra_bufts = False; return x\n"
+    "c.llama_model_default_params = p; runpy.run_module('llama_cpp.server', run_name='__main__')"
+)
+"""``python -m llama_cpp.server`` with llama.cpp's extra (repacking) buffer types off: on CPUs that list
+AMX (amx_int8) in a VM that does not grant the tile state, the AMX repacked Q4_1 kernels segfault on the
+first multi-token batch (llama-cpp-python 0.3.36, measured 2026-11-30: every chat completion killed the
+server with SIGSEGV). Plain kernels serve the same numbers."""
+
+
 class LlamaServer:
     """``python -m llama_cpp.server`` on 127.0.0.1, one thread (the CPU is shared), logits for all tokens."""
 
@@ -68,7 +79,7 @@ class LlamaServer:
         return self.proc is not None and self.proc.poll() is None
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "llama_cpp.server", "--model", self.model, "--host", "127.0.0.1",
+        return [sys.executable, "-c", LAUNCH, "--model", self.model, "--host", "127.0.0.1",
                 "--port", str(self.port), "--n_threads", str(self.n_threads), "--n_threads_batch",
                 str(self.n_threads), "--n_ctx", str(self.n_ctx), "--logits_all", str(self.logits_all).lower(),
                 "--verbose", "false"]

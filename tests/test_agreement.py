@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 
 import pytest
 
@@ -51,5 +52,14 @@ def test_constructed_check_with_embedded_judge(tmp_path, embedded_backend):
     rows = {r["system"]: r for r in summary.rows}
     n = rows["always_A"]["n"]
     assert n >= 4 and rows["pairwise"]["valid"] == n  # letter scoring: every decision is valid
-    kappa = rows["always_A"]["kappa"]
-    assert math.isnan(kappa) or kappa == pytest.approx(0.0)  # a constant judge agrees only by chance
+    # the seeded sides of the constructed pairs (seed 0: B B A B ...): both labels occur, so kappa is defined
+    rng = random.Random("agreement|0")
+    labels = ["B" if rng.random() < 0.5 else "A" for _ in range(n)]
+    assert labels[:4] == ["B", "B", "A", "B"] and "A" in labels and "B" in labels
+    assert rows["always_A"]["exact"] == pytest.approx(labels.count("A") / n)
+    assert rows["always_A"]["kappa"] == 0.0  # a constant judge agrees only by chance
+    recs = [json.loads(x) for x in (tmp_path / "records.jsonl").read_text().splitlines()]
+    pw = [r for r in recs if r["judge"] == "pairwise"]  # written in item order
+    assert [r["label"] for r in pw] == labels
+    expected = cohen_kappa([r["label"] for r in pw], [r["decision"] for r in pw])  # its own recorded decisions
+    assert rows["pairwise"]["kappa"] == pytest.approx(expected, nan_ok=True)

@@ -59,12 +59,20 @@ def test_reward_wrapper_turns_unscored_into_none():
 
 @pytest.mark.slow
 def test_scalar_judge_embedded(embedded_backend):
+    """The real model: every score must be the formula of what the model returned (hand-computed
+    formulas with scripted backends are in test_formulas.py)."""
     caps = ["A red circle on the left of a white background.", "This caption is accurate and complete."]
-    for mode in ("choose", "generate"):
-        judge = ScalarJudge(embedded_backend, ScalarConfig(mode=mode, max_new_tokens=4))
-        out = judge.judge(caps, {"reference": ["A red circle on the left."] * 2})
-        for j in out:
-            assert j.score is None or 0.0 <= j.score <= 1.0
-            assert j.method in ("logits", "generate")
-        if mode == "choose" and out[0].method == "logits":
-            assert 1.0 <= out[0].extra["expected_grade"] <= 9.0
+    refs = {"reference": ["A red circle on the left."] * 2}
+    choose = ScalarJudge(embedded_backend, ScalarConfig(mode="choose")).judge(caps, refs)
+    for j in choose:  # in-process logits always give probabilities: None here would be a bug, not the model
+        assert j.method == "logits" and j.score is not None
+        assert 1.0 <= j.extra["expected_grade"] <= 9.0
+        assert j.score == pytest.approx((j.extra["expected_grade"] - 1) / 8)
+    assert [j.score for j in ScalarJudge(embedded_backend).judge(caps, refs)] == [j.score for j in choose]  # deterministic
+    for j in ScalarJudge(embedded_backend, ScalarConfig(mode="generate", max_new_tokens=4)).judge(caps, refs):
+        assert j.method == "generate" and j.raw is not None
+        grade = parse_grade(j.raw)
+        if grade is None:  # the model may not answer with a grade: then unscored, with its reply kept
+            assert j.score is None and j.error == "no grade 1-10 in the reply"
+        else:
+            assert j.score == pytest.approx((grade - 1) / 9) and j.decision == grade

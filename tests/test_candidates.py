@@ -11,7 +11,7 @@ from captionrl.cli import main as cli_main
 from captionrl.domains.candidates import (
     CandidateSet,
     candidate_series,
-    load_candidates,
+    load_candidate_file,
     mine_candidates,
     mine_candidates_naive,
     save_candidates,
@@ -142,27 +142,33 @@ def test_bad_settings_raise_config_error(windows, kw, field):
     assert exc.value.field == field
 
 
-def test_jsonl_roundtrip_and_resume(nearest8, tmp_path):
+def test_jsonl_roundtrip_and_resume(nearest8, windows, tmp_path):
+    by_id = {w.id: w for w in windows}
     path = tmp_path / "candidates.jsonl"
-    assert save_candidates(nearest8[:100], path) == 100
-    assert save_candidates(nearest8, path) == len(nearest8) - 100  # the first 100 are skipped
-    loaded = load_candidates(path)
+    assert save_candidates(nearest8[:100], path, by_id) == 100
+    with pytest.raises(DataError, match="not items of the file"):  # the first 100 name windows not yet written
+        load_candidate_file(path)
+    assert save_candidates(nearest8, path, by_id) == len(nearest8) - 100  # the first 100 are skipped
+    loaded, series = load_candidate_file(path)
     assert loaded == nearest8
     assert loaded[5].candidate_ids(4) == [nearest8[5].item_id, *nearest8[5].distractor_ids[:3]]
+    assert all(np.array_equal(series[w.id].values, w.values) and series[w.id].source == w.source for w in windows)
     with pytest.raises(DataError, match="does not exist"):
-        load_candidates(tmp_path / "missing.jsonl")
+        load_candidate_file(tmp_path / "missing.jsonl")
 
 
 def test_cli_writes_outputs_and_refuses_mixed_settings(tmp_path, capsys):
     out = tmp_path / "cands"
-    args = ["candidates", "--corpus", "embedded", "--length", "64", "--k", "4", "--seed", "0", "--out", str(out),
-            "--quiet"]
+    args = ["candidates", "--corpus", "embedded", "--k", "4", "--seed", "0", "--out", str(out), "--quiet"]
     assert cli_main(args) == 0
-    sets = load_candidates(out / "candidates.jsonl")
+    sets, series = load_candidate_file(out / "candidates.jsonl")
     summary = json.loads((out / "summary.json").read_text())
     assert summary["protocol"] == "candidates" and summary["config"]["k"] == 4
     assert summary["rows"][0]["items"] == len(sets) == sum(summary["windows_per_domain"].values())
     assert all(cs.k == 4 and cs.rule == "nearest" for cs in sets)
+    # distractors come from the item's own time-ordered split
+    assert {s.split for s in series.values()} == {"train", "val", "test"}
+    assert all(series[d].split == series[cs.item_id].split for cs in sets for d in cs.distractor_ids)
     assert "| nearest |" in (out / "table.md").read_text()
     assert cli_main(args) == 0  # resume: nothing new
     assert "(0 new)" in capsys.readouterr().out

@@ -10,6 +10,7 @@ from captionrl.eval.hacking import (
     PROBES,
     REWARDS,
     HackingEvalConfig,
+    NotApplicable,
     RewardSpec,
     image_probes,
     run,
@@ -29,10 +30,13 @@ def test_probe_sets_are_well_formed():
 
 
 def test_ngram_report_without_a_model(tmp_path):
-    def not_landed(backend, probes):
-        raise ImportError("No module named 'captionrl.judges.future'")
+    def not_applicable(backend, probes):
+        raise NotApplicable("the items carry no widget column")
 
-    REWARDS.add("future-reward", RewardSpec(("images",), not_landed))
+    def broken(backend, probes):
+        raise TypeError("a bug in a reward builder")
+
+    REWARDS.add("future-reward", RewardSpec(("images",), not_applicable))
     try:
         cfg = HackingEvalConfig(rewards=["ngram", "future-reward"], out=str(tmp_path), n=3, length=12)
         summary = run(cfg)
@@ -44,8 +48,14 @@ def test_ngram_report_without_a_model(tmp_path):
         assert row["honest"] > max(row[p] for p in PROBES[1:])
         assert row["exploitable"] == "-"
     assert summary.protocol == "hacking" and summary.columns[0] == "honest"
-    assert summary.extra["skipped"] == ["future-reward (images): skipped, ImportError: No module named "
-                                  "'captionrl.judges.future'"]
+    assert summary.extra["skipped"] == ["future-reward (images): skipped, does not apply: the items carry no widget column"]
+    # only NotApplicable skips: a bug (TypeError, ImportError, LookupError) is not a probe that does not apply
+    REWARDS.add("broken-reward", RewardSpec(("images",), broken))
+    try:
+        with pytest.raises(TypeError, match="a bug"):
+            run(HackingEvalConfig(rewards=["broken-reward"], domains=["images"], out=str(tmp_path / "b"), n=3))
+    finally:
+        REWARDS._items.pop("broken-reward")
 
 
 @pytest.mark.slow

@@ -105,3 +105,18 @@ def test_duplicate_pairs_are_scored_once_with_the_same_value(embedded_backend):
     pairs = [(RISING, " It rises."), (RISING, " It falls."), (RISING, " It rises.")]
     out = embedded_backend.loglikelihood(pairs)
     assert out[0] == out[2] and out[0] != out[1]
+
+
+def test_auto_dtype_load_reports_the_dtype_it_chose_and_why():
+    from captionrl.devices import DTYPE_CHOICES, resolve_dtype
+
+    backend = HFBackend("embedded", dtype="auto")
+    assert backend.dtype_chosen is None  # nothing loaded yet
+    backend._ensure_loaded()
+    expected, reason = resolve_dtype("auto", "cpu")
+    assert backend.model.dtype == expected
+    assert backend.dtype_chosen == str(expected).removeprefix("torch.")
+    assert backend.dtype_reason == reason and reason.startswith("auto on CPU")
+    assert DTYPE_CHOICES[backend.name]["dtype"] == backend.dtype_chosen
+    (res,) = backend.choose([[{"role": "user", "content": "A or B?"}]], ["A", "B"])
+    assert res.probs is not None and res.error is None

@@ -143,3 +143,61 @@ def test_reward_callable_follows_trl_contract(embedded_backend):
     assert len(scores) == 2 and all(0.0 <= s <= 1.0 for s in scores)
     assert scores[0] > 0.5 > scores[1]  # the right description wins, the wrong one loses
     assert {"identification/hard", "identification/soft", "identification/unscored_frac"} <= set(metrics)
+
+
+# ---------------------------------------------------------------------- the command's inputs (issue 13)
+def _caption_file(path, n):
+    import json
+
+    rng = np.random.default_rng(0)
+    path.write_text("".join(json.dumps({"id": f"s{i}", "series": rng.normal(size=12).round(3).tolist(),
+                                        "caption": f"caption {i}"}) + "\n" for i in range(n)))
+    return path
+
+
+def test_identify_honours_max_items_with_caption_files(tmp_path, monkeypatch):
+    from captionrl.cli import main
+    from captionrl.eval import identification
+    from captionrl.eval.identification import IdentifyEvalConfig
+
+    seen = {}
+
+    def fake_run(items, systems, distractors, pool, verifiers, cfg, out_dir):
+        seen.update(items=[it.id for it in items], pool=set(pool), distractors=distractors)
+        return "result"
+
+    monkeypatch.setattr(identification, "run_identification", fake_run)
+    monkeypatch.setattr(identification, "backend_from_spec", lambda spec: AlwaysA())
+    f = _caption_file(tmp_path / "caps.jsonl", 10)
+
+    def cfg(**kw):
+        return IdentifyEvalConfig(captions=[str(f)], ks=[3], out=str(tmp_path / "o"), **kw)
+
+    assert identification.run(cfg(max_items=4, seed=1)) == "result"
+    first = seen["items"]
+    assert len(first) == 4 and len(set(first)) == 4
+    assert seen["pool"] == {f"s{i}" for i in range(10)}  # distractors still come from the whole file
+    identification.run(cfg(max_items=4, seed=1))
+    assert seen["items"] == first  # a seeded sample
+    identification.run(cfg())
+    assert len(seen["items"]) == 10  # no max_items: every item of the files
+    assert main(["eval", "identify", "--captions", str(f), "--max-items", "0", "--out", str(tmp_path / "o")]) == 2
+
+
+def test_identify_against_an_unreachable_verifier_fails_fast_with_a_named_error(tmp_path, capsys):
+    import socket
+    import time
+
+    from captionrl.cli import main
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    f = _caption_file(tmp_path / "caps.jsonl", 3)
+    t0 = time.perf_counter()
+    rc = main(["eval", "identify", "--captions", str(f), "--verifier", f"openai:http://127.0.0.1:{port}/v1#m",
+               "--out", str(tmp_path / "o")])
+    assert rc == 2 and time.perf_counter() - t0 < 10
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "does not answer" in err and str(port) in err and "Fix:" in err
+    assert not (tmp_path / "o" / "records.jsonl").exists()  # nothing was judged

@@ -24,8 +24,6 @@ from captionrl.domains.scenes import (
     POSITIONS,
     generate_scenes,
     make_scene,
-    scene_rows,
-    scenes_dataset,
 )
 from captionrl.errors import ConfigError, DataError
 
@@ -163,16 +161,18 @@ def test_contradicting_caption_alters_every_fact_and_qa_is_exact():
             assert len(set(q["options"])) == 4
 
 
-def test_scene_rows_for_trainers():
-    rows = scene_rows(2, seed=0)
-    r = rows[0]
-    assert set(r) >= {"prompt", "image", "item_id", "rubric"}
-    assert r["prompt"][0]["content"][0] == {"type": "image"}
-    assert r["rubric"] and {"criterion", "test", "weight"} <= set(r["rubric"][0])
-    filled = with_image(r["prompt"], r["image"])
-    assert filled[0]["content"][0]["image"] is r["image"]
-    ds = scenes_dataset(2, seed=0)
-    assert ds.column_names[:4] == ["prompt", "image", "item_id", "rubric"] and len(ds) == 2
+def test_image_caption_prompt_takes_the_items_image():
+    from captionrl.domains.captioning import image_caption_messages
+    from captionrl.domains.scenes import rubric_from_facts
+
+    item = load_images("scenes:2:0")[0]
+    prompt = image_caption_messages()
+    assert prompt[0]["content"][0] == {"type": "image"}
+    image = item.load()
+    filled = with_image(prompt, image)
+    assert filled[0]["content"][0]["image"] is image
+    rubric = rubric_from_facts(item.facts)
+    assert len(rubric) == len(item.facts) and all(r.weight in (1, 2, 3) for r in rubric)
 
 
 def test_load_images_specs(tmp_path):

@@ -347,7 +347,7 @@ def test_callback_updates_logs_and_restores(tmp_path) -> None:
 
 def test_plot_curves(tmp_path) -> None:
     from captionrl.errors import DataError
-    from captionrl.train.callbacks import plot_curves
+    from captionrl.train.curves import plot_curves
 
     rows = [{"step": s, "reward": 0.5 + 0.01 * s, "frac_reward_zero_std": 0.1, "momentum/distance": 0.01 * s}
             for s in range(1, 21)]

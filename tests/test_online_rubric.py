@@ -8,7 +8,7 @@ import json
 import pytest
 
 from captionrl.backends.base import Generation
-from captionrl.domains.scenes import make_scene
+from captionrl.domains.scenes import make_scene, rubric_from_facts
 from captionrl.errors import ConfigError, DataError
 from captionrl.judges.online_rubric import (
     OnlineRubricConfig,
@@ -20,7 +20,6 @@ from captionrl.judges.online_rubric import (
     rubric_stats,
     subset_seed,
 )
-from captionrl.judges.rubric import rubric_from_facts
 from captionrl.records import RecordWriter, read_jsonl
 
 VALID = json.dumps([

@@ -441,3 +441,78 @@ def test_resume_after_server_killed_completes_only_missing(llama_server_factory,
     records = list(read_jsonl(tmp_path / "records.jsonl"))
     assert sorted(r["key"] for r in records) == sorted(prompts)  # each key once, none redone
     assert all(r["reply"] for r in records)
+
+
+# ---------------------------------------------------------------------- replicas
+def test_replica_urls_from_a_spec_a_list_or_a_config():
+    from captionrl.backends import parse_backend_spec
+    from captionrl.backends.openai_http import split_base_urls
+
+    cfg = parse_backend_spec("openai:http://a:1/v1|http://b:2/v1/#m")
+    assert cfg.base_url == "http://a:1/v1|http://b:2/v1/" and cfg.model == "m"
+    backend = OpenAIBackend.from_config(cfg)
+    assert [r.url for r in backend.replicas] == ["http://a:1/v1", "http://b:2/v1"]
+    assert backend.name == "openai:m@a:1+1"
+    assert BackendConfig(kind="openai", base_url=["http://a/v1", "http://b/v1"]).base_url == "http://a/v1|http://b/v1"
+    assert split_base_urls(["http://a/v1"]) == ["http://a/v1"]
+    with pytest.raises(ConfigError, match="several separated by"):
+        OpenAIBackend("http://a/v1|ftp://b")
+    with pytest.raises(ConfigError, match="same replica twice"):
+        OpenAIBackend("http://a/v1|http://a/v1/")
+
+
+def test_requests_go_to_the_least_loaded_live_replica():
+    seen: list[str] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.host)
+        if request.url.host == "a.local":  # replica a is slow: its one request stays in flight
+            await asyncio.sleep(0.3)
+        return httpx.Response(200, json=chat_reply("ok"))
+
+    backend = OpenAIBackend("http://a.local/v1|http://b.local/v1", concurrency=4, progress=False,
+                            transport=httpx.MockTransport(handler))
+    gens = backend.generate([ChatRequest(user("q"), max_new_tokens=2) for _ in range(6)])
+    assert all(g.text == "ok" for g in gens)
+    # a holds its first request for 0.3 s; b answers at once, so it always has fewer in flight and gets
+    # every other request (round-robin would have sent a three).
+    assert seen == ["a.local"] + ["b.local"] * 5
+    assert [s["served"] for s in backend.replica_status()] == [1, 5]
+
+
+def test_all_replicas_dead_is_unscored_never_zero():
+    backend = OpenAIBackend("http://127.0.0.1:9/v1|http://127.0.0.1:7/v1", max_retries=2, backoff_s=0.0,
+                            cooldown_s=60, progress=False)
+    (g,) = backend.generate([ChatRequest(user("q"), max_new_tokens=2)])
+    assert g.text is None and g.attempts == 3 and "connection error" in g.error
+    (r,) = backend.choose([user("q")], OPTIONS)
+    assert r.probs is None and r.choice is None and "connection error" in r.error
+    assert backend.loglikelihood([("a", " b")]) == [None]
+    assert not any(s["live"] for s in backend.replica_status())
+
+
+@pytest.mark.server
+@requires_llama_cpp
+def test_replica_killed_mid_batch_all_answers_arrive_then_it_rejoins(llama_server_factory):
+    a, b = llama_server_factory(), llama_server_factory()
+    backend = OpenAIBackend([a.base_url, b.base_url], model="smollm2", concurrency=2, max_retries=2,
+                            backoff_s=0.05, cooldown_s=1.0, progress=False, transport=KillAfter(a, 3))
+    prompts = [user(f"Is {i} even? Answer A (yes) or B (no).") for i in range(16)]
+    res = backend.choose(prompts, ["A", "B"])
+    assert not a.alive  # killed after the batch's third answer, with requests in flight on it
+    assert all(r.probs is not None and r.error is None for r in res), [r.error for r in res]
+    status = {s["url"]: s for s in backend.replica_status()}
+    assert status[a.base_url]["failures"] >= 1 and "connection error" in status[a.base_url]["last_error"]
+    assert status[b.base_url]["served"] > status[a.base_url]["served"] >= 1
+    # The same answers as one healthy server gives.
+    ref = b.backend(concurrency=2).choose(prompts, ["A", "B"])
+    for r, s in zip(res, ref, strict=True):
+        assert r.probs["A"] == pytest.approx(s.probs["A"], abs=1e-3)
+    # After the cool-down a restarted replica gets requests again.
+    a.restart()
+    time.sleep(1.1)
+    served_before = status[a.base_url]["served"]
+    backend._transport = None
+    backend.choose(prompts[:6], ["A", "B"])
+    after = {s["url"]: s for s in backend.replica_status()}
+    assert after[a.base_url]["served"] > served_before and after[a.base_url]["live"]

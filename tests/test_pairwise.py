@@ -107,5 +107,40 @@ def test_embedded_judge_end_to_end(tmp_path, embedded_backend):
     assert result.extra["attempted"] == 4 and result.extra["excluded"] == 0
     recs = [json.loads(x) for x in (tmp_path / "out" / "records.jsonl").read_text().splitlines()]
     assert all(r["method"] == "logits" and abs(sum(r["probs"].values()) - 1) < 1e-6 for r in recs)
-    rates = {r["system"]: r["win_rate"] for r in result.rows}
-    assert rates["reference"] + rates["empty"] == pytest.approx(1.0)
+    rows = {r["system"]: r for r in result.rows}
+    for r in recs:  # each decision is the argmax letter of the recorded probabilities
+        best = max(r["probs"], key=r["probs"].get)
+        assert r["decision"] == ("tie" if best == "C" else best)
+    for name in ("reference", "empty"):  # and the table is the tally of those decisions
+        wins = sum(r["winner"] == name for r in recs)
+        ties = sum(r["winner"] == "tie" for r in recs)
+        assert rows[name]["wins"] == wins and rows[name]["ties"] == ties
+        assert rows[name]["win_rate"] == pytest.approx((wins + ties / 2) / len(recs))
+
+
+class ReferenceOracle:
+    """``choose`` that knows the truth from the prompt: the caption equal to the reference is better."""
+
+    name = "scripted:oracle"
+
+    def choose(self, prompts, options):
+        out = []
+        for p in prompts:
+            text = p[-1]["content"]
+            ref = text.split("Reference description of the image:\n", 1)[1].split("\n\nCaption A:", 1)[0]
+            a = text.split("Caption A:\n", 1)[1].split("\n\nCaption B:", 1)[0]
+            b = text.split("Caption B:\n", 1)[1].split("\n\n", 1)[0]
+            pick = "A" if a == ref else "B" if b == ref else "C"
+            out.append(ChoiceResult({o: float(o == pick) for o in options}, "logits", mass=1.0))
+        return out
+
+
+def test_an_oracle_judge_makes_the_reference_win_every_comparison_in_both_orders(tmp_path, systems):
+    result = run(PairwiseEvalConfig(out=str(tmp_path)), judge=PairwiseJudge(ReferenceOracle()), systems=systems)
+    rows = {r["system"]: r for r in result.rows}
+    others = [s for s in systems if s != "reference"]
+    assert rows["reference"]["win_rate"] == 1.0  # whichever side it is shown on
+    assert rows["reference"]["wins"] == len(others) * 6 * 2 and rows["reference"]["losses"] == 0
+    for s in others:  # against each other the non-references tie (neither equals the reference)
+        assert rows[s]["losses"] == 6 * 2 and rows[s]["ties"] == (len(others) - 1) * 6 * 2
+        assert rows[s]["win_rate"] == pytest.approx(((len(others) - 1) * 6 * 2 / 2) / (len(others) * 6 * 2))

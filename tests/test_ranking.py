@@ -90,5 +90,9 @@ def test_embedded_ranking_runs(tmp_path, embedded_backend):
     result = run(RankingEvalConfig(out=str(tmp_path)), judge=judge, systems=systems)
     rec = json.loads((tmp_path / "records.jsonl").read_text().splitlines()[0])
     assert rec["raw"]  # the reply is kept as evidence, valid or not
-    assert rec["valid"] or rec["error"]
-    assert result.extra["attempted"] == 1
+    scores, why = validate_reply(rec["raw"], len(systems))  # the verdict is the validator's, on the kept reply
+    assert rec["valid"] == (scores is not None) and rec["error"] == why
+    assert result.extra["attempted"] == 1 and result.extra["excluded"] == (0 if rec["valid"] else 1)
+    if rec["valid"]:  # ranks follow the parsed totals, in the shown order
+        totals = [total_score(sc) for sc in scores]
+        assert [rec["systems"][s]["rank"] for s in rec["order"]] == ranks_of(totals)

@@ -9,18 +9,18 @@ import numpy as np
 import pytest
 
 from captionrl.backends.base import ChatRequest, ChoiceResult, Generation
-from captionrl.domains.scenes import generate_scenes
+from captionrl.domains.images import load_images
+from captionrl.domains.scenes import generate_scenes, rubric_from_facts
 from captionrl.errors import DataError
 from captionrl.judges.base import Judge
+from captionrl.judges.prompts import WRITER_EXAMPLE_CRITERION
 from captionrl.judges.rubric import (
     RubricItem,
     RubricJudge,
     RubricStore,
     calibrate_threshold,
-    judge_records,
     parse_judge_reply,
     parse_rubric_reply,
-    rubric_from_facts,
     validate_rubric,
 )
 from captionrl.judges.rubric_build import RubricWriter, build_rubrics
@@ -125,7 +125,7 @@ def test_generate_mode_reward_is_weighted_and_ignores_reasons():
 
 
 def test_writer_retries_invalid_output_then_records_unscored(tmp_path):
-    items = [s.to_item() for s in generate_scenes(2, seed=0)]
+    items = load_images("scenes:2:0").items
     copied = json.dumps([{"criterion": "The cake carries the text 24 CARROT CAKE.", "test": "t", "weight": 3}, GOOD[1]])
     flaky = ScriptedBackend(["not json", json.dumps([{**GOOD[0], "weight": 9}]), copied, json.dumps(GOOD)])
     res = RubricWriter(flaky, max_attempts=4, min_items=2).write_batch(items[:1], [["a caption"]], [[]])[0]
@@ -140,7 +140,7 @@ def test_writer_retries_invalid_output_then_records_unscored(tmp_path):
 
 # ---------------------------------------------------------------------- real models
 @pytest.mark.slow
-def test_facts_rubric_separates_true_from_contradicting_captions_with_smollm2(embedded_backend, tmp_path):
+def test_facts_rubric_separates_true_from_contradicting_captions_with_smollm2(embedded_backend):
     """Acceptance: 8 held-out scenes (seed 0; the likelihood threshold was calibrated on seed 1)."""
     scenes = generate_scenes(8, seed=0)
     rows = []
@@ -149,7 +149,7 @@ def test_facts_rubric_separates_true_from_contradicting_captions_with_smollm2(em
         rows.append({"item_id": s.id, "caption": s.reference_caption, "rubric": rubric, "label": True})
         rows.append({"item_id": s.id, "caption": s.contradicting_caption, "rubric": rubric, "label": False})
     judge = RubricJudge(embedded_backend, mode="likelihood")
-    recs = judge_records(judge, rows, tmp_path / "judgments.jsonl", progress=False)
+    recs = [j.to_record() for j in judge.judge([r["caption"] for r in rows], {"rubric": [r["rubric"] for r in rows]})]
     true = np.array([r["score"] for r, row in zip(recs, rows, strict=True) if row["label"]])
     false = np.array([r["score"] for r, row in zip(recs, rows, strict=True) if not row["label"]])
     decisions = [(d, row["label"]) for r, row in zip(recs, rows, strict=True) for d in r["decision"]]
@@ -160,15 +160,6 @@ def test_facts_rubric_separates_true_from_contradicting_captions_with_smollm2(em
     assert accuracy >= 0.6
     assert (true > false).sum() >= 6  # per scene, the true caption wins in most of the 8 scenes
     assert all(r["method"] == "likelihood" for r in recs)
-    # Resume: a rerun judges nothing new and returns the same records.
-    class Boom:
-        name = "rubric-likelihood"
-
-        def judge(self, captions, columns):
-            raise AssertionError("resume must not judge again")
-
-    again = judge_records(Boom(), rows, tmp_path / "judgments.jsonl", progress=False)
-    assert [r["score"] for r in again] == [r["score"] for r in recs]
 
 
 @pytest.mark.slow
@@ -202,7 +193,7 @@ def test_pipeline_with_tiny_vlm_committee_resumes_after_interruption(tmp_path, e
     from captionrl.testing import tiny_vlm_dir
 
     vlm = HFBackend(str(tiny_vlm_dir()), batch_size=4)
-    items = [s.to_item() for s in generate_scenes(3, seed=0)]
+    items = load_images("scenes:3:0").items
     t1, t2 = Interrupting(vlm, "tiny-a"), Interrupting(vlm, "tiny-b", fail_on=1)
     writer = RubricWriter(embedded_backend, max_attempts=1, max_new_tokens=24, min_items=1)
     with pytest.raises(KeyboardInterrupt):
@@ -217,9 +208,19 @@ def test_pipeline_with_tiny_vlm_committee_resumes_after_interruption(tmp_path, e
     assert len(committee) == 6 and all(r["caption"] for r in committee)
     rubrics = list(read_jsonl(tmp_path / "rubrics.jsonl"))
     assert len(rubrics) == 3 and summary["rubrics"] + summary["unscored"] == 3
-    for r in rubrics:  # SmolLM2 with 24 tokens rarely writes a valid rubric: either valid or unscored
-        assert (r["rubric"] is None and r["error"]) or validate_rubric(r["rubric"])
+    for r in rubrics:  # the outcome must be what the writer's parser makes of the recorded reply
         assert r["attempts"] == 1 and r["raw"][0] is not None
+        try:
+            expected = parse_rubric_reply(r["raw"][0], max_items=writer.max_items)
+            problem = None if len(expected) >= writer.min_items else "fewer than"
+            if any(x.criterion == WRITER_EXAMPLE_CRITERION for x in expected):
+                problem = "copies the prompt's example item"
+        except (DataError, ValueError) as exc:
+            expected, problem = None, str(exc)
+        if problem is None:
+            assert validate_rubric(r["rubric"]) == expected and r["error"] is None
+        else:
+            assert r["rubric"] is None and r["error"].startswith("attempt 1: ") and problem in r["error"]
     json.loads((tmp_path / "summary.json").read_text())
 
 

@@ -9,17 +9,16 @@ from pathlib import Path
 
 import pytest
 
+from captionrl.config import load_config
 from captionrl.errors import ConfigError, DataError
+from captionrl.judges.roles import GENERATOR_INSTRUCTION, JUDGE_INSTRUCTION, POLICY_INSTRUCTION
 from captionrl.records import read_jsonl
 from captionrl.train.sft import (
-    GENERATOR_INSTRUCTION,
-    JUDGE_INSTRUCTION,
-    POLICY_INSTRUCTION,
     RoleRecords,
+    SFTRunConfig,
     build_distill_rows,
     build_multirole_rows,
     demo_records,
-    load_sft_config,
 )
 
 
@@ -133,12 +132,12 @@ def test_distill_rows() -> None:
 
 def test_config_validation() -> None:
     with pytest.raises(ConfigError, match="needs caption, rubric and judgment"):
-        load_sft_config(overrides=[], recipe="moco-sft")
+        load_config(SFTRunConfig, None, ["recipe=moco-sft"])
     with pytest.raises(ConfigError, match="teacher's captions"):
-        load_sft_config(overrides=[], recipe="sft")
+        load_config(SFTRunConfig, None, ["recipe=sft"])
     with pytest.raises(ConfigError):
-        load_sft_config(overrides=["data.demo=true", "data.roles=[critic]"])
-    cfg = load_sft_config(overrides=["data.demo=true"])
+        load_config(SFTRunConfig, None, ["data.demo=true", "data.roles=[critic]"])
+    cfg = load_config(SFTRunConfig, None, ["data.demo=true"])
     assert cfg.train.learning_rate == 1e-5 and cfg.train.lr_scheduler_type == "cosine"
 
 
@@ -161,7 +160,7 @@ def test_full_multirole_sft_changes_every_parameter(embedded_backend, tmp_path) 
 
     model = copy.deepcopy(embedded_backend.model)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    cfg = load_sft_config(overrides=[
+    cfg = load_config(SFTRunConfig, None, [
         "data.demo=true", "data.demo_images=1", f"train.out_dir={tmp_path}", "train.max_steps=2",
         "train.per_device_train_batch_size=1", "train.max_length=320", "train.report_to=[]",
         "train.logging_steps=1", "train.save_steps=2", "train.learning_rate=0.0001",
@@ -194,7 +193,7 @@ def test_lora_sft_changes_every_adapter_weight_and_resumes(embedded_backend, tmp
         def on_train_begin(self, args, state, control, model=None, **kw):
             start.update({n: p.detach().clone() for n, p in model.named_parameters()})
 
-    cfg = load_sft_config(overrides=[*args, "train.max_steps=2"])
+    cfg = load_config(SFTRunConfig, None, [*args, "train.max_steps=2"])
     result = run(cfg, model=copy.deepcopy(embedded_backend.model), processing=embedded_backend.tokenizer,
                  callbacks=[Snapshot()])
     peft_model = result["trainer"].model
@@ -207,10 +206,10 @@ def test_lora_sft_changes_every_adapter_weight_and_resumes(embedded_backend, tmp
             key = n.replace("base_model.model.", "", 1).replace(".base_layer", "")
             assert (p == base_before[key]).all(), n
     # rerunning with the same folder resumes from checkpoint-2 and trains only the missing step
-    cfg3 = load_sft_config(overrides=[*args, "train.max_steps=3"])
+    cfg3 = load_config(SFTRunConfig, None, [*args, "train.max_steps=3"])
     again = run(cfg3, model=copy.deepcopy(embedded_backend.model), processing=embedded_backend.tokenizer)
     assert again["resumed_from"].endswith("checkpoint-2") and again["steps"] == 3
     losses = [h["step"] for h in again["log_history"] if "loss" in h]
     assert losses == [1, 2, 3]  # steps 1-2 come from the checkpoint's history, step 3 is new
     with pytest.raises(ConfigError, match="different config"):
-        run(load_sft_config(overrides=[*args, "train.max_steps=3", "train.learning_rate=0.01"]))
+        run(load_config(SFTRunConfig, None, [*args, "train.max_steps=3", "train.learning_rate=0.01"]))

@@ -24,7 +24,7 @@ def test_two_cpu_processes_train_two_steps(tmp_path):
     cmd = [
         accelerate, "launch", "--config_file", str(ROOT / "configs" / "accelerate" / "cpu-2proc.yaml"),
         "-m", "captionrl.cli", "train", "lineup", "--config", str(ROOT / "configs" / "lineup-cpu.yaml"),
-        "data.window=8", "data.n_train=8", "data.series=[nile,sunspots]", "reward.k=2", "reward.signal=soft",
+        "data.window=8", "data.n_train=8", "data.n_test=4", "data.series=[nile,sunspots]", "reward.k=2", "reward.signal=soft",
         "train.algorithm=grpo", "policy.lora=true", "policy.lora_r=4", "policy.lora_alpha=8",
         "train.num_generations=2", "train.per_device_train_batch_size=2", "train.max_completion_length=6",
         "train.max_steps=2", "train.save_steps=2", "train.report_to=[]", "train.threads=1",
@@ -39,7 +39,8 @@ def test_two_cpu_processes_train_two_steps(tmp_path):
     ranks = sorted(p.name for p in out.glob("samples.rank*.jsonl"))
     assert ranks == ["samples.rank0.jsonl", "samples.rank1.jsonl"]  # both processes generated and scored
 
-    from captionrl.train.logging import load_metrics, load_samples
+    from captionrl.train.curves import load_metrics
+    from captionrl.train.logging import load_samples
 
     samples = load_samples(out)
     for m in load_metrics(out / "metrics.jsonl"):

@@ -15,12 +15,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from captionrl.config import load_config
+from captionrl.domains.lineup_data import build_lineup_data, validate_candidate_set
 from captionrl.errors import ConfigError, DataError
 from captionrl.train import lineup
 from captionrl.train.lineup import (
+    LineupConfig,
     LineupRewardConfig,
     ShapedReward,
-    load_lineup_config,
     transcription_fraction,
 )
 
@@ -59,7 +61,7 @@ def forbid_models(monkeypatch):
 def test_bad_config_fails_on_load(override, field, forbid_models):
     t0 = time.perf_counter()
     with pytest.raises(ConfigError) as err:
-        load_lineup_config(ROOT / "configs" / "lineup-cpu.yaml", [override])
+        load_config(LineupConfig, ROOT / "configs" / "lineup-cpu.yaml", [override])
     assert err.value.field == field
     assert err.value.fix  # every message carries a fix
     assert time.perf_counter() - t0 < 2.0
@@ -67,11 +69,11 @@ def test_bad_config_fails_on_load(override, field, forbid_models):
 
 def test_unknown_key_suggests_close_match(forbid_models):
     with pytest.raises(ConfigError, match="learning_rate"):
-        load_lineup_config(None, ["train.lerning_rate=1e-6"])
+        load_config(LineupConfig, None, ["train.lerning_rate=1e-6"])
 
 
 def test_openai_verifier_that_does_not_answer_fails_before_policy_loads(tmp_path, forbid_models):
-    cfg = load_lineup_config(ROOT / "configs" / "lineup-cpu.yaml", [
+    cfg = load_config(LineupConfig, ROOT / "configs" / "lineup-cpu.yaml", [
         "verifier.kind=openai", "verifier.base_url=http://127.0.0.1:9/v1", "verifier.model=Qwen2.5-14B-Instruct",
         f"train.out_dir={tmp_path / 'run'}",
     ])
@@ -82,21 +84,48 @@ def test_openai_verifier_that_does_not_answer_fails_before_policy_loads(tmp_path
 
 
 def test_candidate_length_mismatch_fails_before_models(tmp_path, forbid_models):
+    """A file whose windows are not data.window long, and a candidate set of mixed lengths, both fail
+    before any model loads and name what to fix."""
     bad = tmp_path / "sets.jsonl"
+    base = {"rule": "nearest", "seed": 0, "stats": ["mean"], "max_overlap": 0.0, "split": "train"}
     rows = [
-        {"item_id": "a", "split": "train", "candidates": [[1, 2, 3, 4], [1, 2, 3, 5]]},
-        {"item_id": "b", "split": "train", "candidates": [[1, 2, 3, 4], [1, 2, 3]]},
+        {**base, "key": "a", "item_id": "a", "distractor_ids": ["b"], "series": [1, 2, 3, 4]},
+        {**base, "key": "b", "item_id": "b", "distractor_ids": ["a"], "series": [1, 2, 3]},
     ]
     bad.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    cfg = load_lineup_config(None, ["reward.k=2", f"data.candidates_file={bad}", f"train.out_dir={tmp_path / 'run'}"])
+    cfg = load_config(LineupConfig, None, ["reward.k=2", "data.window=4", f"data.candidates_file={bad}",
+                                    f"train.out_dir={tmp_path / 'run'}"])
     with pytest.raises(DataError) as err:
         lineup.run(cfg)
+    assert err.value.field == "data.candidates_file" and "length [3, 4]" in str(err.value)
+    with pytest.raises(DataError) as err:
+        validate_candidate_set([[1, 2, 3, 4], [1, 2, 3]], 2, "candidates[b]")
     assert err.value.field == "candidates[b]" and "length mismatch" in str(err.value)
+
+
+def test_candidates_command_output_feeds_the_lineup_data_build(tmp_path, forbid_models):
+    """What `captionrl candidates` writes is what data.candidates_file reads: with the same window, stride,
+    seed and rule, the rows built from the file are the rows built by mining (K=3 from a K=4 file: a prefix)."""
+    from captionrl.cli import main as cli_main
+
+    out = tmp_path / "cands"
+    args = ["candidates", "--corpus", "embedded", "--length", "16", "--stride", "16", "--k", "4", "--seed", "3",
+            "--out", str(out), "--quiet"]
+    assert cli_main(args) == 0
+    common = ["data.window=16", "data.n_train=6", "data.n_val=2", "data.n_test=3", "reward.k=3", "seed=3"]
+    mined = load_config(LineupConfig, None, common)
+    read = load_config(LineupConfig, None, [*common, f"data.candidates_file={out / 'candidates.jsonl'}"])
+    from_mining = build_lineup_data(mined.data, mined.reward.k, mined.seed)
+    from_file = build_lineup_data(read.data, read.reward.k, read.seed)
+    assert {k: len(v) for k, v in from_file.rows.items()} == {"train": 6, "val": 2, "test": 3}
+    assert from_file.rows == from_mining.rows
+    for r in from_file.rows["test"]:
+        assert len(r["candidates"]) == 3 and all(from_file.pool[c].split == "test" for c in r["candidate_ids"])
 
 
 def test_resume_refuses_a_different_config(tmp_path, forbid_models):
     out = tmp_path / "run"
-    first = load_lineup_config(None, [f"train.out_dir={out}", "train.learning_rate=1.0e-6"])
+    first = load_config(LineupConfig, None, [f"train.out_dir={out}", "train.learning_rate=1.0e-6"])
     from captionrl.train.common import prepare_run_dir
 
     assert prepare_run_dir(first, out, "auto") is None  # fresh folder: nothing to resume
@@ -104,7 +133,7 @@ def test_resume_refuses_a_different_config(tmp_path, forbid_models):
     ckpt.mkdir(parents=True)
     (ckpt / "trainer_state.json").write_text("{}")
     assert prepare_run_dir(first, out, "auto") == ckpt  # same config: resumes
-    changed = load_lineup_config(None, [f"train.out_dir={out}", "train.learning_rate=3.0e-6", "train.threads=1"])
+    changed = load_config(LineupConfig, None, [f"train.out_dir={out}", "train.learning_rate=3.0e-6", "train.threads=1"])
     with pytest.raises(ConfigError) as err:
         prepare_run_dir(changed, out, "auto")
     assert "train.learning_rate: saved 1e-06, now 3e-06" in str(err.value)
@@ -114,8 +143,8 @@ def test_resume_refuses_a_different_config(tmp_path, forbid_models):
 
 
 def test_algorithm_defaults_are_explicit():
-    rloo = load_lineup_config(None, []).train
-    grpo = load_lineup_config(None, ["train.algorithm=grpo"]).train
+    rloo = load_config(LineupConfig, None, []).train
+    grpo = load_config(LineupConfig, None, ["train.algorithm=grpo"]).train
     assert (rloo.beta, rloo.normalize_advantages, rloo.loss_type) == (0.05, False, None)
     assert (grpo.beta, grpo.loss_type, grpo.scale_rewards) == (0.0, "dapo", "group")
     from captionrl.train.common import trainer_args
@@ -164,10 +193,11 @@ def test_lineup_trains_for_real_and_logs_the_verifiers_rewards(tmp_path, embedde
 
     from captionrl.embedded import embedded_model_dir
     from captionrl.judges.identify import IdentificationJudge
-    from captionrl.train.logging import load_metrics, load_samples
+    from captionrl.train.curves import load_metrics
+    from captionrl.train.logging import load_samples
 
     out = tmp_path / "run"
-    cfg = load_lineup_config(ROOT / "configs" / "lineup-cpu.yaml", [*TINY, f"train.out_dir={out}"])
+    cfg = load_config(LineupConfig, ROOT / "configs" / "lineup-cpu.yaml", [*TINY, f"train.out_dir={out}"])
     result = lineup.run(cfg, verifier=embedded_backend)
 
     # 1. every trainable parameter changed (full fine-tuning: all of them)
@@ -188,7 +218,7 @@ def test_lineup_trains_for_real_and_logs_the_verifiers_rewards(tmp_path, embedde
         assert m["identification/soft"] == pytest.approx(np.mean([r["soft"] for r in rows]), abs=1e-5)
 
     # 3. ... and those rewards are what the verifier says about the logged captions
-    data = lineup.build_data(cfg)
+    data = build_lineup_data(cfg.data, cfg.reward.k, cfg.seed)
     by_id = {r["item_id"]: r for r in data.rows["train"]}
     judge = IdentificationJudge(embedded_backend, cfg.identify_config())
     judged = judge.judge([s["caption"] for s in samples], {"candidates": [by_id[s["item_id"]]["candidates"] for s in samples]})

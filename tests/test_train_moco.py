@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from captionrl.config import load_config
 from captionrl.errors import ConfigError
 from captionrl.records import read_jsonl
-from captionrl.train.moco import build_rows, load_moco_config, run
+from captionrl.train.moco import MocoConfig, build_rows, run
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = ROOT / "configs" / "moco-cpu.yaml"
@@ -20,9 +21,9 @@ SMALL = ["data.n_train=2", "train.max_completion_length=12", "rubric.max_new_tok
 
 
 def test_configs_load_and_paper_settings():
-    cpu = load_moco_config(CPU)
+    cpu = load_config(MocoConfig, CPU)
     assert cpu.method == "moco" and cpu.train.algorithm == "grpo" and cpu.rubric.group_size == 4
-    paper = load_moco_config(PAPER)
+    paper = load_config(MocoConfig, PAPER)
     assert (paper.train.num_generations, paper.momentum.m, paper.momentum.interval, paper.train.max_steps) == (
         16, 0.99, 1, 600)
     assert paper.rubric.n_candidates == 4 and paper.rubric.fallback == "none" and paper.judge.mode == "generate"
@@ -32,8 +33,8 @@ def test_configs_load_and_paper_settings():
 
 def test_interval_must_be_a_multiple_of_the_reward_interval():
     with pytest.raises(ConfigError, match=r"momentum\.interval"):
-        load_moco_config(CPU, ["train.num_iterations=2", "momentum.interval=3"])
-    assert load_moco_config(CPU, ["train.num_iterations=2", "momentum.interval=4"]).reward_interval() == 2
+        load_config(MocoConfig, CPU, ["train.num_iterations=2", "momentum.interval=3"])
+    assert load_config(MocoConfig, CPU, ["train.num_iterations=2", "momentum.interval=4"]).reward_interval() == 2
 
 
 @pytest.mark.parametrize(("overrides", "field"), [
@@ -45,12 +46,12 @@ def test_interval_must_be_a_multiple_of_the_reward_interval():
 ])
 def test_bad_settings_name_the_field(overrides, field):
     with pytest.raises(ConfigError) as exc:
-        load_moco_config(CPU, overrides)
+        load_config(MocoConfig, CPU, overrides)
     assert exc.value.field == field
 
 
 def test_rows_carry_two_references_and_facts():
-    rows = build_rows(load_moco_config(CPU, ["data.n_train=3"]))
+    rows = build_rows(load_config(MocoConfig, CPU, ["data.n_train=3"]))
     assert len(rows) == 3 and len({r["item_id"] for r in rows}) == 3
     for r in rows:
         assert len(r["references"]) == 2 and r["references"][0] != r["references"][1]
@@ -61,7 +62,7 @@ def test_rows_carry_two_references_and_facts():
 @pytest.mark.slow
 def test_moco_smoke_trains_with_momentum_judge_and_resumes(tmp_path):
     out = tmp_path / "run"
-    cfg = load_moco_config(CPU, [*SMALL, f"train.out_dir={out}", "train.max_steps=2", "train.save_steps=2"])
+    cfg = load_config(MocoConfig, CPU, [*SMALL, f"train.out_dir={out}", "train.max_steps=2", "train.save_steps=2"])
     res = run(cfg)
     metrics = [r for r in read_jsonl(out / "metrics.jsonl") if "reward" in r]
     assert [r["step"] for r in metrics] == [1, 2]
@@ -80,7 +81,7 @@ def test_moco_smoke_trains_with_momentum_judge_and_resumes(tmp_path):
     assert res["seconds_per_step"] > 0
 
     # interrupted after step 2: the rerun resumes from the checkpoint, momentum included
-    res2 = run(load_moco_config(CPU, [*SMALL, f"train.out_dir={out}", "train.max_steps=3", "train.save_steps=2"]))
+    res2 = run(load_config(MocoConfig, CPU, [*SMALL, f"train.out_dir={out}", "train.max_steps=3", "train.save_steps=2"]))
     assert res2["steps"] == 3 and res2["momentum"]["updates"] == 3
     steps = [r["step"] for r in read_jsonl(out / "metrics.jsonl") if "reward" in r]
     assert steps == [1, 2, 3]
@@ -89,7 +90,7 @@ def test_moco_smoke_trains_with_momentum_judge_and_resumes(tmp_path):
 @pytest.mark.slow
 def test_evolm_smoke_alternates_policy_and_generator_phases(tmp_path):
     out = tmp_path / "evo"
-    cfg = load_moco_config(CPU, [*SMALL, "method=evolm", f"train.out_dir={out}", "train.max_steps=1",
+    cfg = load_config(MocoConfig, CPU, [*SMALL, "method=evolm", f"train.out_dir={out}", "train.max_steps=1",
                                  "evolm.policy_steps=1", "evolm.generator_steps=1", "evolm.n_captions=2",
                                  "evolm.generator_num_generations=2", "train.num_generations=2",
                                  "train.per_device_train_batch_size=2"])

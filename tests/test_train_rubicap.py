@@ -9,7 +9,6 @@ rubric judge gives those rewards back.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
@@ -17,9 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from captionrl.cli import main as cli_main
+from captionrl.config import load_config
 from captionrl.errors import ConfigError, DataError
 from captionrl.train import rubicap
-from captionrl.train.rubicap import RubricReward, build_data, load_rubicap_config, to_dataset
+from captionrl.train.rubicap import RubicapConfig, RubricReward, build_data, to_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = ROOT / "configs" / "rubicap-cpu.yaml"
@@ -60,24 +61,24 @@ def forbid_models(monkeypatch):
 def test_bad_config_fails_on_load(override, field, forbid_models):
     t0 = time.perf_counter()
     with pytest.raises(ConfigError) as err:
-        load_rubicap_config(CPU, [override])
+        load_config(RubicapConfig, CPU, [override])
     assert err.value.field == field
     assert err.value.fix
     assert time.perf_counter() - t0 < 2.0
 
 
 def test_configs_load_and_resolve_grpo_explicitly(forbid_models):
-    cpu = load_rubicap_config(CPU)
+    cpu = load_config(RubicapConfig, CPU)
     assert (cpu.train.algorithm, cpu.train.beta, cpu.train.loss_type, cpu.policy.model) == ("grpo", 0.0, "dapo", "tiny-vlm")
-    paper = load_rubicap_config(PAPER)
+    paper = load_config(RubicapConfig, PAPER)
     assert paper.train.algorithm == "grpo" and paper.train.beta > 0 and not paper.policy.lora
     assert paper.rubrics.source == "build" and len(paper.rubrics.committee) >= 3 and paper.rubrics.writer
-    bare = load_rubicap_config(None, [])  # no train section: GRPO and its own run folder, not LineupRL's
+    bare = load_config(RubicapConfig, None, [])  # no train section: GRPO and its own run folder, not LineupRL's
     assert (bare.train.algorithm, bare.train.out_dir) == ("grpo", "runs/rubicap")
 
 
 def test_openai_judge_that_does_not_answer_fails_before_policy_loads(tmp_path, forbid_models):
-    cfg = load_rubicap_config(CPU, [
+    cfg = load_config(RubicapConfig, CPU, [
         *TINY, "judge.kind=openai", "judge.base_url=http://127.0.0.1:9/v1", "judge.model=Qwen2.5-72B-Instruct",
         f"train.out_dir={tmp_path / 'run'}",
     ])
@@ -102,8 +103,8 @@ def _manifest(tmp_path: Path, n: int) -> Path:
 
 
 def test_store_rubrics_feed_the_dataset_and_gaps_are_named(tmp_path, forbid_models):
-    from captionrl.domains.scenes import generate_scenes
-    from captionrl.judges.rubric import RubricStore, rubric_from_facts
+    from captionrl.domains.scenes import generate_scenes, rubric_from_facts
+    from captionrl.judges.rubric import RubricStore
 
     manifest = _manifest(tmp_path, 4)
     scenes = generate_scenes(4, seed=2)
@@ -116,10 +117,10 @@ def test_store_rubrics_feed_the_dataset_and_gaps_are_named(tmp_path, forbid_mode
             f"train.out_dir={tmp_path / 'run'}"]
 
     with pytest.raises(DataError) as err:  # scene 3 is not in the store at all
-        build_data(load_rubicap_config(CPU, base))
+        build_data(load_config(RubicapConfig, CPU, base))
     assert "1 of 4" in str(err.value) and scenes[3].id in str(err.value) and "rubrics.missing: skip" in err.value.fix
 
-    data = build_data(load_rubicap_config(CPU, [*base, "rubrics.missing=skip"]))
+    data = build_data(load_config(RubicapConfig, CPU, [*base, "rubrics.missing=skip"]))
     assert [r["item_id"] for r in data.rows] == [scenes[0].id, scenes[1].id]
     assert data.skipped == {"not in store": [scenes[3].id], "rubric unscored": [scenes[2].id]}
     ds = to_dataset(data)
@@ -129,32 +130,30 @@ def test_store_rubrics_feed_the_dataset_and_gaps_are_named(tmp_path, forbid_mode
     assert ds[0]["prompt"][0]["content"][0]["type"] == "image"  # TRL fills this placeholder from the column
 
     with pytest.raises(ConfigError) as err:
-        build_data(load_rubicap_config(CPU, [*base[:2], f"rubrics.store={tmp_path / 'nope.jsonl'}"]))
+        build_data(load_config(RubicapConfig, CPU, [*base[:2], f"rubrics.store={tmp_path / 'nope.jsonl'}"]))
     assert err.value.field == "rubrics.store" and "captionrl rubrics build" in err.value.fix
 
 
 def test_facts_source_needs_facts(tmp_path, forbid_models):
     manifest = _manifest(tmp_path, 2)  # a manifest without facts
-    cfg = load_rubicap_config(CPU, [f"data.items={manifest}", f"train.out_dir={tmp_path / 'run'}"])
+    cfg = load_config(RubicapConfig, CPU, [f"data.items={manifest}", f"train.out_dir={tmp_path / 'run'}"])
     with pytest.raises(DataError, match="no known facts"):
         build_data(cfg)
 
 
 def test_check_command_validates_without_models(tmp_path, capsys, forbid_models):
-    args = argparse.Namespace(config=str(CPU), overrides=["data.items=scenes:5:1", f"train.out_dir={tmp_path / 'run'}"],
-                              check=True)
-    assert rubicap.main(args) == 0
+    assert cli_main(["train", "rubicap", "--config", str(CPU), "data.items=scenes:5:1",
+                     f"train.out_dir={tmp_path / 'run'}", "--check"]) == 0
     got = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert got["items"] == 5 and got["skipped"] == {}
 
-    from captionrl.judges.rubric import load_store_rubrics
+    from captionrl.judges.rubric import RubricStore
 
-    args = argparse.Namespace(config=str(CPU), overrides=["data.items=scenes:6:1", f"train.out_dir={tmp_path / 'run'}"],
-                              check=False, build_rubrics=True)
-    assert rubicap.main(args) == 0  # writes the store, trains nothing
+    assert cli_main(["train", "rubicap", "--config", str(CPU), "data.items=scenes:6:1",
+                     f"train.out_dir={tmp_path / 'run'}", "--build-rubrics"]) == 0  # writes the store, trains nothing
     assert "rubrics:" in capsys.readouterr().out
-    store = load_store_rubrics(tmp_path / "run" / "rubrics" / "rubrics.jsonl")
-    assert len(store) == 6 and all(store.values())
+    store = RubricStore(tmp_path / "run" / "rubrics" / "rubrics.jsonl")
+    assert len(store) == 6 and all(store.get(i) for i in store.ids())
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
@@ -169,11 +168,11 @@ class _DeadJudgeBackend:
 
 
 def test_judge_outage_is_unscored_not_zero(tmp_path):
-    from captionrl.domains.scenes import scene_rows
     from captionrl.judges.rubric import RubricJudge
     from captionrl.train.logging import SampleLog, load_samples
 
-    rows = scene_rows(2, seed=0)
+    cfg = load_config(RubicapConfig, None, ["data.items=scenes:2:0", f"train.out_dir={tmp_path / 'run'}"])
+    rows = build_data(cfg).rows
     samples = SampleLog(tmp_path)
     reward = RubricReward(RubricJudge(_DeadJudgeBackend(), mode="likelihood"), samples)
     logged: dict[str, float] = {}
@@ -208,12 +207,13 @@ def test_rubicap_cpu_run_interrupts_resumes_trains_every_parameter_and_logs_the_
     import torch
     from transformers import AutoModelForImageTextToText
 
-    from captionrl.judges.rubric import load_store_rubrics
+    from captionrl.judges.rubric import RubricStore
     from captionrl.testing.tiny_vlm import tiny_vlm_dir
-    from captionrl.train.logging import load_metrics, load_samples
+    from captionrl.train.curves import load_metrics
+    from captionrl.train.logging import load_samples
 
     out = tmp_path / "run"
-    cfg = load_rubicap_config(CPU, [*TINY, f"train.out_dir={out}"])
+    cfg = load_config(RubicapConfig, CPU, [*TINY, f"train.out_dir={out}"])
 
     # 1. a run interrupted right after its first checkpoint ...
     with pytest.raises(_Interrupt):
@@ -224,7 +224,7 @@ def test_rubicap_cpu_run_interrupts_resumes_trains_every_parameter_and_logs_the_
 
     # ... is resumed by rerunning the same config, and finishes
     t0 = time.perf_counter()
-    result = rubicap.run(load_rubicap_config(CPU, [*TINY, f"train.out_dir={out}"]), judge_backend=embedded_backend)
+    result = rubicap.run(load_config(RubicapConfig, CPU, [*TINY, f"train.out_dir={out}"]), judge_backend=embedded_backend)
     assert f"resuming from {out / 'checkpoints' / 'checkpoint-1'}" in capsys.readouterr().out
     final = json.loads((out / "checkpoints" / "checkpoint-2" / "trainer_state.json").read_text())
     assert final["global_step"] == 2
@@ -251,7 +251,8 @@ def test_rubicap_cpu_run_interrupts_resumes_trains_every_parameter_and_logs_the_
         assert m["rubric/caption_chars"] == pytest.approx(np.mean([len(r["caption"]) for r in rows]))
 
     # 4. ... and those rewards are what the rubric judge says about the logged captions
-    rubrics = load_store_rubrics(result["rubrics"])
+    store = RubricStore(result["rubrics"])
+    rubrics = {i: store.get(i) for i in store.ids()}
     judge = rubicap.make_judge(cfg, embedded_backend)
     again = judge.judge([s["caption"] for s in samples], {"rubric": [rubrics[s["item_id"]] for s in samples]})
     assert [j.score for j in again] == pytest.approx([s["reward"] for s in samples], abs=2e-3)

@@ -3,8 +3,7 @@
 Each subcommand lives in the module that does the work, which exposes ``CONFIG`` (its config dataclass)
 and ``run_command(cfg) -> int``; the parser is generated from ``CONFIG`` (``captionrl.config.
 add_config_arguments``: ``--config FILE.yaml``, ``key=value`` words, a ``--flag`` per top-level field,
-``--help`` listing every field with its default). Modules not yet converted may still expose the older
-``add_arguments(parser)`` + ``main(args) -> int`` pair. This file only maps command names to modules,
+``--help`` listing every field with its default). This file only maps command names to modules,
 imported lazily so that ``captionrl --help`` is instant and a missing optional dependency only breaks its
 own command.
 """
@@ -24,6 +23,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("models",): ("captionrl.commands.models", "list backends and check that the embedded model loads"),
     ("caption",): ("captionrl.commands.caption", "caption series (or images) with a captioner backend"),
     ("candidates",): ("captionrl.domains.candidates", "mine distractor candidate sets for a corpus"),
+    ("data", "prepare"): ("captionrl.domains.prepare", "a benchmark's local copy -> a prepared dataset folder (splits, lineups, manifest)"),
     ("eval", "identify"): ("captionrl.eval.identification", "caption->series and series->caption identification"),
     ("eval", "bottleneck"): ("captionrl.eval.bottleneck", "caption-only forecasting and reconstruction"),
     ("eval", "entail"): ("captionrl.eval.entailment", "fraction of reference captions a caption entails"),
@@ -37,9 +37,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("train", "rubicap"): ("captionrl.train.rubicap", "RubiCap: GRPO with rubric rewards"),
     ("train", "moco"): ("captionrl.train.moco", "MoCo Rubric: GRPO with a momentum Generator-Judge"),
     ("train", "moco-sft"): ("captionrl.train.sft", "shared multi-role SFT (Policy, Generator, Judge)"),
-    ("train", "sft"): ("captionrl.train.sft", "SFT distillation from a teacher's captions"),
+    ("train", "sft"): ("captionrl.train.distill", "SFT distillation from a teacher's captions"),
     ("rubrics", "build"): ("captionrl.judges.rubric_build", "teacher committee captions + rubric writer -> rubric store"),
     ("report",): ("captionrl.eval.report", "gather results of several runs into the paper's tables"),
+    ("serve", "reward"): ("captionrl.serve.reward", "serve a reward over HTTP (OpenRLHF remote reward contract, verl client)"),
 }
 
 
@@ -82,18 +83,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"captionrl {' '.join(key)}: not available in this version ({exc.name} missing)", file=sys.stderr)
             return 2
         raise
-    config_cls = getattr(module, "CONFIG", None)
-    if config_cls is not None:
-        add_config_arguments(leaves[key], config_cls)
-    else:
-        module.add_arguments(leaves[key])
+    config_cls = module.CONFIG
+    add_config_arguments(leaves[key], config_cls)
     args = parser.parse_args(argv)
     try:
-        if config_cls is not None:
-            return int(module.run_command(config_from_args(config_cls, args)) or 0)
-        return int(module.main(args) or 0)
-    except CaptionRLError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        return int(module.run_command(config_from_args(config_cls, args)) or 0)
+    except CaptionRLError as exc:  # input (files, configs, servers): one line, no traceback; bugs keep theirs
+        print(f"error: {type(exc).__name__}: {' '.join(str(exc).splitlines())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted: rerun the same command to resume", file=sys.stderr)

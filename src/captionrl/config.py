@@ -77,7 +77,11 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not p.exists():
         raise ConfigError("config", str(path), "file not found", "give the path of a YAML file, e.g. configs/lineup-cpu.yaml")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as exc:
+        raise ConfigError("config", str(path), f"is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})", "save the file as UTF-8") from None
+    except OSError as exc:
+        raise ConfigError("config", str(path), f"cannot be read ({exc.strerror or exc})", "give the path of a readable YAML file") from None
     except yaml.YAMLError as exc:
         raise ConfigError("config", str(path), f"is not valid YAML ({exc})", "fix the YAML syntax") from exc
     if not isinstance(data, dict):
@@ -130,7 +134,14 @@ def _coerce(tp: Any, value: Any, name: str) -> Any:
             return str(value)
         raise ConfigError(name, value, f"must be {tp.__name__}", f"give a {tp.__name__} value")
     if origin is list and isinstance(value, tuple):
-        return list(value)
+        value = list(value)
+    if origin is list:
+        (elem,) = typing.get_args(tp) or (Any,)
+        if elem in (int, float, str, bool) and (isinstance(value, list) or elem is not str):
+            # ``seeds=3`` is the one-element list; a list's items get the same checks as a scalar field (a
+            # string for a list of strings is left to the config, which may split it: ``stats=mean,std``)
+            items = value if isinstance(value, list) else [value]
+            return [_coerce(elem, v, f"{name}[{i}]") for i, v in enumerate(items)]
     return value
 
 

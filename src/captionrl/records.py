@@ -4,6 +4,10 @@ Each judgment (or caption, rubric, prediction) is one JSON line with a unique ``
 output folder reads the keys already written and skips them, so an interrupted run completes only what
 is missing. Lines are flushed and fsynced as they are written; a last line cut short by a kill is
 ignored on resume (and rewritten), never fatal.
+
+Files a user gives (captions, labels, candidate sets, rubric stores, SFT records) are read strictly by
+the same reader: a line that does not parse anywhere is a ``DataError`` naming file, line and fix, never
+a silently smaller data set.
 """
 
 from __future__ import annotations
@@ -11,11 +15,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
+
+from captionrl.errors import DataError
 
 
 def _default(obj: Any) -> Any:
@@ -49,20 +56,74 @@ def dumps(record: dict[str, Any]) -> str:
     return json.dumps(_clean(record), default=_default, ensure_ascii=False)
 
 
-def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
-    """Yield the complete JSON lines of ``path``; a truncated last line (killed writer) is skipped."""
+def read_jsonl(path: str | Path, *, appended: bool = False, unique_key: str | None = None) -> Iterator[dict[str, Any]]:
+    """Yield the JSON objects of ``path``, one per line, and refuse anything else with a named error.
+
+    Strict by default, because a dropped line silently shrinks an evaluation or a training set: a missing
+    file, a line that is not a JSON object, or bytes that are not UTF-8 raise :class:`DataError` naming the
+    file, the line number and the fix. Blank lines are allowed. ``appended=True`` is for files this project
+    appends to itself (``RecordWriter``): a missing file reads as empty, and a last line cut short by a
+    killed writer (no final newline, does not parse) is skipped with one warning; a bad line anywhere
+    else is still an error. ``unique_key`` (e.g. ``"id"``) makes a repeated value of that field an error
+    naming both line numbers (which of the two would be judged?).
+    """
     p = Path(path)
-    if not p.exists():
-        return
-    with p.open(encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
+    if appended and not p.exists():
+        return iter(())
+    if not p.is_file():
+        problem = "is a folder, not a file" if p.is_dir() else "does not exist"
+        raise DataError("file", str(p), problem, "give the path of an existing JSONL file (one JSON object per line)")
+    try:
+        fh = p.open("rb")
+    except OSError as exc:
+        raise DataError("file", str(p), f"cannot be read ({exc.strerror or exc})", "check its permissions") from exc
+    return _iter_jsonl(p, fh, appended, unique_key)
+
+
+def _iter_jsonl(p: Path, fh: IO[bytes], appended: bool, unique_key: str | None) -> Iterator[dict[str, Any]]:
+    seen: dict[str, int] = {}
+    fix = "write one JSON object per line (or delete this line); if a killed run left it, rerun that run to complete the file"
+    with fh:
+        for n, raw in enumerate(fh, 1):
+            torn = not raw.endswith(b"\n")  # only the last line can lack its newline
+            if n == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a byte-order mark some editors write
+                raw = raw[3:]
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                if appended and torn:
+                    _warn_torn(p, n)
+                    return
+                raise DataError(f"{p}:line {n}", raw[max(0, exc.start - 20): exc.start + 20], f"is not UTF-8 text (byte {raw[exc.start]:#04x} at column {exc.start + 1})",
+                                "save the file as UTF-8") from None
+            text = text.strip()
+            if not text:
                 continue
             try:
-                yield json.loads(line)
-            except json.JSONDecodeError:
-                continue
+                rec = json.loads(text)
+            except json.JSONDecodeError as exc:
+                if appended and torn:
+                    _warn_torn(p, n)
+                    return
+                raise DataError(f"{p}:line {n}", _short(text), f"is not valid JSON ({exc.msg} at column {exc.colno})", fix) from None
+            if not isinstance(rec, dict):
+                raise DataError(f"{p}:line {n}", _short(text), f"is a JSON {type(rec).__name__}, not an object", fix)
+            if unique_key is not None and unique_key in rec:
+                value = str(rec[unique_key])
+                if value in seen:
+                    raise DataError(f"{p}:line {n}.{unique_key}", value, f"repeats the {unique_key} of line {seen[value]}",
+                                    f"give every item one line: remove or rename one of lines {seen[value]} and {n}")
+                seen[value] = n
+            yield rec
+
+
+def _short(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _warn_torn(p: Path, n: int) -> None:
+    """Report (once per read) the torn last line a killed writer left; the resumed run rewrites it."""
+    print(f"note: {p}:line {n}: ignoring the unfinished last line a killed run left (it is redone on resume)", file=sys.stderr)
 
 
 class RecordWriter:
@@ -80,7 +141,7 @@ class RecordWriter:
         self.key_field = key_field
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._records: dict[str, dict[str, Any]] = {}
-        for rec in read_jsonl(self.path):
+        for rec in read_jsonl(self.path, appended=True):
             if key_field in rec:
                 self._records[str(rec[key_field])] = rec
         self._repair_tail()

@@ -107,3 +107,19 @@ class Judgment:
             "error": self.error,
             **{k: v for k, v in self.extra.items()},
         }
+
+
+@dataclass(frozen=True)
+class RubricItem:
+    """One weighted binary rubric check: ``criterion`` (the fact), ``test`` (how to decide), ``weight`` 1|2|3.
+
+    A plain value: domains build rubrics from known facts (``domains.scenes.rubric_from_facts``) and
+    judges validate and score them (``judges.rubric``), so the type sits below both.
+    """
+
+    criterion: str
+    test: str
+    weight: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"criterion": self.criterion, "test": self.test, "weight": self.weight}

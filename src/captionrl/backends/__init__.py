@@ -19,19 +19,22 @@ class BackendConfig:
 
     kind: str = help_field("hf", "hf (in-process transformers), openai (any OpenAI-compatible server) or vllm (in-process vllm.LLM)")
     model: str = help_field("embedded", "hf: 'embedded', an HF folder, a .gguf file or a hub id; openai/vllm: the served model name")
-    base_url: str | None = help_field(None, "openai: server URL, e.g. http://127.0.0.1:8000/v1")
+    base_url: str | list[str] | None = help_field(None, "openai: server URL, e.g. http://127.0.0.1:8000/v1; replicas of one model: a list, or URLs separated by '|' (least-loaded routing, failover)")
     api_key_env: str = help_field("OPENAI_API_KEY", "openai: environment variable holding the API key (optional for local servers)")
     device: str = help_field("cpu", "hf: cpu, cuda, cuda:N or auto")
-    dtype: str = help_field("float32", "hf: float32, bfloat16 (faster on CPUs with AVX512-BF16), float16 or auto")
+    dtype: str = help_field("auto", "hf: auto (bf16 on GPUs and CPUs with native bf16, float32 elsewhere), float32, bfloat16 or float16")
     batch_size: int = help_field(8, "hf: requests per forward pass")
     concurrency: int = help_field(8, "openai: requests in flight at once")
     timeout_s: float = help_field(120.0, "openai: seconds before a request is abandoned and retried")
     max_retries: int = help_field(3, "openai: retries on 429/5xx/connection errors (exponential backoff)")
     echo_prefix: str = help_field("", "openai: text sent before every echo prompt and never scored; llama-cpp-python needs the model's BOS (SmolLM2: <|im_start|>)")
     backoff_s: float = help_field(0.5, "openai: first retry wait in seconds, doubled each retry")
+    cooldown_s: float = help_field(10.0, "openai replicas: seconds a replica that failed (connection error, timeout) is left out before it is tried again")
     loglikelihood_api: str = help_field("echo", "openai: how to get prompt log-probs: echo (completions echo+logprobs) or prompt_logprobs (vLLM)")
 
     def __post_init__(self) -> None:
+        if isinstance(self.base_url, (list, tuple)):  # one string keeps configs hashable: a|b
+            self.base_url = "|".join(str(u) for u in self.base_url)
         if self.kind not in ("hf", "openai", "vllm"):
             from captionrl.registry import suggest
 
@@ -74,9 +77,10 @@ def _make_vllm(cfg: BackendConfig) -> Backend:
 def parse_backend_spec(text: str) -> BackendConfig:
     """A backend from one command-line word: the one way to name a backend everywhere.
 
-    ``hf:embedded`` / ``hf:PATH_OR_HUB_ID`` / ``openai:URL#MODEL`` / ``vllm:MODEL``; a bare word
-    (``tiny-vlm``, a folder) is an ``hf`` model. Any ``BackendConfig`` setting follows as ``,key=value``
-    (``hf:embedded,dtype=bfloat16,batch_size=16``; values are read as YAML scalars).
+    ``hf:embedded`` / ``hf:PATH_OR_HUB_ID`` / ``openai:URL#MODEL`` / ``openai:URL_A|URL_B#MODEL`` (replicas
+    of one model) / ``vllm:MODEL``; a bare word (``tiny-vlm``, a folder) is an ``hf`` model. Any
+    ``BackendConfig`` setting follows as ``,key=value`` (``hf:embedded,dtype=bfloat16,batch_size=16``;
+    values are read as YAML scalars).
     """
     from captionrl.config import from_dict, parse_override
 
@@ -89,7 +93,8 @@ def parse_backend_spec(text: str) -> BackendConfig:
     data: dict[str, Any] = {"kind": kind}
     if kind == "openai":
         url, _, model = target.partition("#")
-        data.update(base_url=url, model=model or "default")
+        urls = [u.strip() for u in url.split("|")]  # replicas: http://a/v1|http://b/v1
+        data.update(base_url=urls[0] if len(urls) == 1 else urls, model=model or "default")
     else:
         data["model"] = target
     for item in rest:
@@ -104,9 +109,17 @@ def parse_backend_spec(text: str) -> BackendConfig:
     return from_dict(BackendConfig, data, prefix="backend.")
 
 
-def backend_from_spec(spec: str) -> Backend:
-    """``make_backend(parse_backend_spec(spec))``: the backend a spec names (shared when identical)."""
-    return make_backend(parse_backend_spec(spec))
+def backend_from_spec(spec: str, field: str = "backend") -> Backend:
+    """``make_backend(parse_backend_spec(spec))``: the backend a spec names (shared when identical).
+
+    An ``openai`` server is asked for ``/models`` first: a command given a server that does not answer
+    stops with a named error here, instead of running to the end with every judgment unscored.
+    """
+    from captionrl.backends.openai_http import probe_server
+
+    cfg = parse_backend_spec(spec)
+    probe_server(cfg, field)
+    return make_backend(cfg)
 
 
 _CACHE: dict[tuple, Backend] = {}

@@ -25,7 +25,7 @@ def load_image(source: Any) -> Any:
         if isinstance(source, (str, Path)):
             with Image.open(source) as im:
                 return im.convert("RGB")
-    except Exception as exc:
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:  # unreadable, bad base64, corrupt
         raise DataError("image", str(source)[:120], f"cannot be read as an image ({exc})",
                         "check that the file exists and is a valid PNG/JPEG") from exc
     raise DataError("image", type(source).__name__, "unsupported image value",

@@ -16,6 +16,14 @@ token unless the prompt starts with the model's BOS token (abetlen/llama-cpp-pyt
 echo call runs an alignment probe and refuses misaligned numbers; ``echo_prefix`` (the BOS text, e.g.
 ``<|im_start|>`` for SmolLM2) fixes it. ``prompt_logprobs``: vLLM's extension, on token ids from its
 ``/tokenize`` endpoint, exact at the context/continuation boundary.
+
+Replicas: ``base_url`` may name several servers of the same model (a list, or ``|``-separated:
+``http://a:8000/v1|http://b:8000/v1``), the normal way to scale a verifier without an external load
+balancer. Each request goes to the live replica with the fewest requests in flight; a replica that
+refuses connections or times out is taken out for ``cooldown_s`` seconds and the request is re-sent at
+once to another replica (a retry attempt, with no backoff wait while another replica is live). After
+the cool-down the replica gets requests again: if it still fails it goes out again. When every attempt
+failed the result is ``None`` with the error text (never 0).
 """
 
 from __future__ import annotations
@@ -84,6 +92,34 @@ class _Reply:
     attempts: int = 0
     latency_s: float = 0.0
     feature_error: bool = False
+
+
+@dataclass
+class Replica:
+    """One server of a replicated backend and what it is doing (see ``OpenAIBackend.replica_status``)."""
+
+    url: str
+    in_flight: int = 0
+    served: int = 0
+    failures: int = 0
+    down_until: float = 0.0
+    last_error: str | None = None
+
+    def live(self, now: float) -> bool:
+        return self.down_until <= now
+
+
+def split_base_urls(base_url: str | Sequence[str]) -> list[str]:
+    """``"http://a/v1|http://b/v1"`` or a list of URLs -> the replica URLs, each without a trailing ``/``."""
+    parts = base_url.split("|") if isinstance(base_url, str) else list(base_url)
+    urls = [u.strip().rstrip("/") for u in parts if isinstance(u, str) and u.strip()]
+    bad = [u for u in parts if not (isinstance(u, str) and u.strip().startswith(("http://", "https://")))]
+    if not urls or bad:
+        raise ConfigError("backend.base_url", base_url, "must be an http(s) URL, or several separated by '|'",
+                          "set base_url: http://HOST:PORT/v1 (replicas: http://A:8000/v1|http://B:8000/v1)")
+    if len(set(urls)) != len(urls):
+        raise ConfigError("backend.base_url", base_url, "names the same replica twice", "list each server once")
+    return urls
 
 
 @dataclass
@@ -175,12 +211,15 @@ class OpenAIBackend:
     """A model behind an OpenAI-compatible HTTP API.
 
     Args:
-        base_url: the server's API root, e.g. ``http://127.0.0.1:8000/v1``.
+        base_url: the server's API root, e.g. ``http://127.0.0.1:8000/v1``; several replicas as a list or
+            ``|``-separated (see the module doc).
         model: the served model name sent with each request.
         api_key: bearer token (local servers need none).
-        concurrency: requests in flight at once, per event loop, across all calls of this backend.
+        concurrency: requests in flight at once per replica, per event loop, across all calls of this backend.
         timeout_s: seconds before one attempt is abandoned (and retried).
-        max_retries: extra attempts on 429, 5xx, timeouts and connection errors.
+        max_retries: extra attempts on 429, 5xx, timeouts and connection errors (a re-send to another
+            replica counts as one).
+        cooldown_s: seconds a replica that failed (connection error, timeout) gets no requests.
         backoff_s, backoff_max_s: the wait before retry ``k`` is ``min(backoff_s * 2**k, backoff_max_s)``
             (or the server's ``Retry-After``, capped the same way); deterministic, so runs are repeatable.
         loglikelihood_api: ``echo`` or ``prompt_logprobs`` (vLLM), see the module doc.
@@ -196,7 +235,7 @@ class OpenAIBackend:
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | Sequence[str],
         model: str = "default",
         *,
         api_key: str | None = None,
@@ -205,6 +244,7 @@ class OpenAIBackend:
         max_retries: int = 3,
         backoff_s: float = 0.5,
         backoff_max_s: float = 8.0,
+        cooldown_s: float = 10.0,
         loglikelihood_api: str = "echo",
         echo_prefix: str = "",
         verify_echo: bool = True,
@@ -215,14 +255,13 @@ class OpenAIBackend:
         transport: httpx.AsyncBaseTransport | None = None,
         name: str | None = None,
     ) -> None:
-        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-            raise ConfigError("backend.base_url", base_url, "must be an http(s) URL",
-                              "set base_url: http://HOST:PORT/v1")
+        urls = split_base_urls(base_url)
         checks: list[tuple[str, Any, bool, str]] = [
             ("backend.concurrency", concurrency, concurrency >= 1, "set concurrency: 8"),
             ("backend.timeout_s", timeout_s, timeout_s > 0, "set timeout_s: 120"),
             ("backend.max_retries", max_retries, max_retries >= 0, "set max_retries: 3"),
             ("backend.backoff_s", backoff_s, backoff_s >= 0, "set backoff_s: 0.5"),
+            ("backend.cooldown_s", cooldown_s, cooldown_s >= 0, "set cooldown_s: 10"),
             ("backend.top_logprobs", top_logprobs, top_logprobs >= 1, "set top_logprobs: 20"),
             ("backend.choice_max_tokens", choice_max_tokens, choice_max_tokens >= 1, "set choice_max_tokens: 8"),
         ]
@@ -232,7 +271,10 @@ class OpenAIBackend:
         if loglikelihood_api not in ("echo", "prompt_logprobs"):
             raise ConfigError("backend.loglikelihood_api", loglikelihood_api, "unknown API",
                               "use echo or prompt_logprobs")
-        self.base_url = base_url.rstrip("/")
+        self.replicas = [Replica(u) for u in urls]
+        self.base_url = urls[0]
+        self.cooldown_s = float(cooldown_s)
+        self._next = 0
         self.model = model
         self.api_key = api_key
         self.concurrency = concurrency
@@ -249,7 +291,8 @@ class OpenAIBackend:
         self.progress = progress
         self._transport = transport
         host = httpx.URL(self.base_url).netloc.decode()
-        self.name = name or f"openai:{model}@{host}"
+        more = f"+{len(urls) - 1}" if len(urls) > 1 else ""
+        self.name = name or f"openai:{model}@{host}{more}"
         self.server_lacks_logprobs = False
         """Set when a server answered ``choose`` without log-probs; later calls go straight to generate."""
         self.echo_alignment: float | None = None
@@ -270,7 +313,7 @@ class OpenAIBackend:
                               "an openai backend needs the server's URL", "set base_url: http://HOST:PORT/v1")
         env = getattr(cfg, "api_key_env", "") or ""
         kw: dict[str, Any] = {}
-        for opt in ("backoff_s", "echo_prefix", "top_logprobs"):  # optional fields, used when present
+        for opt in ("backoff_s", "echo_prefix", "top_logprobs", "cooldown_s"):  # optional fields, used when present
             if getattr(cfg, opt, None) is not None:
                 kw[opt] = getattr(cfg, opt)
         return cls(
@@ -285,21 +328,47 @@ class OpenAIBackend:
         )
 
     # ------------------------------------------------------------------ transport
-    def _client(self, base_url: str | None = None) -> httpx.AsyncClient:
+    def _client(self) -> httpx.AsyncClient:
+        """One client for all replicas (requests carry absolute URLs; see ``_pick``)."""
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        n = self.concurrency * len(self.replicas)
         return httpx.AsyncClient(
-            base_url=base_url or self.base_url,
             headers=headers,
             timeout=httpx.Timeout(self.timeout_s),
-            limits=httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency),
+            limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
             transport=self._transport,
         )
+
+    def _pick(self) -> Replica:
+        """The live replica with the fewest requests in flight (ties in turn); when none is live, the one
+        whose cool-down ends first (a probe: if it answers, it is live again)."""
+        now = time.monotonic()
+        live = [r for r in self.replicas if r.live(now)]
+        if not live:
+            return min(self.replicas, key=lambda r: r.down_until)
+        n = len(self.replicas)
+        order = {id(r): (self.replicas.index(r) - self._next) % n for r in live}
+        best = min(live, key=lambda r: (r.in_flight, order[id(r)]))
+        self._next = (self.replicas.index(best) + 1) % n
+        return best
+
+    def _mark_down(self, replica: Replica, error: str) -> None:
+        replica.failures += 1
+        replica.last_error = error
+        replica.down_until = time.monotonic() + self.cooldown_s
+
+    def replica_status(self) -> list[dict[str, Any]]:
+        """Per replica: URL, live or not, requests in flight, served, failures, last error."""
+        now = time.monotonic()
+        return [{"url": r.url, "live": r.live(now), "in_flight": r.in_flight, "served": r.served,
+                 "failures": r.failures, "last_error": r.last_error,
+                 "retry_in_s": round(max(r.down_until - now, 0.0), 1)} for r in self.replicas]
 
     def _semaphore(self) -> asyncio.Semaphore:
         loop = asyncio.get_running_loop()
         sem = self._sems.get(loop)
         if sem is None:
-            sem = self._sems[loop] = asyncio.Semaphore(self.concurrency)
+            sem = self._sems[loop] = asyncio.Semaphore(self.concurrency * len(self.replicas))
         return sem
 
     def _delay(self, attempt: int, retry_after: str | None) -> float:
@@ -310,23 +379,39 @@ class OpenAIBackend:
                 pass
         return min(self.backoff_s * (2**attempt), self.backoff_max_s)
 
-    async def _post(self, client: httpx.AsyncClient, path: str, payload: dict[str, Any]) -> _Reply:
-        """POST with retries on 429/5xx/timeouts/connection errors; never raises for a failed request."""
+    async def _post(self, client: httpx.AsyncClient, path: str, payload: dict[str, Any], *,
+                    root: bool = False) -> _Reply:
+        """POST with retries on 429/5xx/timeouts/connection errors; never raises for a failed request.
+
+        ``path`` is relative to the replica's ``/v1`` URL, or to the server root with ``root``. A replica
+        that cannot be reached is taken out (``cooldown_s``) and the request re-sent to another at once.
+        """
         sem = self._semaphore()
         t0 = time.perf_counter()
         last = ""
         attempts = 0
+        retry_now = False
         for attempt in range(self.max_retries + 1):
             attempts += 1
             retry_after = None
+            retry_now = False
             async with sem:
+                replica = self._pick()
+                base = re.sub(r"/v1$", "", replica.url) if root else replica.url
+                replica.in_flight += 1
                 try:
-                    resp = await client.post(path, json=payload)
+                    resp = await client.post(base + path, json=payload)
                 except httpx.TimeoutException as exc:
-                    last = f"timeout after {self.timeout_s:g}s ({type(exc).__name__})"
+                    last = f"timeout after {self.timeout_s:g}s from {replica.url} ({type(exc).__name__})"
+                    self._mark_down(replica, last)
+                    retry_now = any(r.live(time.monotonic()) for r in self.replicas)
                 except httpx.TransportError as exc:
-                    last = f"connection error ({type(exc).__name__}: {exc})"
+                    last = f"connection error from {replica.url} ({type(exc).__name__}: {exc})"
+                    self._mark_down(replica, last)
+                    retry_now = any(r.live(time.monotonic()) for r in self.replicas)
                 else:
+                    replica.served += 1
+                    replica.down_until = 0.0
                     body = resp.text
                     code = resp.status_code
                     feature = bool(code >= 400 and _FEATURE_WORDS.search(body) and _FEATURE_VERBS.search(body))
@@ -343,7 +428,9 @@ class OpenAIBackend:
                         return _Reply(error=last, status=code, attempts=attempts,
                                       latency_s=time.perf_counter() - t0, feature_error=feature)
                     retry_after = resp.headers.get("retry-after")
-            if attempt < self.max_retries:
+                finally:
+                    replica.in_flight -= 1
+            if attempt < self.max_retries and not retry_now:
                 await asyncio.sleep(self._delay(attempt, retry_after))
         return _Reply(error=f"failed after {attempts} attempt(s): {last}", attempts=attempts,
                       latency_s=time.perf_counter() - t0)
@@ -472,8 +559,7 @@ class OpenAIBackend:
         if not pairs:
             return []
         if self.loglikelihood_api == "prompt_logprobs":
-            root = re.sub(r"/v1$", "", self.base_url)
-            async with self._client(root) as client:
+            async with self._client() as client:
                 results = await self._gather([self._ll_prompt_logprobs(client, c, x) for c, x in pairs],
                                              "loglikelihood")
         else:
@@ -541,7 +627,7 @@ class OpenAIBackend:
 
     async def _tokenize(self, client: httpx.AsyncClient, text: str, special: bool) -> list[int] | str:
         rep = await self._post(client, "/tokenize", {"model": self.model, "prompt": text,
-                                                     "add_special_tokens": special})
+                                                     "add_special_tokens": special}, root=True)
         if rep.error is not None:
             return rep.error
         tokens = rep.data.get("tokens") if isinstance(rep.data, dict) else None
@@ -565,7 +651,7 @@ class OpenAIBackend:
             return LoglikelihoodResult(0.0, latency_s=time.perf_counter() - t0)
         ids = ctx_ids + cont_ids
         payload = {"model": self.model, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 1}
-        rep = await self._post(client, "/v1/completions", payload)
+        rep = await self._post(client, "/v1/completions", payload, root=True)
         meta = {"attempts": rep.attempts, "latency_s": time.perf_counter() - t0}
         if rep.error is not None:
             return rep if rep.feature_error else LoglikelihoodResult(None, rep.error, **meta)
@@ -630,3 +716,34 @@ def _parsed_choice(g: Generation, options: Sequence[str], pending: _Pending) -> 
         return ChoiceResult(None, "generate", raw=g.text, error="no option could be parsed from the reply",
                             extra=extra)
     return ChoiceResult({o: float(o == picked) for o in options}, "generate", mass=1.0, raw=g.text, extra=extra)
+
+
+def probe_server(cfg: Any, field: str = "verifier", timeout_s: float = 5.0) -> None:
+    """Fail fast with a named error, before any model loads, when an OpenAI-compatible server does not
+    answer ``GET /models`` or does not serve ``cfg.model``; otherwise every later judgment would be
+    unscored and a run would end "successfully" with an empty table. ``cfg`` is a ``BackendConfig``."""
+    if cfg.kind != "openai":
+        return
+    import os
+
+    headers = {}
+    key = os.environ.get(cfg.api_key_env)
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    for base in str(cfg.base_url).split("|"):  # replicas: every one must answer
+        url = base.rstrip("/") + "/models"
+        try:
+            resp = httpx.get(url, headers=headers, timeout=timeout_s)
+        except httpx.HTTPError as exc:
+            raise ConfigError(f"{field}", base, f"the server does not answer ({type(exc).__name__}: {exc})",
+                              f"start it first (e.g. vllm serve {cfg.model} --port PORT) or fix the URL") from exc
+        if resp.status_code != 200:
+            raise ConfigError(f"{field}", base, f"GET {url} returned HTTP {resp.status_code}",
+                              f"check the server and {cfg.api_key_env}")
+        try:
+            served = [m.get("id") for m in resp.json().get("data", [])]
+        except (ValueError, AttributeError):  # no model list to check names against: requests will tell
+            served = []
+        if served and cfg.model not in served:
+            raise ConfigError(f"{field}.model", cfg.model, f"is not served at {base} (it serves {served})",
+                              f"name one of {served} after '#'")

@@ -26,7 +26,6 @@ Choices, and why:
 
 from __future__ import annotations
 
-import argparse
 import math
 import zlib
 from collections.abc import Mapping, Sequence
@@ -37,7 +36,8 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from captionrl.domains.timeseries import DEFAULT_STATS, STATS, summary_stats
+from captionrl.config import help_field
+from captionrl.domains.timeseries import DEFAULT_STATS, STATS, Fill, summary_stats
 from captionrl.errors import ConfigError, DataError
 from captionrl.records import RecordWriter, read_jsonl, write_json
 from captionrl.types import Series
@@ -94,23 +94,61 @@ class CandidateSet:
                             "regenerate candidates.jsonl with `captionrl candidates`") from None
 
 
-def save_candidates(sets: Sequence[CandidateSet], path: str | Path) -> int:
+def save_candidates(sets: Sequence[CandidateSet], path: str | Path, series: Mapping[str, Series]) -> int:
     """Append the sets not yet in ``path`` (JSONL keyed by item id, resumable); returns how many were written.
 
-    The new lines go out in one write and one fsync (``RecordWriter.write_many``): 100,000 per-line
-    fsyncs would take minutes.
+    This is the one candidate-file format: each line is a ``CandidateSet`` record plus the item's own
+    window (``series``: its values; ``split``, ``source``, ``start``, ``domain``), so a file is
+    self-contained when every distractor is itself an item of the file (``mine_within_splits`` makes it
+    so). ``captionrl candidates`` writes it, LineupRL's ``data.candidates_file`` reads it
+    (``load_candidate_file``), and so can an evaluation. The new lines go out in one write and one fsync
+    (``RecordWriter.write_many``): 100,000 per-line fsyncs would take minutes.
     """
     with RecordWriter(path) as w:
         new = [cs for cs in sets if not w.has(cs.item_id)]
-        w.write_many(cs.to_record() for cs in new)
+        w.write_many(_file_record(cs, series) for cs in new)
     return len(new)
 
 
-def load_candidates(path: str | Path) -> list[CandidateSet]:
+def _file_record(cs: CandidateSet, series: Mapping[str, Series]) -> dict[str, Any]:
+    if cs.item_id not in series:
+        raise DataError("series", cs.item_id, "the item of a candidate set is not among the given windows",
+                        "pass the windows the sets were mined from")
+    s = series[cs.item_id]
+    return {**cs.to_record(), "split": s.split, "series": s.values.tolist(), "source": s.source,
+            "start": s.start, "domain": s.domain}
+
+
+def load_candidate_file(path: str | Path, field: str = "candidates") -> tuple[list[CandidateSet], dict[str, Series]]:
+    """Candidate sets and the windows they name (id -> ``Series``, with its ``split``) from one file.
+
+    Every distractor must be an item of the same file (its values are on that item's line); a line
+    without its ``series`` or a distractor the file does not hold fails naming the line and the fix.
+    """
     p = Path(path)
     if not p.is_file():
-        raise DataError("candidates", str(p), "does not exist", "run `captionrl candidates --out DIR` first")
-    return [CandidateSet.from_record(r) for r in read_jsonl(p)]
+        raise DataError(field, str(p), "does not exist", "run `captionrl candidates --out DIR` first")
+    sets: list[CandidateSet] = []
+    series: dict[str, Series] = {}
+    for n, rec in enumerate(read_jsonl(p), start=1):
+        where = f"{p.name}:{n}"
+        if "series" not in rec:
+            raise DataError(f"{where}.series", sorted(rec), "the line has no series values",
+                            "write the file with `captionrl candidates` (one line per item with its series)")
+        cs = CandidateSet.from_record(rec)
+        if cs.item_id in series:
+            raise DataError(f"{where}.item_id", cs.item_id, "repeats an earlier line's item_id (which lineup counts?)",
+                            "give every item one line (captionrl candidates writes each once)")
+        series[cs.item_id] = Series(id=cs.item_id, values=np.asarray(rec["series"], dtype=float),
+                                    source=str(rec.get("source") or cs.item_id), start=int(rec.get("start", 0)),
+                                    domain=str(rec.get("domain", "")), split=str(rec.get("split", "")))
+        sets.append(cs)
+    for n, cs in enumerate(sets, start=1):
+        missing = [d for d in cs.distractor_ids if d not in series]
+        if missing:
+            raise DataError(f"{p.name}:{n}.distractor_ids", missing[:3], "names windows that are not items of the file",
+                            "mine items and distractors from the same windows (captionrl candidates does)")
+    return sets, series
 
 
 def candidate_series(cs: CandidateSet, by_id: Mapping[str, Series], k: int | None = None) -> list[Series]:
@@ -154,6 +192,9 @@ def _check(items: Sequence[Series], pool: Sequence[Series], k: int, rule: str, m
                           f"choose from {', '.join(STATS)}")
     if not pool:
         raise DataError("pool", [], "is empty", "pass the windows to draw distractors from")
+    if k > len(pool):
+        raise DataError("k", k, f"is larger than the pool of {len(pool)} window(s): a lineup needs K distinct "
+                        "windows", f"use a K of at most {len(pool)}, or a larger pool (more series, a smaller stride)")
     length = len(pool[0])
     for name, seq in (("pool", pool), ("items", items)):
         for i, s in enumerate(seq):
@@ -232,6 +273,24 @@ def mine_candidates(items: Sequence[Series], pool: Sequence[Series], k: int = 4,
     ids = p.ids
     return [CandidateSet(it.ids[i], tuple(ids[j] for j in row), rule, seed, stats, max_overlap, mutual,
                          tuple(dist[i])) for i, row in enumerate(idx.tolist())]
+
+
+def mine_within_splits(windows: Mapping[str, Sequence[Series]], k: int = 4, rule: str = "nearest", seed: int = 0,
+                       max_overlap: float = 0.0, stats: Sequence[str] = DEFAULT_STATS, mutual: bool = True,
+                       progress: bool = True) -> list[CandidateSet]:
+    """Each split's windows mined against themselves: an item's distractors come from its own split only, so
+    no test window ever lines up with a training window. ``captionrl candidates`` and LineupRL's dataset
+    build both mine this way, so a candidates file and on-the-fly mining give the same lineups."""
+    out: list[CandidateSet] = []
+    for split, items in windows.items():
+        if not items:
+            continue
+        if len(items) < k:
+            raise DataError(f"windows[{split}]", len(items), f"too few {split} windows for K={k} candidates",
+                            "use a shorter window, a smaller stride, more series, or a smaller k")
+        out.extend(mine_candidates(items, items, k=k, rule=rule, seed=seed, max_overlap=max_overlap, stats=stats,
+                                   mutual=mutual, progress=progress))
+    return out
 
 
 def _tie_rank(n: int, seed: int) -> np.ndarray:
@@ -363,38 +422,53 @@ def mine_candidates_naive(items: Sequence[Series], pool: Sequence[Series], k: in
 
 
 # ---------------------------------------------------------------------------------------------- CLI
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--corpus", default="embedded",
-                   help="'embedded' (statsmodels series, no download) or a CSV/JSONL file or CaTS-Bench folder")
-    p.add_argument("--length", type=int, default=64, help="window length (every candidate has this length)")
-    p.add_argument("--stride", type=int, default=None, help="window stride (default: length // 2)")
-    p.add_argument("--k", type=int, default=4, help="candidates per lineup: the item and k-1 distractors")
-    p.add_argument("--rule", choices=RULES, default="nearest", help="nearest by statistics, or random (ablation)")
-    p.add_argument("--seed", type=int, default=0, help="seed for tie breaking (nearest) or draws (random)")
-    p.add_argument("--max-overlap", type=float, default=0.0,
-                   help="largest fraction of time steps a same-source distractor may share with the item")
-    p.add_argument("--stats", default=",".join(DEFAULT_STATS), help=f"comma-separated, from: {', '.join(STATS)}")
-    p.add_argument("--no-mutual", action="store_true",
-                   help="apply the overlap limit only between item and distractor, not among distractors")
-    p.add_argument("--target", default="OT", help="target column of a wide CSV (ETT, LTSF)")
-    p.add_argument("--fill", choices=("error", "interpolate"), default="error",
-                   help="missing values in a user file: fail, or interpolate and report the gaps")
-    p.add_argument("--out", required=True, help="output folder: candidates.jsonl, summary.json, table.md")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+@dataclass
+class CandidatesConfig:
+    """``captionrl candidates``: window a corpus into time-ordered splits and mine each split's lineups."""
+
+    out: str | None = help_field(None, "output folder: candidates.jsonl (the file data.candidates_file reads), summary.json, table.md")
+    corpus: str = help_field("embedded", "'embedded' (statsmodels series, no download) or a CSV/JSONL file or CaTS-Bench folder")
+    length: int = help_field(32, "window length (every candidate has this length; LineupRL's data.window)")
+    stride: int | None = help_field(None, "window stride (null: length, no overlap; LineupRL's data.stride)")
+    splits: list[float] = help_field([0.7, 0.1, 0.2], "time-ordered train/val/test fractions of each source series; distractors come from the item's own split")
+    k: int = help_field(4, "candidates per lineup: the item and k-1 distractors (a smaller K uses a prefix)")
+    rule: str = help_field("nearest", "nearest by statistics, or random (ablation)")
+    seed: int = help_field(0, "seed for tie breaking (nearest) or draws (random)")
+    max_overlap: float = help_field(0.0, "largest fraction of time steps a same-source distractor may share with the item")
+    stats: list[str] = help_field(list(DEFAULT_STATS), f"summary statistics of the nearest rule, from: {', '.join(STATS)}")
+    mutual: bool = help_field(True, "apply the overlap limit among distractors too, not only between item and distractor")
+    target: str = help_field("OT", "target column of a wide CSV (ETT, LTSF)")
+    fill: Fill = help_field("error", "missing values in a user file: error, or interpolate and report the gaps")
+    quiet: bool = help_field(False, "no progress bar")
+
+    def __post_init__(self) -> None:
+        if self.rule not in RULES:
+            raise ConfigError("rule", self.rule, "unknown distractor rule", f"use one of {', '.join(RULES)}")
+        if self.fill not in ("error", "interpolate"):
+            raise ConfigError("fill", self.fill, "unknown policy", "use error or interpolate")
+        if isinstance(self.stats, str):
+            self.stats = [x.strip() for x in self.stats.split(",") if x.strip()]
+        if len(self.splits) != 3 or abs(sum(self.splits) - 1) > 1e-6 or min(self.splits) <= 0:
+            raise ConfigError("splits", self.splits, "need three positive fractions summing to 1", "use [0.7, 0.1, 0.2]")
 
 
-def main(args: argparse.Namespace) -> int:
+CONFIG = CandidatesConfig
+
+
+def run_command(cfg: CandidatesConfig) -> int:
+    """Mine, write ``candidates.jsonl`` (resumable), ``summary.json`` and ``table.md``; print one line."""
+    if not cfg.out:
+        raise ConfigError("out", cfg.out, "is required", "give an output folder, e.g. --out runs/candidates")
     from collections import Counter
 
     from captionrl.domains.corpora import load_corpus
-    from captionrl.domains.timeseries import window
+    from captionrl.domains.datasets import split_windows
 
-    stride = args.stride or max(1, args.length // 2)
-    config = {"corpus": str(args.corpus), "length": args.length, "stride": stride, "k": args.k, "rule": args.rule,
-              "seed": args.seed, "max_overlap": args.max_overlap, "mutual": not args.no_mutual,
-              "stats": [s.strip() for s in args.stats.split(",") if s.strip()], "target": args.target,
-              "fill": args.fill}
-    out = Path(args.out)
+    stride = cfg.stride or cfg.length
+    config = {"corpus": str(cfg.corpus), "length": cfg.length, "stride": stride, "splits": list(cfg.splits),
+              "k": cfg.k, "rule": cfg.rule, "seed": cfg.seed, "max_overlap": cfg.max_overlap, "mutual": cfg.mutual,
+              "stats": list(cfg.stats), "target": cfg.target, "fill": cfg.fill}
+    out = Path(str(cfg.out))
     summary_path = out / "summary.json"
     if summary_path.is_file():
         import json
@@ -402,32 +476,29 @@ def main(args: argparse.Namespace) -> int:
         old = json.loads(summary_path.read_text()).get("config", {})
         if old and old != config:
             changed = sorted(k for k in config if old.get(k) != config[k])
-            raise ConfigError("--out", str(out), f"holds candidates mined with other settings ({', '.join(changed)})",
+            raise ConfigError("out", str(out), f"holds candidates mined with other settings ({', '.join(changed)})",
                               "use a new --out folder, or the same settings to resume")
-    series = load_corpus(args.corpus, target=args.target, fill=args.fill)
-    windows = [w for s in series for w in window(s, args.length, stride)]
-    if not windows:
-        longest = max(len(s) for s in series)
-        raise DataError("--length", args.length, f"no series is that long (longest: {longest})",
-                        "use a shorter --length")
-    sets = mine_candidates(windows, windows, k=args.k, rule=args.rule, seed=args.seed,
-                           max_overlap=args.max_overlap, stats=config["stats"], mutual=not args.no_mutual,
-                           progress=not args.quiet)
-    written = save_candidates(sets, out / "candidates.jsonl")
-    domain = {w.id: w.domain for w in windows}
+    series = load_corpus(cfg.corpus, target=cfg.target, fill=cfg.fill)
+    windows = split_windows(series, cfg.length, stride=stride, fractions=cfg.splits)
+    by_id = {w.id: w for ws in windows.values() for w in ws}
+    sets = mine_within_splits(windows, k=cfg.k, rule=cfg.rule, seed=cfg.seed, max_overlap=cfg.max_overlap,
+                              stats=cfg.stats, mutual=cfg.mutual, progress=not cfg.quiet)
+    written = save_candidates(sets, out / "candidates.jsonl", by_id)
+    domain = {w.id: w.domain for w in by_id.values()}
     dist = np.array([cs.distances for cs in sets])
     same = np.mean([[domain[d] == domain[cs.item_id] for d in cs.distractor_ids] for cs in sets])
-    row = {"system": args.rule, "items": len(sets), "k": args.k, "mean_distance": float(dist.mean()),
+    row = {"system": cfg.rule, "items": len(sets), "k": cfg.k, "mean_distance": float(dist.mean()),
            "median_distance": float(np.median(dist)), "same_domain_share": float(same)}
     columns = ["system", "items", "k", "mean_distance", "median_distance", "same_domain_share"]
     write_json(summary_path, {"protocol": "candidates", "rows": [row], "columns": columns, "config": config,
-                              "windows_per_domain": dict(Counter(w.domain for w in windows)),
+                              "items_per_split": {k: len(v) for k, v in windows.items()},
+                              "windows_per_domain": dict(Counter(w.domain for w in by_id.values())),
                               "series": len(series)})
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines.append("| " + " | ".join(f"{row[c]:.4f}" if isinstance(row[c], float) else str(row[c]) for c in columns)
                  + " |")
     (out / "table.md").write_text("\n".join(lines) + "\n")
-    print(f"{len(sets)} candidate sets ({written} new) from {len(windows)} windows of {len(series)} series "
+    print(f"{len(sets)} candidate sets ({written} new) from {len(by_id)} windows of {len(series)} series "
           f"-> {out / 'candidates.jsonl'}; mean distance {row['mean_distance']:.3f}, "
           f"same-domain share {row['same_domain_share']:.2f}")
     return 0

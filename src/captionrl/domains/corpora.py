@@ -21,6 +21,7 @@ from typing import Any
 
 from captionrl.domains.timeseries import Fill, _to_float, make_series
 from captionrl.errors import ConfigError, DataError
+from captionrl.records import read_jsonl
 from captionrl.types import Series
 
 csv.field_size_limit(min(sys.maxsize, 2**31 - 1))  # BEDTime/TSFragment put whole series in one cell
@@ -97,8 +98,12 @@ def _read_csv(path: str | Path) -> tuple[list[str], list[list[str]]]:
     p = Path(path)
     if not p.is_file():
         raise DataError("path", str(p), "does not exist or is not a file", "check the path")
-    with p.open(newline="", encoding="utf-8-sig") as f:
-        rows = [r for r in csv.reader(f, skipinitialspace=True) if any(c.strip() for c in r)]
+    try:
+        with p.open(newline="", encoding="utf-8-sig") as f:
+            rows = [r for r in csv.reader(f, skipinitialspace=True) if any(c.strip() for c in r)]
+    except UnicodeDecodeError as exc:
+        raise DataError(str(p), exc.object[exc.start:exc.start + 8], f"is not UTF-8 text (byte {exc.object[exc.start]:#04x})",
+                        "save the file as UTF-8") from None
     if not rows:
         raise DataError(str(p), "", "is empty (no header, no rows)", "point at a CSV with a header and data rows")
     header = [h.strip() for h in rows[0]]
@@ -237,26 +242,17 @@ def load_jsonl(path: str | Path, *, fill: Fill = "error", domain: str | None = N
     if not p.is_file():
         raise DataError("path", str(p), "does not exist or is not a file", "check the path")
     out = []
-    with p.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{p}:line {n}", line[:80], f"is not valid JSON ({exc.msg})",
-                                "write one JSON object per line") from None
-            if not isinstance(rec, dict) or "series" not in rec:
-                keys = sorted(rec) if isinstance(rec, dict) else type(rec).__name__
-                raise DataError(f"{p}:line {n}", keys, "has no 'series' field", 'write {"id": ..., "series": [...]}')
-            sid = str(rec.get("id", f"{p.stem}_{n - 1}"))
-            meta: dict[str, Any] = {"captions": _captions(rec.get("caption", rec.get("captions")))}
-            if "next" in rec:
-                meta["next"] = make_series(rec["next"], id=f"{sid}.next").values.tolist()
-            extra = {k: v for k, v in rec.items() if k not in ("id", "series", "caption", "captions", "next")}
-            meta.update(extra)
-            out.append(make_series(rec["series"], id=sid, fill=fill, domain=str(rec.get("domain", domain or p.stem)),
-                                   meta=meta))
+    for n, rec in enumerate(read_jsonl(p, unique_key="id"), start=1):  # strict: named errors for bad JSON, non-UTF-8, repeated ids
+        if "series" not in rec:
+            raise DataError(f"{p}:line {n}", sorted(rec), "has no 'series' field", 'write {"id": ..., "series": [...]}')
+        sid = str(rec.get("id", f"{p.stem}_{n - 1}"))
+        meta: dict[str, Any] = {"captions": _captions(rec.get("caption", rec.get("captions")))}
+        if "next" in rec:
+            meta["next"] = make_series(rec["next"], id=f"{sid}.next").values.tolist()
+        extra = {k: v for k, v in rec.items() if k not in ("id", "series", "caption", "captions", "next")}
+        meta.update(extra)
+        out.append(make_series(rec["series"], id=sid, fill=fill, domain=str(rec.get("domain", domain or p.stem)),
+                               meta=meta))
     if not out:
         raise DataError(str(p), "", "is empty (no JSON lines)", "point at a JSONL file with one item per line")
     return out

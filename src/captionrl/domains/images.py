@@ -19,9 +19,12 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from captionrl.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    from captionrl.domains.scenes import Scene
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 OnError = Literal["raise", "skip"]
@@ -47,11 +50,6 @@ class ImageItem:
     def load(self) -> Any:
         """The image as an RGB ``PIL.Image`` (raises ``DataError`` naming this item if it cannot)."""
         return decode_image(self.image, self.id)
-
-    def to_row(self) -> dict[str, Any]:
-        """A dataset row: ``item_id``, ``image`` (PIL), references, QA and facts as plain lists."""
-        return {"item_id": self.id, "image": self.load(), "references": list(self.references),
-                "qa": [dict(q) for q in self.qa], "facts": [dict(f) for f in self.facts]}
 
 
 @dataclass
@@ -212,10 +210,15 @@ def load_manifest(path: str | Path, *, on_error: OnError = "raise") -> ImageSet:
         raise ConfigError("manifest", str(path), "file not found", "give the path of a .jsonl manifest")
     cands: list[ImageItem] = []
     seen: set[str] = set()
-    for lineno, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+    for lineno, raw in enumerate(p.read_bytes().splitlines(), 1):
+        where = f"{p.name}:{lineno}"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DataError(where, raw[max(0, exc.start - 20): exc.start + 20], f"is not UTF-8 text (byte "
+                            f"{raw[exc.start]:#04x} at column {exc.start + 1})", "save the manifest as UTF-8") from None
         if not line.strip():
             continue
-        where = f"{p.name}:{lineno}"
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
@@ -241,6 +244,8 @@ def load_manifest(path: str | Path, *, on_error: OnError = "raise") -> ImageSet:
         refs = _texts(rec.get("captions", rec.get("caption", rec.get("references"))), f"{where}.captions")
         cands.append(ImageItem(item_id, image, refs, _records(rec.get("qa"), f"{where}.qa"),
                                _records(rec.get("facts"), f"{where}.facts"), source=str(p)))
+    if not cands:
+        raise DataError("manifest", str(p), "is empty (no JSON lines)", 'write one {"id": ..., "image": ...} per line')
     return _collect(cands, on_error, str(p))
 
 
@@ -363,7 +368,7 @@ def load_images(spec: str, *, on_error: OnError = "raise") -> ImageSet:
             seed = int(rest[1]) if len(rest) > 1 else 0
         except ValueError as exc:
             raise ConfigError("items", spec, "scenes takes integers", "write scenes:N or scenes:N:SEED") from exc
-        return ImageSet([s.to_item() for s in generate_scenes(n, seed)], source=spec)
+        return ImageSet([scene_item(s) for s in generate_scenes(n, seed)], source=spec)
     if head == "easy-vqa":
         split = rest[0] if rest else "train"
         limit = int(rest[1]) if len(rest) > 1 else None
@@ -377,8 +382,24 @@ def load_images(spec: str, *, on_error: OnError = "raise") -> ImageSet:
         return load_hf_dataset(p, on_error=on_error, split="train" if (p / "dataset_dict.json").exists() else None)
     if p.is_dir():
         return load_folder(p, on_error=on_error)
-    raise ConfigError("items", spec, "is not a folder, a .jsonl manifest, scenes:N, easy-vqa or skimage",
-                      "give one of those")
+    problem = "is not a folder, a .jsonl manifest, scenes:N, easy-vqa or skimage"
+    if not p.exists() and (p.suffix or "/" in spec):
+        problem = "file not found (" + problem + ")"
+    raise ConfigError("items", spec, problem, "give one of those")
+
+
+def scene_item(scene: Scene) -> ImageItem:
+    """A synthetic scene (``domains.scenes.Scene``) as an ``ImageItem``: image drawn now; facts, reference
+    caption and QA attached. Lives here, not on ``Scene``, so that scenes know nothing of image items."""
+    return ImageItem(
+        id=scene.id,
+        image=scene.render(),
+        references=(scene.reference_caption,),
+        qa=tuple(scene.qa),
+        facts=tuple(scene.facts),
+        source="scenes",
+        meta={"seed": scene.seed, "index": scene.index, "contradicting_caption": scene.contradicting_caption},
+    )
 
 
 def with_image(messages: Sequence[Mapping[str, Any]], image: Any) -> list[dict[str, Any]]:

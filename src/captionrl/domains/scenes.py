@@ -1,8 +1,7 @@
 """Synthetic scenes with known facts: shapes, colours, positions, counts and a short word, drawn with PIL.
 
 Real caption data has no ground truth a program can check; these scenes do. Each scene carries the
-structured facts it was drawn from, so a rubric can be built from the facts (``rubric_from_facts`` in
-``captionrl.judges.rubric``), a caption that states them can be told from one that contradicts them, and
+structured facts it was drawn from, so a rubric can be built from the facts (``rubric_from_facts``, below), a caption that states them can be told from one that contradicts them, and
 multiple-choice questions have exact answers. Generation is deterministic: scene ``i`` of seed ``s`` is
 the same picture and facts on every machine (``random.Random(f"{s}:{i}")``), and the seed is recorded
 on the scene.
@@ -19,8 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from captionrl.errors import ConfigError
-from captionrl.judges.prompts import CAPTION_INSTRUCTION
+from captionrl.errors import ConfigError, DataError
+from captionrl.types import RubricItem
 
 SHAPES = ("circle", "square", "triangle")
 COLOURS: dict[str, tuple[int, int, int]] = {
@@ -42,7 +41,6 @@ WORDS = ("SUN", "CAT", "STOP", "OPEN", "RAIN", "BOOK", "FISH", "MOON", "TREE", "
 NUMBER_WORDS = {1: "one", 2: "two", 3: "three", 4: "four"}
 MAX_COUNT = 3
 FACT_KINDS = ("colour", "count", "position", "text")
-
 
 
 @dataclass(frozen=True)
@@ -99,20 +97,6 @@ class Scene:
     def qa(self) -> list[dict[str, Any]]:
         """Multiple-choice questions derived from the facts (exact answers; options shuffled by seed)."""
         return questions_for(self)
-
-    def to_item(self) -> Any:
-        """This scene as an ``ImageItem`` (image drawn now; facts, reference caption and QA attached)."""
-        from captionrl.domains.images import ImageItem
-
-        return ImageItem(
-            id=self.id,
-            image=self.render(),
-            references=(self.reference_caption,),
-            qa=tuple(self.qa),
-            facts=tuple(self.facts),
-            source="scenes",
-            meta={"seed": self.seed, "index": self.index, "contradicting_caption": self.contradicting_caption},
-        )
 
 
 # ---------------------------------------------------------------------- generation
@@ -257,37 +241,47 @@ def questions_for(scene: Scene, n_options: int = 4) -> list[dict[str, Any]]:
     return out
 
 
-# ---------------------------------------------------------------------- datasets for training
-def caption_prompt(instruction: str = CAPTION_INSTRUCTION) -> list[dict[str, Any]]:
-    """Chat prompt with an image placeholder; TRL fills it from the ``image`` column."""
-    return [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": instruction}]}]
+# ---------------------------------------------------------------------- rubrics from the facts
+FACT_WEIGHTS = {"shape": 3, "colour": 3, "count": 2, "position": 2, "text": 3}
+"""Colour (which objects) and the written word are the critical facts; count and position important."""
 
 
-def scene_rows(
-    n: int, seed: int = 0, *, instruction: str = CAPTION_INSTRUCTION, **scene_kw: Any
-) -> list[dict[str, Any]]:
-    """Rows for a RubiCap-style trainer: ``prompt`` (chat, image placeholder), ``image``, ``item_id``,
-    ``rubric`` (built from the facts), plus ``facts`` and ``reference`` for evaluation."""
-    from captionrl.judges.rubric import rubric_from_facts
+def rubric_from_facts(scene_or_facts: Any) -> list[RubricItem]:
+    """An exact rubric from a synthetic scene's facts (``Scene`` or its ``facts`` list): one item per fact."""
+    facts = getattr(scene_or_facts, "facts", scene_or_facts)
+    items = []
+    for f in facts:
+        kind = f["kind"]
+        if kind == "colour":
+            crit = f"The {f['shape']}s are {f['value']}."
+            test = f"Yes if the caption says the {f['shape']}s are {f['value']}; another colour or none is no."
+        elif kind == "count":
+            n = int(f["value"])
+            crit = f"There are {NUMBER_WORDS.get(n, n)} {f['colour']} {f['shape']}s."
+            test = f"Yes if the caption says there are exactly {n} {f['colour']} {f['shape']}s; another number is no."
+        elif kind == "position":
+            where = {"center": "in the center", "left": "on the left", "right": "on the right"}.get(
+                f["value"], f"at the {f['value']}")
+            crit = f"The {f['colour']} {f['shape']}s are {where}."
+            test = f"Yes if the caption places the {f['colour']} {f['shape']}s {where}; another place is no."
+        elif kind == "shape":  # easy-vqa: the one shape in the image
+            crit = f"The image shows a {f['value']}."
+            test = f"Yes if the caption names a {f['value']} as the shape; another shape or none is no."
+        elif kind == "text":
+            crit = f'The word "{f["value"]}" is written in the image.'
+            test = f"Yes if the caption reports the written word {f['value']}; another word or none is no."
+        else:
+            raise DataError("facts.kind", kind, "unknown fact kind", "use shape, colour, count, position or text")
+        items.append(RubricItem(crit, test, FACT_WEIGHTS[kind]))
+    return items
 
-    rows = []
-    for scene in generate_scenes(n, seed, **scene_kw):
-        rows.append({
-            "prompt": caption_prompt(instruction),
-            "image": scene.render(),
-            "item_id": scene.id,
-            "rubric": [r.to_dict() for r in rubric_from_facts(scene)],
-            "facts": scene.facts,
-            "reference": scene.reference_caption,
-        })
-    return rows
 
-
-def scenes_dataset(n: int, seed: int = 0, **kw: Any) -> Any:
-    """``scene_rows`` as a ``datasets.Dataset`` (images stored with the ``Image`` feature)."""
-    import datasets
-
-    rows = scene_rows(n, seed, **kw)
-    for r in rows:  # Arrow needs one type per column: facts' ``value`` mixes ints and strings
-        r["facts"] = [{k: str(v) for k, v in f.items()} for f in r["facts"]]
-    return datasets.Dataset.from_list(rows)
+def second_reference(scene: Scene) -> str:
+    """A second reference of the same facts in other words (MoCo Rubric A.1.2 gives the Generator two)."""
+    parts = []
+    for g in scene.groups:
+        where = "in the middle" if g.position == "center" else f"toward the {g.position}"
+        parts.append(f"{NUMBER_WORDS[g.count].capitalize()} {g.colour} {_plural(g.shape, g.count)} sit {where} of a plain white canvas.")
+    if scene.text:
+        parts.append(f'Near the upper left corner the text "{scene.text}" appears in black letters.')
+    return " ".join(parts)

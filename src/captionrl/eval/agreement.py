@@ -82,11 +82,16 @@ def load_labels(path: str | Path, field: str) -> dict[str, Any]:
     if not p.exists():
         raise DataError("file", str(path), "not found", f"give a JSONL file with {{id, {field}}} lines")
     out = {}
-    for n, rec in enumerate(read_jsonl(p)):
+    for n, rec in enumerate(read_jsonl(p, unique_key="id")):
         if "id" not in rec or field not in rec:
             raise DataError(f"{p.name}:line {n + 1}", sorted(rec), f"needs 'id' and '{field}'",
                             f'write lines like {{"id": "pair1", "{field}": "A"}}')
+        if str(rec["id"]) in out:
+            raise DataError(f"{p.name}:line {n + 1}.id", str(rec["id"]), "repeats an earlier line's id (which one counts?)",
+                            f"give every pair one {field}")
         out[str(rec["id"])] = rec[field]
+    if not out:
+        raise DataError("file", str(p), "is empty (no lines)", f"give a JSONL file with {{id, {field}}} lines")
     return out
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -167,15 +168,23 @@ def load_caption_files(files: Sequence[tuple[str, Path]], cfg: BottleneckConfig)
     captions: dict[str, dict[str, str]] = {}
     for name, path in files:
         caps: dict[str, str] = {}
-        for n, rec in enumerate(read_jsonl(path), 1):
+        for n, rec in enumerate(read_jsonl(path, unique_key="id"), 1):
             where = f"{path.name}:{n}"
             for key in ("id", "series", "caption"):
                 if key not in rec:
                     raise DataError(f"{where}.{key}", sorted(rec), f"missing field {key!r}",
                                     "write one JSON object per line with id, series, caption (and next)")
             iid = str(rec["id"])
+            if iid in caps:
+                raise DataError(f"{where}.id", iid, "repeats an earlier line's id (which caption counts?)",
+                                "give every item one line per captions file")
             series = _array(rec["series"], f"{where}.series")
             nxt = _array(rec["next"], f"{where}.next") if rec.get("next") is not None else None
+            first = next(iter(items.values()), None)
+            if first is not None and len(series) != len(first.series):
+                raise DataError(f"{where}.series", len(series), f"length differs from the {len(first.series)} values "
+                                f"of item {first.id} (a predictor needs one input and target length)",
+                                "window every item to the same length")
             split = str(rec.get("split") or "")
             if split and split not in ("train", "test", "val"):
                 raise DataError(f"{where}.split", split, "unknown split", "use train, val or test (val counts as train)")
@@ -196,6 +205,11 @@ def load_caption_files(files: Sequence[tuple[str, Path]], cfg: BottleneckConfig)
     if not common:
         raise DataError("--captions", [str(p) for _, p in files], "no item id is shared by every file",
                         "caption the same items with every captioner")
+    for name, c in captions.items():
+        extra = sorted(set(c) - common)
+        if extra:
+            print(f"note: {len(extra)} item(s) of {name} skipped (not in every captions file, so not comparable): "
+                  f"{', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}", file=sys.stderr)
     chosen = [items[i] for i in sorted(common)]
     return Study(_assign_splits(chosen, cfg), {n: {i: c[i] for i in common} for n, c in captions.items()},
                  source=",".join(str(p) for _, p in files))

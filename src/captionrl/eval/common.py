@@ -37,7 +37,7 @@ def load_caption_file(path: str | Path) -> dict[str, dict[str, Any]]:
     if not p.exists():
         raise DataError("captions", str(path), "file not found", "give a JSONL file with {id, caption} lines")
     out: dict[str, dict[str, Any]] = {}
-    for n, rec in enumerate(read_jsonl(p)):
+    for n, rec in enumerate(read_jsonl(p, unique_key="id")):
         if "id" not in rec or "caption" not in rec:
             raise DataError(f"{p.name}:line {n + 1}", sorted(rec), "needs 'id' and 'caption' fields",
                             'write lines like {"id": "img1", "caption": "A red circle."}')
@@ -133,8 +133,7 @@ def offline_items(n: int = 12, seed: int = 0) -> list[dict[str, Any]]:
 
 def _scene_items(n: int, seed: int) -> list[dict[str, Any]]:
     """Synthetic scenes: known facts, reference caption, exact QA and the rubric built from the facts."""
-    from captionrl.domains.scenes import generate_scenes
-    from captionrl.judges.rubric import rubric_from_facts
+    from captionrl.domains.scenes import generate_scenes, rubric_from_facts
 
     return [{"id": sc.id, "image": sc.render(), "benchmark": "scenes", "reference": sc.reference_caption,
              "questions": list(sc.qa), "contradicting": sc.contradicting_caption,

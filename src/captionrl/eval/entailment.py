@@ -51,6 +51,8 @@ class EntailEvalConfig:
     def __post_init__(self) -> None:
         if self.method not in ("yesno", "letters", "nli"):
             raise ConfigError("method", self.method, "unknown method", "use yesno, letters or nli")
+        if self.batch < 1:
+            raise ConfigError("batch", self.batch, "must be at least 1", "set batch=8")
         if self.method != "nli":
             check_spec("backend", self.backend)
 
@@ -66,7 +68,7 @@ def load_inputs(specs: Sequence[str], references: str | None) -> tuple[Systems, 
         rp = Path(references)
         if not rp.exists():
             raise DataError("--references", references, "file not found", "give a JSONL file of {id, references}")
-        for n, rec in enumerate(read_jsonl(rp), 1):
+        for n, rec in enumerate(read_jsonl(rp, unique_key="id"), 1):
             if "id" not in rec or "references" not in rec:
                 raise DataError(f"{rp.name}:{n}", sorted(rec), "needs 'id' and 'references'",
                                 'write {"id": "x", "references": ["..."]}')
@@ -79,13 +81,18 @@ def load_inputs(specs: Sequence[str], references: str | None) -> tuple[Systems, 
         if name in systems:
             raise ConfigError("--captions", spec, f"system name {name!r} repeats", "use NAME=PATH to name files")
         caps: dict[str, str] = {}
-        for n, rec in enumerate(read_jsonl(p), 1):
+        for n, rec in enumerate(read_jsonl(p, unique_key="id"), 1):
             if "id" not in rec or not isinstance(rec.get("caption"), str):
                 raise DataError(f"{p.name}:{n}", sorted(rec), "needs 'id' and a string 'caption'",
                                 'write {"id": "x", "caption": "...", "references": ["..."]}')
+            if str(rec["id"]) in caps:
+                raise DataError(f"{p.name}:{n}.id", str(rec["id"]), "repeats an earlier line's id (which caption counts?)",
+                                "give every item one caption per file")
             caps[str(rec["id"])] = rec["caption"]
             if rec.get("references") is not None:
                 refs.setdefault(str(rec["id"]), references_of(rec["references"], f"{p.name}:{n}.references"))
+        if not caps:
+            raise DataError("--captions", str(p), "is empty (no caption lines)", "give a JSONL file of {id, caption} lines")
         systems[name] = caps
     return systems, refs
 

@@ -1,7 +1,7 @@
 """Reward-hacking probes: which reward can a policy exploit without describing anything?
 
-Every reward of the project (built through ``REWARDS``, a small registry; a reward whose module has not
-landed, or that does not apply to a domain, is skipped with a note) scores the same items under six
+Every reward of the project (built through ``REWARDS``, a small registry; a reward that raises
+``NotApplicable`` for these probes is skipped with a note, nothing else is) scores the same items under six
 captions:
 
 - ``honest``: the describer's caption (time series: ``describe_series``) or the reference caption
@@ -112,9 +112,14 @@ def image_probes(n: int = 4, seed: int = 0) -> ProbeSet:
 
 
 # ---------------------------------------------------------------------- the reward registry
+class NotApplicable(Exception):
+    """Raised by a ``RewardSpec.build`` whose reward cannot judge these probes (e.g. no rubric column):
+    the only reason a reward is skipped; any other exception is a bug and propagates."""
+
+
 @dataclass(frozen=True)
 class RewardSpec:
-    """How to build one reward's judge for a domain; ``build`` may raise ImportError (not landed)."""
+    """How to build one reward's judge for a domain; ``build`` raises NotApplicable when it cannot apply."""
 
     domains: tuple[str, ...]
     build: Callable[[Any, ProbeSet], Any]
@@ -156,7 +161,7 @@ def _rubric(backend: Any, probes: ProbeSet) -> Any:
     from captionrl.judges.rubric import RubricJudge
 
     if "rubric" not in probes.columns:
-        raise LookupError("the items carry no rubric column")
+        raise NotApplicable("the items carry no rubric column")
     return RubricJudge(backend)
 
 
@@ -233,8 +238,8 @@ def run(cfg: HackingEvalConfig, *, backend: Any = None, probe_sets: Mapping[str,
             if not all(writer.has(k) for ks in keys.values() for k in ks):
                 try:
                     judge = REWARDS.get(reward).build(backend, probes)
-                except (ImportError, LookupError, TypeError) as exc:
-                    skipped.append(f"{reward} ({domain}): skipped, {type(exc).__name__}: {exc}")
+                except NotApplicable as exc:
+                    skipped.append(f"{reward} ({domain}): skipped, does not apply: {exc}")
                     continue
                 # One call for all probes: rows that share an item share its prompt prefix.
                 caps = [c for p in probes_used for c in probes.captions[p]]

@@ -11,6 +11,8 @@ shuffled captions (another item's caption) must score at chance.
 
 from __future__ import annotations
 
+import random
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -37,6 +39,8 @@ class IdentifyEvalConfig:
     captions: list[str] = help_field([], "JSONL files of {id, series, caption}, one per captioner ([NAME=]FILE); empty: the embedded corpus captioned by the describer and by captioner")
     out: str = help_field("runs/eval-identify", "output folder (rerun with the same folder to resume)")
     pool: str | None = help_field(None, "distractor pool: 'embedded' or a corpus path (default: the files' own series)")
+    prepared: str | None = help_field(None, "a folder written by 'captionrl data prepare': its lineups and pool (and, without captions files, its items to caption)")
+    split: str = help_field("test", "split of the prepared folder to evaluate")
     verifiers: list[str] = help_field(["hf:embedded"], "verifier backend specs (hf:embedded, openai:http://127.0.0.1:8000/v1#MODEL, ...)", flags=("--verifier",))
     modes: list[str] = help_field(["likelihood"], "verifier modes: likelihood and/or letter", flags=("--mode",))
     directions: list[str] = help_field(["c2s", "s2c"], "c2s (caption -> series) and/or s2c (series -> caption)", flags=("--direction",))
@@ -47,7 +51,7 @@ class IdentifyEvalConfig:
     controls: bool = help_field(True, "also score the empty-caption and shuffled-caption controls")
     batch_items: int = help_field(8, "items judged per verifier call (progress granularity)")
     length: int = help_field(24, "window length of the embedded default")
-    max_items: int = help_field(32, "items of the embedded default (seeded sample)")
+    max_items: int | None = help_field(None, "items to evaluate, a seeded sample (default: 32 embedded windows, or every item of the caption files)")
     captioner: str = help_field("hf:embedded", "captioner of the embedded default (backend spec, or 'none')")
 
     def __post_init__(self) -> None:
@@ -58,14 +62,20 @@ class IdentifyEvalConfig:
             IdentifyConfig(mode=m)
         for d in self.directions:
             IdentifyConfig(direction=d)
+        if self.batch_items < 1:
+            raise ConfigError("batch_items", self.batch_items, "must be at least 1", "set batch_items=8")
         if self.rule not in ("nearest", "random"):
             raise ConfigError("rule", self.rule, "unknown distractor rule", "use nearest or random")
+        if self.split not in ("train", "val", "test"):
+            raise ConfigError("split", self.split, "unknown split", "use train, val or test")
         if not self.verifiers:
             raise ConfigError("verifiers", [], "needs at least one verifier", "use e.g. --verifier hf:embedded")
         for v in self.verifiers:
             check_spec("verifiers", v)
         if self.captioner != "none":
             check_spec("captioner", self.captioner)
+        if self.max_items is not None and self.max_items < 1:
+            raise ConfigError("max_items", self.max_items, "must be >= 1", "give a positive number of items, or omit it")
 
 
 CONFIG = IdentifyEvalConfig
@@ -235,7 +245,17 @@ def _load_caption_files(specs: Sequence[str]) -> tuple[list[Series], list[Captio
             items.setdefault(s.id, s)
         systems.append(CaptionSet(name, caps))
     common = set.intersection(*(set(s.captions) for s in systems))
+    _note_dropped(systems, common)
     return [items[i] for i in items if i in common], systems
+
+
+def _note_dropped(systems: Sequence[CaptionSet], common: set[str]) -> None:
+    """Say which items are left out because not every captions file has them (never drop them silently)."""
+    for s in systems:
+        extra = sorted(set(s.captions) - common)
+        if extra:
+            print(f"note: {len(extra)} item(s) of {s.name} skipped (not in every captions file, so not comparable): "
+                  f"{', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}", file=sys.stderr)
 
 
 def run(cfg: IdentifyEvalConfig, *, verifiers: Mapping[str, Backend] | None = None,
@@ -245,28 +265,57 @@ def run(cfg: IdentifyEvalConfig, *, verifiers: Mapping[str, Backend] | None = No
     ``verifiers`` (name -> backend) and ``captioner`` replace the configured specs (tests inject them).
     """
     from captionrl.backends import parse_backend_spec
+    from captionrl.backends.openai_http import probe_server
     from captionrl.domains.candidates import mine_candidates
     from captionrl.domains.captioning import DESCRIBER, caption_series
 
+    if verifiers is None:  # an unreachable server is a named error now, not a table of unscored judgments
+        for v in cfg.verifiers:
+            probe_server(parse_backend_spec(v), field="verifiers")
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
+    prepared = None
+    if cfg.prepared:
+        from captionrl.domains.prepare import load_prepared
+
+        prepared = load_prepared(cfg.prepared)
+        if prepared.k < max(cfg.ks):
+            raise ConfigError("ks", cfg.ks, f"{cfg.prepared} holds lineups of K={prepared.k}",
+                              f"use K <= {prepared.k}, or prepare again with k={max(cfg.ks)}")
     if cfg.captions:
         items, systems = _load_caption_files(cfg.captions)
+        all_items = list(items)  # the distractor pool stays the whole file
+        if cfg.max_items is not None and len(items) > cfg.max_items:
+            keep = set(random.Random(cfg.seed).sample(sorted(it.id for it in items), cfg.max_items))
+            items = [it for it in items if it.id in keep]
     else:
-        from captionrl.domains.datasets import eval_windows
+        from captionrl.domains.datasets import eval_windows, sample
 
-        items = eval_windows("embedded", cfg.length, "test", cfg.max_items, cfg.seed)
+        n = 32 if cfg.max_items is None else cfg.max_items
+        items = (sample(prepared.items[cfg.split], cfg.max_items, cfg.seed) if prepared is not None
+                 else eval_windows("embedded", cfg.length, "test", n, cfg.seed))
+        all_items = list(items)
         systems = [CaptionSet(DESCRIBER, caption_series(items, DESCRIBER, out / "captions-describer.jsonl"))]
         if captioner is not None or cfg.captioner != "none":
             name = cfg.captioner.replace(":", "-").replace("/", "_")
             model = captioner if captioner is not None else backend_from_spec(cfg.captioner)
             systems.append(CaptionSet(name, caption_series(items, model, out / f"captions-{name}.jsonl")))
+    if prepared is not None:
+        by_item = {cs.item_id: list(cs.distractor_ids) for cs in prepared.sets}
+        unknown = [it.id for it in items if it.id not in by_item]
+        if unknown:
+            raise DataError("captions", unknown[:3], f"{len(unknown)} captioned item(s) are not in {cfg.prepared}",
+                            "caption the prepared items (captionrl caption prepared=...)")
+        if verifiers is None:
+            verifiers = {_verifier_name(parse_backend_spec(v)): backend_from_spec(v) for v in cfg.verifiers}
+        return run_identification(items, systems, {it.id: by_item[it.id] for it in items}, prepared.pool,
+                                  verifiers, cfg, out)
     if cfg.pool:
         from captionrl.domains.datasets import split_windows
 
         pool_items = [w for ws in split_windows(cfg.pool, len(items[0])).values() for w in ws]
     else:
-        pool_items = list(items)
+        pool_items = all_items
     sets = mine_candidates(items, pool_items, k=max(cfg.ks), rule=cfg.rule, seed=cfg.seed)
     distractors = {cs.item_id: list(cs.distractor_ids) for cs in sets}
     if verifiers is None:

@@ -60,6 +60,8 @@ class PairwiseEvalConfig:
             raise ConfigError("mode", self.mode, "unknown mode", "use choose or generate")
         if self.evidence not in ("reference", "image"):
             raise ConfigError("evidence", self.evidence, "unknown evidence", "use reference or image")
+        if self.batch < 1:
+            raise ConfigError("batch", self.batch, "must be at least 1", "set batch=16")
         check_spec("judge", self.judge)
 
 

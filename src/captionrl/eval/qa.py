@@ -93,6 +93,8 @@ class QAEvalConfig:
     answerer: str = help_field("hf:embedded", "answerer backend spec: hf:embedded, hf:PATH, openai:URL#MODEL, vllm:MODEL (+ ,key=value)")
 
     def __post_init__(self) -> None:
+        if self.batch < 1:
+            raise ConfigError("batch", self.batch, "must be at least 1", "set batch=16")
         check_spec("answerer", self.answerer)
 
 

@@ -65,6 +65,8 @@ class RankingEvalConfig:
             raise ConfigError("mode", self.mode, "unknown mode", "use generate or choose")
         if self.evidence not in ("reference", "image"):
             raise ConfigError("evidence", self.evidence, "unknown evidence", "use reference or image")
+        if self.batch < 1:
+            raise ConfigError("batch", self.batch, "must be at least 1", "set batch=4")
         check_spec("judge", self.judge)
 
 

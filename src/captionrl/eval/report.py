@@ -62,9 +62,12 @@ def find_summaries(run_dirs: Sequence[str | Path]) -> list[tuple[Path, EvalResul
         files = [p] if p.is_file() else sorted(p.rglob("summary.json"))
         for f in files:
             try:
-                data = json.loads(f.read_text())
+                data = json.loads(f.read_text(encoding="utf-8"))
             except json.JSONDecodeError as exc:
                 raise DataError(str(f), "summary.json", f"is not valid JSON ({exc})", "rerun that evaluation") from exc
+            except UnicodeDecodeError as exc:
+                raise DataError(str(f), "summary.json", f"is not UTF-8 text ({exc.reason} at byte {exc.start})",
+                                "rerun that evaluation") from None
             if not isinstance(data, dict) or data.get("protocol") == "report":
                 continue
             found.append((f, EvalResult.from_summary(data, str(f))))

@@ -75,15 +75,23 @@ def load_items(specs: Sequence[str]) -> tuple[dict[str, dict[str, str]], dict[st
         if not p.exists():
             raise DataError("--captions", spec, "file not found", "give JSONL files of {id, series, caption}")
         caps = {}
-        for n, rec in enumerate(read_jsonl(p), 1):
+        for n, rec in enumerate(read_jsonl(p, unique_key="id"), 1):
             if "id" not in rec or not isinstance(rec.get("caption"), str) or "series" not in rec:
                 raise DataError(f"{p.name}:{n}", sorted(rec), "needs 'id', 'series' and a string 'caption'",
                                 'write {"id": "x", "series": [1, 2, 3], "caption": "..."}')
             arr = np.asarray(rec["series"], dtype=float)
             if arr.ndim != 1 or arr.size < 2 or not np.isfinite(arr).all():
                 raise DataError(f"{p.name}:{n}.series", rec["series"], "must be >= 2 finite numbers", "clean it")
-            series.setdefault(str(rec["id"]), arr)
+            if str(rec["id"]) in caps:
+                raise DataError(f"{p.name}:{n}.id", str(rec["id"]), "repeats an earlier line's id (which caption counts?)",
+                                "give every item one caption per file")
+            old = series.setdefault(str(rec["id"]), arr)
+            if old.shape != arr.shape or not np.allclose(old, arr):
+                raise DataError(f"{p.name}:{n}.series", rec["id"], "differs from the same id in another captions file",
+                                "pass files captioning the same items (same id -> same series)")
             caps[str(rec["id"])] = rec["caption"]
+        if not caps:
+            raise DataError("--captions", str(p), "is empty (no caption lines)", "give a JSONL file of {id, series, caption} lines")
         systems[name] = caps
     return systems, series
 

@@ -25,12 +25,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from captionrl.backends.base import Backend, Message, option_letters
 from captionrl.config import help_field
+from captionrl.domains.lineup_data import validate_candidate_set, validate_values
 from captionrl.errors import ConfigError, DataError
 from captionrl.judges.base import Columns, require_columns, unscored
 from captionrl.types import Judgment
@@ -49,28 +50,41 @@ NULL_CONTEXT = "Description of a time series:"
 
 
 @dataclass
-class IdentifyConfig:
-    """How identification is asked and scored."""
+class IdentifyScoring:
+    """What an identification question asks and how it is scored: the settings a training reward shares
+    with every identification judge (``LineupRewardConfig`` extends it, so they are declared once)."""
 
-    mode: str = help_field("likelihood", "letter (the paper's K-rotation multiple choice) or likelihood (argmax of log p(caption | series))")
+    FIELD_PREFIX: ClassVar[str] = "identify"  # error messages name fields as the config that holds them does
+
+    mode: str = help_field("likelihood", "letter (the paper's K-rotation multiple choice; needs a capable verifier) or likelihood (argmax of log p(caption | series); works with small verifiers)")
+    k: int = help_field(4, "K: candidates per question (the true series and K-1 distractors)")
+    signal: str = help_field("hard", "score = lambda * hard accuracy (the paper) or soft accuracy (probability on the truth; a denser signal from weak verifiers)")
+    lam: float = help_field(1.0, "lambda: score = lambda * accuracy")
+
+    def __post_init__(self) -> None:
+        f = self.FIELD_PREFIX
+        if self.mode not in ("letter", "likelihood"):
+            raise ConfigError(f"{f}.mode", self.mode, "unknown verifier mode", "use letter or likelihood")
+        if not isinstance(self.k, int) or self.k < 2:
+            raise ConfigError(f"{f}.k", self.k, "K must be at least 2 (the true series and a distractor)", f"set {f}.k: 4")
+        if self.k > 26:
+            raise ConfigError(f"{f}.k", self.k, "K above 26 has no letters", f"set {f}.k <= 26")
+        if self.signal not in ("hard", "soft"):
+            raise ConfigError(f"{f}.signal", self.signal, "unknown signal", "use hard or soft")
+
+
+@dataclass
+class IdentifyConfig(IdentifyScoring):
+    """How identification is asked and scored: the scoring, the direction and how series are printed."""
+
     direction: str = help_field("c2s", "c2s: caption -> series (training reward); s2c: series -> caption")
-    k: int = help_field(4, "candidates per question (the true one plus K-1 distractors)")
-    signal: str = help_field("hard", "score = lambda * hard accuracy (the paper) or soft accuracy (probability on the truth; signal from weak verifiers)")
-    lam: float = help_field(1.0, "lambda: reward = lambda * accuracy")
     precision: int = help_field(2, "decimals when printing series values")
     normalise: str | None = help_field(None, "print values as they are (null), or zscore / minmax normalised")
 
     def __post_init__(self) -> None:
-        if self.mode not in ("letter", "likelihood"):
-            raise ConfigError("identify.mode", self.mode, "unknown mode", "use letter or likelihood")
+        super().__post_init__()
         if self.direction not in ("c2s", "s2c"):
             raise ConfigError("identify.direction", self.direction, "unknown direction", "use c2s or s2c")
-        if not isinstance(self.k, int) or self.k < 2:
-            raise ConfigError("identify.k", self.k, "K must be at least 2 (the true series and a distractor)", "set k: 4")
-        if self.k > 26:
-            raise ConfigError("identify.k", self.k, "K above 26 has no letters", "set k <= 26")
-        if self.signal not in ("hard", "soft"):
-            raise ConfigError("identify.signal", self.signal, "unknown signal", "use hard or soft")
         if self.precision < 0:
             raise ConfigError("identify.precision", self.precision, "must be >= 0", "set precision: 2")
 
@@ -80,33 +94,6 @@ def render_values(values: Sequence[float], cfg: IdentifyConfig) -> str:
 
     text, _info = render_numbers(values, precision=cfg.precision, normalise=cfg.normalise)
     return text
-
-
-def validate_values(values: Any, field: str) -> list[float]:
-    """A candidate series as floats: one-dimensional, finite, at least 2 values."""
-    arr = np.asarray(values, dtype=float)
-    if arr.ndim != 1 or arr.size < 2 or not np.isfinite(arr).all():
-        raise DataError(field, list(np.ravel(arr))[:6], "must be a finite series of at least 2 values",
-                        "check the candidate sets (captionrl candidates) of this item")
-    return arr.tolist()
-
-
-def validate_candidate_set(cands: Sequence[Any], k: int, field: str, k_field: str = "identify.k") -> list[list[float]]:
-    """The first K candidates, validated: enough of them, finite, all of the true series' length.
-
-    Training calls it while building the dataset (before any model loads); the judge calls it on every
-    batch, so a candidate set from any source fails with the same message.
-    """
-    if len(cands) < k:
-        raise DataError(field, len(cands), f"has {len(cands)} series but K={k}",
-                        f"mine at least K={k} candidates per item, or lower {k_field}")
-    out = [validate_values(c, f"{field}[{j}]") for j, c in enumerate(cands[:k])]
-    lengths = [len(c) for c in out]
-    if len(set(lengths)) != 1:
-        raise DataError(field, lengths,
-                        "series length mismatch in a candidate set (the verifier would tell them apart by length)",
-                        "give every candidate the true series' length (re-mine with captionrl candidates)")
-    return out
 
 
 def rotation(n_candidates: int, r: int) -> list[int]:
@@ -149,7 +136,8 @@ class IdentificationJudge:
         n = len(captions)
         if self.cfg.direction == "c2s":
             require_columns(columns, ["candidates"], n, self.name)
-            sets = [validate_candidate_set(columns["candidates"][i], self.cfg.k, f"candidates[{i}]") for i in range(n)]
+            sets = [validate_candidate_set(columns["candidates"][i], self.cfg.k, f"candidates[{i}]", "identify.k")
+                    for i in range(n)]
             if self.cfg.mode == "letter":
                 return self._letter_c2s(captions, sets)
             return self._likelihood_c2s(captions, sets)

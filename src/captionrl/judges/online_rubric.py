@@ -37,12 +37,14 @@ import numpy as np
 
 from captionrl.backends.base import Backend, ChatRequest
 from captionrl.config import help_field
+from captionrl.domains.scenes import rubric_from_facts
 from captionrl.errors import ConfigError, DataError
 from captionrl.judges import prompts as P
 from captionrl.judges.base import Columns, require_columns, unscored
-from captionrl.judges.rubric import RubricItem, RubricJudge, parse_rubric_reply, rubric_from_facts
+from captionrl.judges.roles import generator_messages, judge_messages
+from captionrl.judges.rubric import RubricJudge, parse_rubric_reply
 from captionrl.records import RecordWriter
-from captionrl.types import Judgment
+from captionrl.types import Judgment, RubricItem
 
 FALLBACKS = ("none", "facts")
 ROLES = ("generator", "judge")
@@ -100,11 +102,9 @@ def fixed_roles(generator: Backend, judge: Backend | None = None) -> RoleServer:
 
 class MocoRubricJudge(RubricJudge):
     """``RubricJudge`` whose ``generate`` prompt is the shared-SFT Judge prompt (A.1.3,
-    ``train.sft.judge_messages``), so an SFT-trained Judge is asked exactly what it learnt."""
+    ``judges.roles.judge_messages``), so an SFT-trained Judge is asked exactly what it learnt."""
 
     def generate_prompt(self, caption: str, rubric: Sequence[RubricItem]) -> list[dict[str, Any]]:
-        from captionrl.train.sft import judge_messages
-
         return judge_messages([r.to_dict() for r in rubric], caption.strip())
 
 
@@ -166,9 +166,7 @@ def parse_generator_reply(text: str | None, min_items: int, max_items: int) -> l
 
 def generator_request_messages(references: Sequence[str], candidates: Sequence[str], image: Any = None,
                                image_text: str | None = None, *, with_image: bool = True) -> list[dict[str, Any]]:
-    """The Generator prompt of the shared SFT (``train.sft.generator_messages``) with the image attached."""
-    from captionrl.train.sft import generator_messages
-
+    """The Generator prompt of the shared SFT (``judges.roles.generator_messages``) with the image attached."""
     msgs = generator_messages(list(references), list(candidates), image_text=image_text,
                               with_images=with_image and image is not None)
     if with_image and image is not None:
@@ -195,8 +193,9 @@ def _facts(value: Any) -> list[dict[str, Any]] | None:
     if isinstance(value, str):
         try:
             value = json.loads(value)
-        except json.JSONDecodeError:
-            return None
+        except json.JSONDecodeError as exc:
+            raise DataError("facts", value[:80], f"is not valid JSON ({exc.msg})",
+                            "store the item's facts as a JSON list of objects") from None
     if isinstance(value, Sequence) and value and all(isinstance(f, Mapping) for f in value):
         return [dict(f) for f in value]
     return None

@@ -1,4 +1,5 @@
-"""Prompt templates of the RubiCap pipeline (teacher captioning, rubric writing, rubric judging).
+"""Prompt templates of the RubiCap pipeline (rubric writing, rubric judging); the teachers' caption
+instruction is ``captionrl.domains.captioning.IMAGE_CAPTION_INSTRUCTION``.
 
 Kept apart from the code so they can be read and compared with the papers in one place: RubiCap
 (committee consensus + student deficiencies -> weighted binary rubric) and MoCo Rubric A.1.1-A.1.3
@@ -7,11 +8,6 @@ a binary decision per criterion, accepts semantic equivalents and ignores style 
 """
 
 from __future__ import annotations
-
-CAPTION_INSTRUCTION = (
-    "Describe this image in detail. Write one flowing plain-text paragraph that covers the objects, their "
-    "colours, counts and positions, and any visible text."
-)
 
 WRITER_SYSTEM = (
     "You write grading rubrics for image captions. You output JSON only."

@@ -17,18 +17,17 @@ does not parse leaves the caption unscored (``None``). Three modes, recorded on 
   decision ``evidence > threshold``. Small models that cannot answer yes/no reliably still notice that a
   caption states a criterion's fact; the threshold must be calibrated (``calibrate_threshold``).
 
-Synthetic scenes know their facts, so ``rubric_from_facts`` builds an exact rubric without any writer.
+Synthetic scenes know their facts, so ``captionrl.domains.scenes.rubric_from_facts`` builds an exact rubric
+without any writer; ``RubricItem`` itself is a plain value type of ``captionrl.types``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -36,24 +35,12 @@ from captionrl.backends.base import Backend, ChatRequest
 from captionrl.errors import ConfigError, DataError
 from captionrl.judges import prompts as P
 from captionrl.judges.base import Columns, require_columns, unscored
-from captionrl.records import RecordWriter, read_jsonl
-from captionrl.types import Judgment
+from captionrl.records import RecordWriter
+from captionrl.types import Judgment, RubricItem
 
 WEIGHTS = (1, 2, 3)
 
 # ====================================================================== rubric items
-@dataclass(frozen=True)
-class RubricItem:
-    """One binary check: ``criterion`` (the fact), ``test`` (how to decide), ``weight`` 1|2|3."""
-
-    criterion: str
-    test: str
-    weight: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"criterion": self.criterion, "test": self.test, "weight": self.weight}
-
-
 def validate_rubric(obj: Any, *, max_items: int = 20, field_name: str = "rubric") -> list[RubricItem]:
     """Schema-check a rubric (a list of ``{criterion, test, weight}``, or ``{"rubric": [...]}``).
 
@@ -126,43 +113,6 @@ def parse_rubric_reply(text: str, *, max_items: int = 20) -> list[RubricItem]:
 
 def rubric_weight_total(rubric: Sequence[RubricItem]) -> int:
     return sum(r.weight for r in rubric)
-
-
-# ====================================================================== rubrics from known facts
-FACT_WEIGHTS = {"shape": 3, "colour": 3, "count": 2, "position": 2, "text": 3}
-"""Colour (which objects) and the written word are the critical facts; count and position important."""
-
-
-def rubric_from_facts(scene_or_facts: Any) -> list[RubricItem]:
-    """An exact rubric from a synthetic scene's facts (``Scene`` or its ``facts`` list): one item per fact."""
-    from captionrl.domains.scenes import NUMBER_WORDS
-
-    facts = getattr(scene_or_facts, "facts", scene_or_facts)
-    items = []
-    for f in facts:
-        kind = f["kind"]
-        if kind == "colour":
-            crit = f"The {f['shape']}s are {f['value']}."
-            test = f"Yes if the caption says the {f['shape']}s are {f['value']}; another colour or none is no."
-        elif kind == "count":
-            n = int(f["value"])
-            crit = f"There are {NUMBER_WORDS.get(n, n)} {f['colour']} {f['shape']}s."
-            test = f"Yes if the caption says there are exactly {n} {f['colour']} {f['shape']}s; another number is no."
-        elif kind == "position":
-            where = {"center": "in the center", "left": "on the left", "right": "on the right"}.get(
-                f["value"], f"at the {f['value']}")
-            crit = f"The {f['colour']} {f['shape']}s are {where}."
-            test = f"Yes if the caption places the {f['colour']} {f['shape']}s {where}; another place is no."
-        elif kind == "shape":  # easy-vqa: the one shape in the image
-            crit = f"The image shows a {f['value']}."
-            test = f"Yes if the caption names a {f['value']} as the shape; another shape or none is no."
-        elif kind == "text":
-            crit = f'The word "{f["value"]}" is written in the image.'
-            test = f"Yes if the caption reports the written word {f['value']}; another word or none is no."
-        else:
-            raise DataError("facts.kind", kind, "unknown fact kind", "use shape, colour, count, position or text")
-        items.append(RubricItem(crit, test, FACT_WEIGHTS[kind]))
-    return items
 
 
 # ====================================================================== rubric store
@@ -404,7 +354,7 @@ def parse_judge_reply(text: str, n: int) -> tuple[list[bool], list[str]]:
     return [decisions[i] for i in range(1, n + 1)], [reasons[i] for i in range(1, n + 1)]
 
 
-# ====================================================================== calibration and recording
+# ====================================================================== calibration
 def calibrate_threshold(values: Sequence[float], labels: Sequence[bool]) -> tuple[float, float]:
     """The decision threshold that maximises accuracy on labelled criterion values; returns (threshold,
     accuracy). Thresholds are midpoints between sorted values, so the rule ``value >= t`` is unambiguous."""
@@ -419,47 +369,3 @@ def calibrate_threshold(values: Sequence[float], labels: Sequence[bool]) -> tupl
         if acc > best[1]:
             best = (t, acc)
     return best
-
-
-def judge_records(
-    judge: Any,
-    rows: Sequence[Mapping[str, Any]],
-    out_path: str | Path,
-    *,
-    caption_field: str = "caption",
-    key: Callable[[Mapping[str, Any]], str] | None = None,
-    batch_size: int = 8,
-    progress: bool = True,
-) -> list[dict[str, Any]]:
-    """Judge ``rows`` (each a caption plus its columns) into a resumable JSONL; returns all records.
-
-    The default key is ``item_id`` + a hash of the caption, so rerunning with the same file skips the
-    rows already judged (unscored ones included: they are evidence, not gaps).
-    """
-    from tqdm.auto import tqdm
-
-    keyf = key or (lambda r: f"{r.get('item_id', '')}|{_hash(str(r[caption_field]))}")
-    with RecordWriter(out_path) as w:
-        todo = [r for r in rows if not w.has(keyf(r))]
-        bar = tqdm(total=len(todo), desc=f"judge {getattr(judge, 'name', '')}", disable=not progress)
-        for start in range(0, len(todo), batch_size):
-            chunk = todo[start : start + batch_size]
-            cols = {k: [r.get(k) for r in chunk] for k in chunk[0] if k != caption_field}
-            for r, j in zip(chunk, judge.judge([r[caption_field] for r in chunk], cols), strict=True):
-                w.write({"key": keyf(r), "item_id": r.get("item_id"), "caption": r[caption_field],
-                         "judge": getattr(judge, "name", ""), **j.to_record()})
-            bar.update(len(chunk))
-        bar.close()
-        return [w.get(keyf(r)) or {} for r in rows]
-
-
-def _hash(text: str) -> str:
-    return hashlib.sha1(text.encode()).hexdigest()[:12]
-
-
-def load_store_rubrics(path: str | Path) -> dict[str, list[RubricItem] | None]:
-    """Every rubric of a store file (item id -> rubric or None), for trainers that want a plain dict."""
-    out: dict[str, list[RubricItem] | None] = {}
-    for rec in read_jsonl(path):
-        out[str(rec["key"])] = validate_rubric(rec["rubric"]) if rec.get("rubric") is not None else None
-    return out

@@ -18,14 +18,16 @@ from typing import Any
 
 from captionrl.backends.base import Backend, ChatRequest
 from captionrl.config import help_field
+from captionrl.domains.captioning import IMAGE_CAPTION_INSTRUCTION
+from captionrl.domains.scenes import rubric_from_facts
 from captionrl.errors import ConfigError, DataError
 from captionrl.judges import prompts as P
-from captionrl.judges.rubric import RubricItem, RubricStore, parse_rubric_reply, rubric_from_facts
+from captionrl.judges.rubric import RubricItem, RubricStore, parse_rubric_reply
 from captionrl.records import RecordWriter, write_json
 
 
 # ====================================================================== teacher committee
-def caption_messages(image: Any, instruction: str = P.CAPTION_INSTRUCTION) -> list[dict[str, Any]]:
+def caption_messages(image: Any, instruction: str = IMAGE_CAPTION_INSTRUCTION) -> list[dict[str, Any]]:
     """The caption request for one image (MoCo Rubric A.1.1 style), image part first."""
     return [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": instruction}]}]
 
@@ -35,7 +37,7 @@ def committee_captions(
     teachers: Sequence[Backend],
     out_path: str | Path,
     *,
-    instruction: str = P.CAPTION_INSTRUCTION,
+    instruction: str = IMAGE_CAPTION_INSTRUCTION,
     samples: int = 1,
     max_new_tokens: int = 256,
     temperature: float = 0.0,
@@ -189,7 +191,7 @@ def build_rubrics(
     writer: RubricWriter | None,
     out_dir: str | Path,
     student: Backend | None = None,
-    instruction: str = P.CAPTION_INSTRUCTION,
+    instruction: str = IMAGE_CAPTION_INSTRUCTION,
     max_new_tokens: int = 256,
     seed: int = 0,
     progress: bool = True,
@@ -276,8 +278,14 @@ class RubricBuildConfig:
 
         if self.on_error not in ("raise", "skip"):
             raise ConfigError("on_error", self.on_error, "unknown choice", "use raise or skip")
-        for spec in [*self.committee, *([self.writer] if self.writer != "facts" else []), *([self.student] if self.student else [])]:
-            parse_backend_spec(spec)
+        specs = [*(("committee", s) for s in self.committee), *([("writer", self.writer)] if self.writer != "facts" else []),
+                 *([("student", self.student)] if self.student else [])]
+        for name, spec in specs:
+            try:
+                parse_backend_spec(spec)
+            except ConfigError as exc:
+                raise ConfigError(name, spec, f"is not a backend spec ({exc})",
+                                  "write e.g. hf:embedded, tiny-vlm or openai:http://HOST:PORT/v1#MODEL") from exc
 
 
 CONFIG = RubricBuildConfig

@@ -1,4 +1,4 @@
-"""Trainer callbacks for the momentum model, and the training-diagnostics plot every recipe reuses.
+"""The trainer callback of the momentum model (MoCo Rubric).
 
 ``MomentumCallback`` plugs :mod:`captionrl.momentum` into any ``transformers``/TRL trainer without
 subclassing it: ``on_step_end`` runs after the optimizer step (TRL passes the unwrapped model), applies the
@@ -9,17 +9,14 @@ its lagged Generator-Judge instead of silently restarting it from the Policy.
 
 from __future__ import annotations
 
-import json
-import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import TrainerCallback
 
-from captionrl.errors import ConfigError, DataError
+from captionrl.errors import ConfigError
 from captionrl.momentum import Momentum
 from captionrl.records import RecordWriter
 
@@ -138,100 +135,3 @@ def _repeat_sampler(loader: Any) -> Any:
             return obj
         todo += [getattr(obj, a) for a in ("batch_sampler", "sampler") if getattr(obj, a, None) is not None]
     return None
-
-
-# ---------------------------------------------------------------------------------------------------
-# Diagnostics plot
-
-DEFAULT_KEYS = ("reward", "frac_reward_zero_std", "momentum/distance", "rubric/size")
-"""Mean reward, fraction of zero-std groups (TRL's names), policy-momentum distance, rubric size."""
-
-
-def load_log_history(source: str | Path | Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Log entries from a trainer's ``log_history``, a ``trainer_state.json``, or a JSONL file."""
-    if isinstance(source, (str, Path)):
-        path = Path(source)
-        if path.is_dir():
-            path = path / "trainer_state.json"
-        if not path.is_file():
-            raise DataError("log", str(source), "file not found",
-                            "give a trainer_state.json, a run folder that has one, or a JSONL of logged rows")
-        if path.suffix == ".json":
-            data = json.loads(path.read_text())
-            rows = data.get("log_history", []) if isinstance(data, dict) else data
-        else:
-            from captionrl.records import read_jsonl
-
-            rows = list(read_jsonl(path))
-    else:
-        rows = list(source)
-    return [dict(r) for r in rows if isinstance(r, Mapping)]
-
-
-def _value(row: Mapping[str, Any], key: str) -> float | None:
-    for k in (key, f"train/{key}", f"train_{key}"):
-        v = row.get(k)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-            return float(v)
-    return None
-
-
-def moving_average(values: Sequence[float], window: int) -> list[float]:
-    """Centred moving average (the paper's Figure 5 uses 9 points); shrinks at the edges."""
-    half = window // 2
-    out = []
-    for i in range(len(values)):
-        chunk = values[max(0, i - half): i + half + 1]
-        out.append(sum(chunk) / len(chunk))
-    return out
-
-
-def plot_curves(
-    source: str | Path | Iterable[Mapping[str, Any]],
-    keys: Sequence[str] = DEFAULT_KEYS,
-    path: str | Path = "curves.png",
-    smooth: int = 9,
-    title: str | None = None,
-) -> dict[str, int]:
-    """Plot each logged ``key`` against the step (raw trace plus a centred moving average) into a PNG.
-
-    Keys absent from the log are left out (a recipe without rubrics has no rubric size); if none is
-    present it is an error. Returns the number of points plotted per key.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = load_log_history(source)
-    series: dict[str, tuple[list[float], list[float]]] = {}
-    for key in keys:
-        xs, ys = [], []
-        for i, row in enumerate(rows):
-            v = _value(row, key)
-            if v is not None:
-                xs.append(float(row.get("step", i)))
-                ys.append(v)
-        if ys:
-            series[key] = (xs, ys)
-    if not series:
-        found = sorted({k for r in rows for k in r})
-        raise DataError("keys", list(keys), f"none of them is in the log ({len(rows)} rows)",
-                        f"choose among the logged keys: {', '.join(found[:30]) or '(empty log)'}")
-    fig, axes = plt.subplots(len(series), 1, figsize=(7, 2.4 * len(series)), sharex=True, squeeze=False)
-    for ax, (key, (xs, ys)) in zip(axes[:, 0], series.items(), strict=True):
-        ax.plot(xs, ys, color="tab:blue", alpha=0.35, linewidth=1, label="logged")
-        if smooth > 1 and len(ys) > 2:
-            ax.plot(xs, moving_average(ys, smooth), color="tab:blue", linewidth=2, label=f"{smooth}-point mean")
-        ax.set_ylabel(key)
-        ax.grid(alpha=0.3)
-    axes[-1, 0].set_xlabel("step")
-    axes[0, 0].legend(loc="best", fontsize=8)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return {k: len(v[1]) for k, v in series.items()}

@@ -20,10 +20,13 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from captionrl.config import help_field, to_dict
 from captionrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from captionrl.backends import BackendConfig
 
 ALGORITHMS = ("rloo", "grpo")
 
@@ -35,7 +38,7 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 RESUME_SAFE_KEYS = ("train.threads", "train.report_to", "train.logging_steps", "train.max_steps",
-                    "train.resume", "eval")
+                    "train.resume", "eval", "check", "build_rubrics")
 """Settings that may change between an interrupted run and its resume (they do not change what was
 learnt so far). ``train.max_steps`` may grow to train longer; everything else must match the saved config."""
 
@@ -52,7 +55,7 @@ class PolicyConfig:
     lora_alpha: int = help_field(32, "LoRA alpha (scale = alpha / r)")
     lora_dropout: float = help_field(0.05, "LoRA dropout")
     lora_target_modules: str | list[str] = help_field("all-linear", "modules that get LoRA adapters: 'all-linear' or a list of module names")
-    dtype: str = help_field("float32", "weights dtype when loading: float32, bfloat16, float16 or auto (CPU training: float32)")
+    dtype: str = help_field("auto", "weights dtype when loading: auto (float32 for trained weights; bf16 speed comes from train.bf16 autocast), float32, bfloat16 or float16")
     trust_remote_code: bool = help_field(False, "allow model repositories' own Python code")
 
     def __post_init__(self) -> None:
@@ -162,6 +165,20 @@ class TrainConfig:
                                   "is an RLOO setting", "remove it, or use train.scale_rewards with grpo")
 
 
+@dataclass
+class GRPOTrainConfig(TrainConfig):
+    """``TrainConfig`` of the GRPO-only recipes (RubiCap, MoCo Rubric): GRPO by default, and any other
+    algorithm refused before ``TrainConfig``'s GRPO-only keys could hide the real cause."""
+
+    algorithm: str = help_field("grpo", "grpo (this recipe trains with GRPO, as its paper does)")
+
+    def __post_init__(self) -> None:
+        if self.algorithm != "grpo":
+            raise ConfigError("train.algorithm", self.algorithm, "this recipe trains with GRPO (its paper's algorithm)",
+                              "set train.algorithm: grpo (use 'captionrl train lineup' for RLOO)")
+        super().__post_init__()
+
+
 # ---------------------------------------------------------------------- runtime
 def apply_threads(threads: int | None) -> None:
     """Set torch's CPU threads when the user asked for a number (never hard-coded: the user knows the box)."""
@@ -177,6 +194,15 @@ def quiet_offline_env(out_dir: str | Path) -> None:
     """No telemetry pings (the trainer runs offline) and TensorBoard files in a known folder of the run."""
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(Path(out_dir) / "tensorboard"))
+
+
+def probe_servers(servers: Sequence[tuple[BackendConfig, str]]) -> None:
+    """Probe each (backend config, config field) a run needs: an OpenAI-compatible server that does not
+    answer, or does not serve the named model, stops the run before any model loads."""
+    from captionrl.backends.openai_http import probe_server
+
+    for cfg, field in servers:
+        probe_server(cfg, field)
 
 
 def cuda_available() -> bool:
@@ -202,7 +228,10 @@ def load_policy(policy: PolicyConfig) -> tuple[Any, Any, bool]:
     kw: dict[str, Any] = {"trust_remote_code": policy.trust_remote_code}
     if gguf:
         kw["gguf_file"] = gguf
-    dtype = "auto" if policy.dtype == "auto" else getattr(torch, policy.dtype)
+    from captionrl.devices import record_dtype, resolve_dtype
+
+    dtype, reason = resolve_dtype(policy.dtype, "cuda" if torch.cuda.is_available() else "cpu", training=True)
+    record_dtype(f"policy:{policy.model}", dtype, reason)
     config = AutoConfig.from_pretrained(path, **kw)
     is_vlm = hasattr(config, "vision_config")
     if is_vlm:
@@ -318,7 +347,7 @@ def build_trainer(
         from trl import GRPOTrainer as Trainer  # type: ignore[assignment]
     from captionrl.train.callbacks import ResumeShuffleCallback
 
-    return Trainer(
+    trainer = Trainer(
         model=model,
         reward_funcs=list(reward_funcs),
         args=args,
@@ -327,6 +356,10 @@ def build_trainer(
         callbacks=[*callbacks, ResumeShuffleCallback()],  # resume keeps the uninterrupted data order
         peft_config=peft_config,
     )
+    from captionrl.train.timing import install_step_timer
+
+    install_step_timer(trainer, train.out_dir)  # time/* metrics per step, timing.json at the end
+    return trainer
 
 
 # ---------------------------------------------------------------------- resume
@@ -468,3 +501,26 @@ def save_final_model(trainer: Any, folder: str | Path) -> Path:
     if trainer.accelerator.is_main_process and trainer.processing_class is not None:
         trainer.processing_class.save_pretrained(str(p))
     return p
+
+
+# ---------------------------------------------------------------------- commands
+def backend_config(value: Any, field: str) -> BackendConfig:
+    """A ``BackendConfig`` from a mapping in a run config, with errors that name the config field."""
+    from captionrl.backends import BackendConfig
+    from captionrl.config import from_dict
+
+    if isinstance(value, BackendConfig):
+        return value
+    return from_dict(BackendConfig, value or {}, prefix=field + ".")
+
+
+def print_result(result: Mapping[str, Any], keys: Sequence[str]) -> None:
+    """The console summary of a finished run: where each named output went, and how to open TensorBoard."""
+    for key in keys:
+        if result.get(key) is not None:
+            print(f"{key + ':':<11} {result[key]}")
+    if result.get("tensorboard"):
+        print(f"tensorboard: tensorboard --logdir {result['tensorboard']}")
+    if "reward_first" in result:
+        print(f"reward:     {result['reward_first']} (first step) -> {result['reward_last']} (last step); "
+              f"{result.get('step_seconds')} s/step")

@@ -2,8 +2,9 @@
 
 Figure 2(b) of the paper: for each series the policy samples a group of G captions; a frozen verifier
 reads each caption and the K candidate series (the true one and K-1 mined distractors) and must pick the
-described one; the group's rewards drive an RLOO (or GRPO) update. Everything trainer-side is TRL
-(``train.common``); this module only builds the data, the reward and the end-of-run report.
+described one; the group's rewards drive an RLOO (or GRPO) update. The steps are the shared skeleton's
+(``train.skeleton``), the dataset is ``domains.lineup_data`` and the trainer is TRL's (``train.common``);
+this module is the recipe: its config, the shaped reward and the end-of-run selection and evaluation.
 
 Reward shaping is a *wrapper* around the identification reward, not extra TRL reward functions: TRL sums
 several reward functions with ``nansum`` and treats a row as unscored only when *all* of them return
@@ -17,79 +18,49 @@ Run folder (``train.out_dir``): ``config.yaml``, ``checkpoints/``, ``metrics.jso
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import math
 import re
-import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from captionrl.backends import BackendConfig
-from captionrl.config import help_field, load_config
-from captionrl.errors import ConfigError, DataError
-from captionrl.judges.identify import validate_candidate_set
-from captionrl.train.common import PolicyConfig, TrainConfig
+from captionrl.config import help_field
+from captionrl.domains.lineup_data import LineupData, LineupDataConfig, add_charts, build_lineup_data
+from captionrl.errors import ConfigError
+from captionrl.judges.identify import IdentifyConfig, IdentifyScoring
+from captionrl.train import common
+from captionrl.train.common import (
+    PolicyConfig,
+    TrainConfig,
+    print_result,
+    probe_servers,
+)
+from captionrl.train.common import backend_config as _backend_config  # the name evaluate() uses
+from captionrl.train.skeleton import Recipe, Run, train
 
 NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
 
 
 # ---------------------------------------------------------------------- config
 @dataclass
-class LineupDataConfig:
-    """Which series the captioner learns on, and how they are cut and shown."""
+class LineupRewardConfig(IdentifyScoring):
+    """The identification reward (``IdentifyScoring``'s mode, k, signal and lam) and its shaping."""
 
-    corpus: str = help_field("embedded", "'embedded' (real series shipped in statsmodels), or a CSV / JSONL / CaTS-Bench folder path")
-    series: list[str] | None = help_field(None, "embedded corpus only: names of the series to use (null = all)")
-    window: int = help_field(32, "values per series window (the paper's charts: the benchmark's lengths)")
-    stride: int | None = help_field(None, "step between windows (null = window, no overlap)")
-    splits: list[float] = help_field([0.7, 0.1, 0.2], "time-ordered train/val/test fractions of each source series")
-    precision: int = help_field(2, "decimals when printing values (to the captioner and the verifier)")
-    normalise: str | None = help_field(None, "print values as they are (null), or zscore / minmax normalised")
-    n_train: int | None = help_field(None, "training items (null = all train windows; a seeded sample otherwise)")
-    n_val: int = help_field(0, "validation items for checkpoint selection by the training reward (0 = keep the last checkpoint)")
-    n_test: int = help_field(32, "held-out test items of the final identification evaluation")
-    candidates_file: str | None = help_field(None, "JSONL of prepared candidate sets ({item_id, split, series, candidates, candidate_ids}) instead of mining")
-    distractors: str = help_field("nearest", "distractor rule: nearest (by summary statistics, the paper's) or random (ablation)")
+    FIELD_PREFIX: ClassVar[str] = "reward"
 
-    def __post_init__(self) -> None:
-        if self.window < 4:
-            raise ConfigError("data.window", self.window, "too short to caption", "set data.window: 32")
-        if self.distractors not in ("nearest", "random"):
-            raise ConfigError("data.distractors", self.distractors, "unknown rule", "use nearest or random")
-        if len(self.splits) != 3 or abs(sum(self.splits) - 1) > 1e-6 or min(self.splits) <= 0:
-            raise ConfigError("data.splits", self.splits, "need three positive fractions summing to 1", "set data.splits: [0.7, 0.1, 0.2]")
-        if self.normalise not in (None, "zscore", "minmax"):
-            raise ConfigError("data.normalise", self.normalise, "unknown normalisation", "use null, zscore or minmax")
-        if self.n_val < 0 or self.n_test < 0 or (self.n_train is not None and self.n_train < 1):
-            raise ConfigError("data.n_train/n_val/n_test", (self.n_train, self.n_val, self.n_test),
-                              "item counts must be positive (n_val, n_test may be 0)", "set e.g. n_train: 64, n_test: 16")
-
-
-@dataclass
-class LineupRewardConfig:
-    """The identification reward and its shaping."""
-
-    k: int = help_field(4, "K: candidates per identification question (the true series and K-1 distractors)")
-    mode: str = help_field("likelihood", "verifier mode: letter (the paper's K-rotation multiple choice; needs a capable verifier) or likelihood (argmax log p(caption | series); works with small verifiers)")
-    signal: str = help_field("hard", "reward = lam * hard accuracy (the paper) or soft accuracy (probability on the truth: a denser signal)")
-    lam: float = help_field(1.0, "lambda: reward = lambda * accuracy")
     max_caption_chars: int | None = help_field(None, "captions longer than this are penalised (null = no length shaping)")
     length_penalty: float = help_field(0.0, "penalty per 100 characters above max_caption_chars")
     max_transcription: float = help_field(0.25, "free fraction of the series' values a caption may copy verbatim (key values are welcome)")
     transcription_penalty: float = help_field(1.0, "penalty per unit of transcribed fraction above max_transcription (copying the numbers wins a likelihood verifier without describing anything)")
 
     def __post_init__(self) -> None:
-        if not isinstance(self.k, int) or self.k < 2:
-            raise ConfigError("reward.k", self.k, "K must be at least 2 (the true series and one distractor)", "set reward.k: 4")
-        if self.mode not in ("letter", "likelihood"):
-            raise ConfigError("reward.mode", self.mode, "unknown verifier mode", "use letter or likelihood")
-        if self.signal not in ("hard", "soft"):
-            raise ConfigError("reward.signal", self.signal, "unknown signal", "use hard or soft")
+        super().__post_init__()
         if self.length_penalty < 0 or self.transcription_penalty < 0:
             raise ConfigError("reward.*_penalty", (self.length_penalty, self.transcription_penalty),
                               "penalties must be >= 0", "set them to 0 to switch shaping off")
@@ -113,186 +84,25 @@ class LineupConfig:
     """A LineupRL run: fully described by its YAML plus overrides, saved as out_dir/config.yaml."""
 
     seed: int = help_field(0, "one seed for everything: item sampling, distractors, shuffling, sampling of captions")
-    policy: PolicyConfig = help_field(None, "the captioner being trained")  # type: ignore[assignment]
-    verifier: BackendConfig = help_field(None, "the frozen verifier behind the reward")  # type: ignore[assignment]
-    data: LineupDataConfig = help_field(None, "series, windows, candidate sets")  # type: ignore[assignment]
-    reward: LineupRewardConfig = help_field(None, "identification reward and shaping")  # type: ignore[assignment]
-    train: TrainConfig = help_field(None, "TRL trainer settings")  # type: ignore[assignment]
-    eval: LineupEvalConfig = help_field(None, "held-out evaluation at the end")  # type: ignore[assignment]
+    check: bool = help_field(False, "validate the config and the data, then stop (loads no model)")
+    policy: PolicyConfig = field(default_factory=PolicyConfig, metadata={"help": "the captioner being trained"})
+    verifier: BackendConfig = field(default_factory=BackendConfig, metadata={"help": "the frozen verifier behind the reward"})
+    data: LineupDataConfig = field(default_factory=LineupDataConfig, metadata={"help": "series, windows, candidate sets"})
+    reward: LineupRewardConfig = field(default_factory=LineupRewardConfig, metadata={"help": "identification reward and shaping"})
+    train: TrainConfig = field(default_factory=TrainConfig, metadata={"help": "TRL trainer settings"})
+    eval: LineupEvalConfig = field(default_factory=LineupEvalConfig, metadata={"help": "held-out evaluation at the end"})
 
     def __post_init__(self) -> None:
-        self.policy = self.policy or PolicyConfig()
-        self.verifier = self.verifier or BackendConfig()
-        self.data = self.data or LineupDataConfig()
-        self.reward = self.reward or LineupRewardConfig()
-        self.train = self.train or TrainConfig()
-        self.eval = self.eval or LineupEvalConfig()
         if self.train.seed is None:
             self.train.seed = self.seed
         for d in self.eval.directions:
             if d not in ("c2s", "s2c"):
                 raise ConfigError("eval.directions", d, "unknown direction", "use c2s and/or s2c")
 
-    def identify_config(self) -> Any:
-        from captionrl.judges.identify import IdentifyConfig
-
-        return IdentifyConfig(mode=self.reward.mode, direction="c2s", k=self.reward.k, signal=self.reward.signal,
-                              lam=self.reward.lam, precision=self.data.precision, normalise=self.data.normalise)
-
-
-def load_lineup_config(path: str | Path | None, overrides: Sequence[str] = ()) -> LineupConfig:
-    """YAML + ``key=value`` overrides -> validated ``LineupConfig`` (no model is touched)."""
-    return load_config(LineupConfig, path, overrides)
-
-
-# ---------------------------------------------------------------------- preflight
-def probe_openai(cfg: BackendConfig, field: str = "verifier", timeout_s: float = 5.0) -> None:
-    """Fail fast, before the policy loads, when an OpenAI-compatible verifier does not answer."""
-    if cfg.kind != "openai":
-        return
-    import os
-
-    import httpx
-
-    url = str(cfg.base_url).rstrip("/") + "/models"
-    headers = {}
-    key = os.environ.get(cfg.api_key_env)
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
-    try:
-        resp = httpx.get(url, headers=headers, timeout=timeout_s)
-    except httpx.HTTPError as exc:
-        raise ConfigError(
-            f"{field}.base_url", cfg.base_url, f"the verifier server does not answer ({type(exc).__name__}: {exc})",
-            f"start it first (e.g. vllm serve {cfg.model} --port PORT) or fix {field}.base_url",
-        ) from exc
-    if resp.status_code != 200:
-        raise ConfigError(f"{field}.base_url", cfg.base_url, f"GET {url} returned HTTP {resp.status_code}",
-                          f"check the server and {field}.api_key_env")
-    try:
-        served = [m.get("id") for m in resp.json().get("data", [])]
-    except (ValueError, AttributeError):
-        served = []
-    if served and cfg.model not in served:
-        raise ConfigError(f"{field}.model", cfg.model, f"is not served at {cfg.base_url} (it serves {served})",
-                          f"set {field}.model to one of {served}")
-
-
-# ---------------------------------------------------------------------- data
-@dataclass
-class LineupData:
-    """Items per split as dataset rows, plus the Series objects the evaluation needs."""
-
-    rows: dict[str, list[dict[str, Any]]]
-    pool: dict[str, Any]  # id -> Series (every window that can be a candidate)
-
-
-def build_data(cfg: LineupConfig) -> LineupData:
-    """Windows and candidate sets per split, validated; no model involved."""
-    if cfg.data.candidates_file:
-        return _data_from_file(cfg)
-    from captionrl.domains.corpora import load_embedded_corpus
-    from captionrl.domains.datasets import split_windows
-
-    corpus = load_embedded_corpus(cfg.data.series) if cfg.data.corpus == "embedded" and cfg.data.series else cfg.data.corpus
-    windows = split_windows(corpus, cfg.data.window, stride=cfg.data.stride, fractions=cfg.data.splits)
-    want = {"train": cfg.data.n_train, "val": cfg.data.n_val, "test": cfg.data.n_test}
-    rows: dict[str, list[dict[str, Any]]] = {}
-    pool: dict[str, Any] = {}
-    for split, n in want.items():
-        items = windows.get(split, [])
-        if n == 0:
-            rows[split] = []
-            continue
-        if len(items) < cfg.reward.k:
-            raise DataError(f"data.{split}", len(items), f"too few {split} windows for K={cfg.reward.k} candidates",
-                            "use a shorter data.window, a smaller data.stride, or more series")
-        for s in items:
-            pool[s.id] = s
-        sets = mine(items, cfg.reward.k, cfg.seed, cfg.data.distractors)
-        rng = np.random.default_rng([cfg.seed, ["train", "val", "test"].index(split)])
-        chosen = list(range(len(items)))
-        if n is not None and n < len(items):
-            chosen = sorted(rng.choice(len(items), size=n, replace=False).tolist())
-        rows[split] = [make_row(cfg, items[i], [pool[c] for c in sets[items[i].id]]) for i in chosen]
-    if not rows["train"]:
-        raise DataError("data.n_train", cfg.data.n_train, "no training items", "check data.corpus and data.window")
-    return LineupData(rows=rows, pool=pool)
-
-
-def mine(items: Sequence[Any], k: int, seed: int, rule: str) -> dict[str, list[str]]:
-    """item id -> its K-1 distractor ids (nearest first), mined within the item's own split."""
-    from captionrl.domains.candidates import mine_candidates
-
-    sets = mine_candidates(items, items, k=k, rule=rule, seed=seed, progress=False)
-    return {cs.item_id: list(cs.distractor_ids) for cs in sets}
-
-
-def make_row(cfg: LineupConfig, item: Any, distractors: Sequence[Any]) -> dict[str, Any]:
-    """One dataset row in TRL's shape: chat ``prompt`` plus the columns the reward reads."""
-    from captionrl.domains.captioning import caption_messages
-    from captionrl.domains.timeseries import render_numbers
-
-    values = np.asarray(item.values, dtype=float).tolist()
-    text, _ = render_numbers(np.asarray(values), precision=cfg.data.precision, normalise=cfg.data.normalise)
-    cands = [values, *[np.asarray(d.values, dtype=float).tolist() for d in distractors]]
-    validate_candidate_set(cands, cfg.reward.k, f"candidates[{item.id}]", k_field="reward.k")
-    return {
-        "prompt": caption_messages(text, len(values)),
-        "item_id": str(item.id),
-        "series": values,
-        "series_text": text,
-        "candidates": cands,
-        "candidate_ids": [str(item.id), *[str(d.id) for d in distractors]],
-    }
-
-
-def _data_from_file(cfg: LineupConfig) -> LineupData:
-    from captionrl.domains.captioning import caption_messages
-    from captionrl.domains.timeseries import render_numbers
-    from captionrl.records import read_jsonl
-    from captionrl.types import Series
-
-    path = Path(str(cfg.data.candidates_file))
-    if not path.exists():
-        raise ConfigError("data.candidates_file", str(path), "file not found", "give a JSONL of candidate sets, or null to mine them")
-    rows: dict[str, list[dict[str, Any]]] = {"train": [], "val": [], "test": []}
-    pool: dict[str, Any] = {}
-    for n, rec in enumerate(read_jsonl(path)):
-        for key in ("item_id", "candidates"):
-            if key not in rec:
-                raise DataError(f"{path.name}:{n + 1}.{key}", sorted(rec), f"missing {key!r}", "write one JSON object per item with item_id and candidates")
-        cands = [list(map(float, c)) for c in rec["candidates"]]
-        validate_candidate_set(cands, cfg.reward.k, f"candidates[{rec['item_id']}]", k_field="reward.k")
-        ids = [str(x) for x in rec.get("candidate_ids") or [rec["item_id"], *[f"{rec['item_id']}#d{j}" for j in range(1, len(cands))]]]
-        for cid, vals in zip(ids, cands, strict=False):
-            pool.setdefault(cid, Series(id=cid, values=np.asarray(vals)))
-        text, _ = render_numbers(np.asarray(cands[0]), precision=cfg.data.precision, normalise=cfg.data.normalise)
-        split = str(rec.get("split", "train"))
-        rows.setdefault(split, []).append({
-            "prompt": caption_messages(text, len(cands[0])), "item_id": str(rec["item_id"]), "series": cands[0],
-            "series_text": text, "candidates": cands[: cfg.reward.k], "candidate_ids": ids[: cfg.reward.k],
-        })
-    if not rows["train"]:
-        raise DataError("data.candidates_file", str(path), "holds no training items (split: train)", "add items with split: train")
-    limits = {"train": cfg.data.n_train, "val": cfg.data.n_val, "test": cfg.data.n_test}
-    for split, n in limits.items():
-        if n is not None:
-            rows[split] = rows[split][:n]
-    return LineupData(rows=rows, pool=pool)
-
-
-def add_charts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """VLM policies read the chart: an ``image`` column and a prompt without the numbers."""
-    from captionrl.domains.captioning import CAPTION_INSTRUCTION
-    from captionrl.domains.timeseries import render_chart
-
-    out = []
-    for r in rows:
-        img = render_chart(np.asarray(r["series"]))
-        text = f"The chart shows a time series of {len(r['series'])} values. {CAPTION_INSTRUCTION}"
-        out.append({**r, "prompt": [{"role": "user", "content": text}], "image": img})
-    return out
+    def identify_config(self) -> IdentifyConfig:
+        """The training reward's judge settings: the reward's scoring, c2s, series printed as the data says."""
+        scoring = {f.name: getattr(self.reward, f.name) for f in dataclasses.fields(IdentifyScoring)}
+        return IdentifyConfig(**scoring, direction="c2s", precision=self.data.precision, normalise=self.data.normalise)
 
 
 # ---------------------------------------------------------------------- reward shaping
@@ -377,71 +187,80 @@ class ShapedReward:
 
 
 # ---------------------------------------------------------------------- run
+class LineupRecipe(Recipe):
+    """LineupRL in the shared skeleton: lineups as data, the shaped identification reward, and at the end
+    checkpoint selection on the validation items and the held-out identification evaluation."""
+
+    title = "LineupRL"
+
+    def __init__(self, cfg: LineupConfig, verifier: Any = None) -> None:
+        super().__init__(cfg)
+        self.verifier = verifier
+        self.use_chart = False
+        self.reward: ShapedReward | None = None
+        self.samples: Any = None
+
+    def servers(self) -> list[tuple[Any, str]]:
+        cfg = self.cfg
+        return [(cfg.verifier, "verifier"),
+                *[(_backend_config(v, f"eval.verifiers.{n}"), f"eval.verifiers.{n}") for n, v in cfg.eval.verifiers.items()]]
+
+    def dataset(self, run: Run) -> LineupData:
+        return build_lineup_data(self.cfg.data, self.cfg.reward.k, self.cfg.seed)
+
+    def load_policy(self, run: Run) -> None:
+        from captionrl.backends import make_backend
+
+        cfg = self.cfg
+        self.verifier = self.verifier if self.verifier is not None else make_backend(cfg.verifier)
+        super().load_policy(run)
+        self.use_chart = cfg.policy.input == "chart" or (cfg.policy.input == "auto" and run.is_vlm)
+        if self.use_chart and not run.is_vlm:
+            raise ConfigError("policy.input", "chart", f"{cfg.policy.model} is a language-only model",
+                              "set policy.input: numbers, or use a VLM policy")
+
+    def train_dataset(self, run: Run) -> Any:
+        from datasets import Dataset
+
+        rows = run.data.rows["train"]
+        return Dataset.from_list(add_charts(rows) if self.use_chart else rows)
+
+    def reward_functions(self, run: Run) -> list[Any]:
+        from captionrl.rewards import make_identification_reward
+        from captionrl.train.logging import SampleLog
+
+        self.samples = SampleLog(run.out)
+        self.reward = ShapedReward(make_identification_reward(self.verifier, self.cfg.identify_config()),
+                                   self.cfg.reward, self.samples)
+        return [self.reward]
+
+    def close(self, run: Run) -> None:
+        if self.samples is not None:
+            self.samples.close()
+
+    def final_evaluation(self, run: Run) -> dict[str, Any]:
+        """Checkpoint selection by the training reward on the validation items (when there are any), then
+        the held-out identification evaluation of the selected (or last) policy."""
+        cfg, data, out = self.cfg, run.data, run.out
+        result: dict[str, Any] = {}
+        if data.rows.get("val"):
+            best = select_checkpoint(cfg, data, run.processing, self.reward, out, self.use_chart)
+            result["selection"] = best
+            if best.get("checkpoint"):
+                result["model"] = best["checkpoint"]
+        if cfg.eval.enabled and data.rows.get("test"):
+            best = result.get("selection", {}).get("checkpoint")
+            policy = load_checkpoint_policy(cfg, Path(best)) if best else common.unwrap_for_inference(run.trainer)
+            result["eval"] = evaluate(cfg, data, policy, run.processing, self.verifier, out / "eval", self.use_chart)
+        return result
+
+
 def run(cfg: LineupConfig, verifier: Any = None) -> dict[str, Any]:
-    """Train, save, plot, evaluate; returns the paths of what was written (and a few figures).
+    """Train, save, evaluate, plot; returns what the result file holds (paths and a few figures).
 
     ``verifier`` overrides ``cfg.verifier`` with an already-loaded backend (tests share one model).
     """
-    from captionrl.train import common
-    from captionrl.train.logging import MetricsLog, SampleLog, plot_curves
-
-    out = Path(cfg.train.out_dir)
-    common.quiet_offline_env(out)
-    resume_from = common.prepare_run_dir(cfg, out, cfg.train.resume)  # config diff check, before any load
-    probe_openai(cfg.verifier)
-    for name, vcfg in cfg.eval.verifiers.items():
-        probe_openai(_backend_config(vcfg, f"eval.verifiers.{name}"), f"eval.verifiers.{name}")
-    data = build_data(cfg)
-    common.apply_threads(cfg.train.threads)
-
-    from captionrl.backends import make_backend
-    from captionrl.rewards import make_identification_reward
-
-    t0 = time.perf_counter()
-    verifier = verifier if verifier is not None else make_backend(cfg.verifier)
-    model, processing, is_vlm = common.load_policy(cfg.policy)
-    use_chart = cfg.policy.input == "chart" or (cfg.policy.input == "auto" and is_vlm)
-    if use_chart and not is_vlm:
-        raise ConfigError("policy.input", "chart", f"{cfg.policy.model} is a language-only model", "set policy.input: numbers, or use a VLM policy")
-    train_rows = add_charts(data.rows["train"]) if use_chart else data.rows["train"]
-
-    from datasets import Dataset
-
-    dataset = Dataset.from_list(train_rows)
-    samples = SampleLog(out)
-    reward = ShapedReward(make_identification_reward(verifier, cfg.identify_config()), cfg.reward, samples)
-    args = common.trainer_args(cfg.train, seed=int(cfg.train.seed or 0))
-    trainer = common.build_trainer(
-        cfg.train, args, model, processing, [reward], dataset,
-        callbacks=[MetricsLog(out / "metrics.jsonl")], peft_config=common.lora_config(cfg.policy),
-    )
-    if resume_from is not None:
-        print(f"resuming from {resume_from}")
-    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
-    samples.close()
-    train_s = time.perf_counter() - t0
-    result: dict[str, Any] = {"out_dir": str(out), "train_seconds": round(train_s, 1)}
-    model_dir = common.save_final_model(trainer, out / "model")  # every rank: ZeRO-3 gathers the weights
-    if not trainer.accelerator.is_main_process:
-        return result
-
-    result["model"] = str(model_dir)
-    if data.rows.get("val"):
-        best = select_checkpoint(cfg, data, processing, reward, out, use_chart)
-        result["selection"] = best
-        if best.get("checkpoint"):
-            result["model"] = best["checkpoint"]
-    curves = plot_curves(out / "metrics.jsonl", out / "curves.png")
-    result["curves"] = str(curves) if curves else None
-    result["tensorboard"] = str(out / "tensorboard") if cfg.train.report_to else None
-    if cfg.eval.enabled and data.rows.get("test"):
-        best = result.get("selection", {}).get("checkpoint")
-        policy = load_checkpoint_policy(cfg, Path(best)) if best else common.unwrap_for_inference(trainer)
-        result["eval"] = evaluate(cfg, data, policy, processing, verifier, out / "eval", use_chart)
-    from captionrl.records import write_json
-
-    write_json(out / "result.json", result)
-    return result
+    return train(LineupRecipe(cfg, verifier)).result
 
 
 def load_checkpoint_policy(cfg: LineupConfig, ckpt: Path) -> Any:
@@ -503,14 +322,6 @@ def select_checkpoint(cfg: LineupConfig, data: LineupData, processing: Any, rewa
     return {"checkpoint": str(out / "checkpoints" / best) if best else None, "scores": scores}
 
 
-def _backend_config(value: Any, field: str) -> BackendConfig:
-    from captionrl.config import from_dict
-
-    if isinstance(value, BackendConfig):
-        return value
-    return from_dict(BackendConfig, value or {}, prefix=field + ".")
-
-
 def generate_captions(model: Any, processing: Any, rows: Sequence[Mapping[str, Any]], max_new_tokens: int,
                       use_chart: bool, name: str) -> dict[str, str]:
     """Greedy captions of ``rows`` by an in-memory policy (the same prompts it was trained on)."""
@@ -560,26 +371,20 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
             "rows": summary.get("rows", [])}
 
 
-# ---------------------------------------------------------------------- CLI
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", default=None, help="YAML run config, e.g. configs/lineup-cpu.yaml")
-    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.max_steps=10 train.out_dir=runs/x")
-    p.add_argument("--check", action="store_true", help="validate the config and the data, then stop (loads no model)")
+# ---------------------------------------------------------------------- command
+CONFIG = LineupConfig
 
 
-def main(args: argparse.Namespace) -> int:
-    cfg = load_lineup_config(args.config, args.overrides)
-    if args.check:
-        probe_openai(cfg.verifier)
-        data = build_data(cfg)
+def run_command(cfg: LineupConfig) -> int:
+    """``captionrl train lineup``: check (data only) or train, then print where everything went."""
+    if cfg.check:
+        probe_servers([(cfg.verifier, "verifier")])
+        data = build_lineup_data(cfg.data, cfg.reward.k, cfg.seed)
         print(json.dumps({k: len(v) for k, v in data.rows.items()}))
         return 0
     result = run(cfg)
-    if "model" in result:
-        print(f"model:      {result['model']}")
-        print(f"curves:     {result.get('curves')}")
-        if result.get("tensorboard"):
-            print(f"tensorboard: tensorboard --logdir {result['tensorboard']}")
+    if "curves" in result:
+        print_result(result, ["model", "curves", "metrics"])
         ev = result.get("eval")
         if ev:
             print(f"evaluation: {ev['table']}")

@@ -1,34 +1,22 @@
-"""Live feedback of a training run: per-step metrics file, a one-line console summary, the curves PNG,
-and per-caption sample records.
+"""Live feedback of a training run: per-step metrics file, a one-line console summary and per-caption
+sample records (the curves PNG is ``train.curves``).
 
 TRL already computes the step metrics (reward, its std, the fraction of groups whose rewards are all
 equal, completion lengths) and forwards what reward functions log with ``log_metric`` (hard and soft
 accuracy, verifier failures, shaping terms); TensorBoard/W&B get them through ``report_to``. This module
-keeps a copy on disk (``metrics.jsonl``) that survives an interrupt, prints the few numbers a person
-watches, and draws them at the end.
+keeps a copy on disk (``metrics.jsonl``) that survives an interrupt and prints the few numbers a person
+watches.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from captionrl.records import RecordWriter, read_jsonl
-
-WATCHED = (
-    ("reward", "reward"),
-    ("hard", "hard acc"),
-    ("soft", "soft acc"),
-    ("frac_reward_zero_std", "zero-std groups"),
-    ("completions/mean_length", "caption tokens"),
-    ("fail", "verifier failures"),
-    ("shaping/caption_chars", "caption chars"),
-    ("shaping/transcription_frac", "transcribed"),
-    ("unscored_frac", "unscored"),
-)
-"""(substring of a metric name, label) pairs shown on the console line and plotted."""
+from captionrl.train.curves import watched
 
 
 def _import_callback_base() -> type:
@@ -65,74 +53,17 @@ class MetricsLog(_import_callback_base()):  # type: ignore[misc]
 
 
 def format_line(rec: dict[str, Any]) -> str:
+    """The console line of one step: the watched metrics (``curves.WATCHED``) and the step time."""
     parts = [f"step {rec.get('step')}"]
     for key, value in sorted(rec.items()):
         if not isinstance(value, (int, float)) or isinstance(value, bool) or key in ("step", "epoch"):
             continue
-        for pattern, label in WATCHED:
-            if pattern in key and not key.endswith("/std") and "min_" not in key and "max_" not in key:
-                parts.append(f"{label if key == pattern else key}={value:.3g}")
-                break
+        label = watched(key)
+        if label is not None:
+            parts.append(f"{label}={value:.3g}")
     if "step_time" in rec and isinstance(rec["step_time"], (int, float)):
         parts.append(f"{rec['step_time']:.1f}s/step")
     return " | ".join(parts)
-
-
-def load_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """Training log entries in step order; for a step logged twice (a resumed run) the last one wins."""
-    by_step: dict[int, dict[str, Any]] = {}
-    for rec in read_jsonl(path):
-        if "reward" in rec or "loss" in rec:
-            by_step[int(rec["step"])] = rec
-    return [by_step[s] for s in sorted(by_step)]
-
-
-def curve_keys(records: Sequence[dict[str, Any]]) -> list[str]:
-    """Metric names worth a panel: the watched ones present in the log, plus loss and KL."""
-    present = {k for r in records for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    keys: list[str] = []
-    for pattern, _label in WATCHED:
-        for k in sorted(present):
-            if pattern in k and k not in keys and not k.endswith("/std") and "min_" not in k and "max_" not in k:
-                keys.append(k)
-    for k in ("loss", "kl", "entropy"):
-        if k in present and k not in keys:
-            keys.append(k)
-    return keys
-
-
-def plot_curves(metrics_path: str | Path, png_path: str | Path, keys: Iterable[str] | None = None) -> Path | None:
-    """One panel per metric against the step; returns the PNG path (``None`` when nothing was logged)."""
-    records = load_metrics(metrics_path)
-    if not records:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(keys) if keys is not None else curve_keys(records)
-    if not names:
-        return None
-    cols = min(3, len(names))
-    rows = (len(names) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
-    for ax, name in zip(axes.flat, names, strict=False):
-        pts = [(r["step"], r[name]) for r in records if isinstance(r.get(name), (int, float))]
-        if pts:
-            xs, ys = zip(*pts, strict=True)
-            ax.plot(xs, ys, marker="o", markersize=2.5, linewidth=1.2)
-        ax.set_title(name, fontsize=9)
-        ax.set_xlabel("step", fontsize=8)
-        ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(names):]:
-        ax.axis("off")
-    fig.tight_layout()
-    out = Path(png_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
 
 
 class SampleLog:
@@ -165,5 +96,5 @@ def load_samples(folder: str | Path) -> list[dict[str, Any]]:
     """Every sample record of a run (all ranks), in file order."""
     out: list[dict[str, Any]] = []
     for p in sorted(Path(folder).glob("samples.rank*.jsonl")):
-        out.extend(read_jsonl(p))
+        out.extend(read_jsonl(p, appended=True))
     return out

@@ -31,7 +31,6 @@ processes gets one rubric per part, from that part's captions.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import dataclasses
@@ -40,13 +39,13 @@ import math
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from captionrl.config import help_field, load_config
+from captionrl.config import help_field
 from captionrl.errors import ConfigError
 from captionrl.judges.online_rubric import (
     MocoRubricJudge,
@@ -59,9 +58,15 @@ from captionrl.judges.online_rubric import (
     rubric_stats,
     stable_int,
 )
+from captionrl.judges.roles import generator_messages, policy_messages
 from captionrl.momentum import VARIANTS, MomentumSettings, reward_interval_steps
 from captionrl.rewards import JudgeReward, completion_text
-from captionrl.train.common import PolicyConfig, TrainConfig
+from captionrl.train.common import (
+    GRPOTrainConfig,
+    PolicyConfig,
+    print_result,
+)
+from captionrl.train.skeleton import Recipe, Run, prepare, train
 
 METHODS = ("moco", "evolm")
 CURVE_KEYS = ("reward", "frac_reward_zero_std", "momentum/distance", "rubric/size", "rubric/weight1_frac",
@@ -150,32 +155,30 @@ class EvolmConfig:
 
 
 @dataclass
+class MocoTrainConfig(GRPOTrainConfig):
+    """GRPO settings with MoCo Rubric's own run folder."""
+
+    out_dir: str = help_field("runs/moco", "run folder: checkpoints, metrics, rubric records, curves, final model; rerunning with the same folder resumes")
+
+
+@dataclass
 class MocoConfig:
     """A MoCo Rubric (or EvoLM) run: its YAML plus overrides, saved as out_dir/config.yaml."""
 
     seed: int = help_field(0, "one seed: subsets, retries, shuffling, caption sampling")
     method: str = help_field("moco", "moco (momentum Generator-Judge) or evolm (alternating Policy/Generator GRPO, fixed Judge)")
-    policy: PolicyConfig = help_field(None, "the captioner (a VLM; the shared-SFT checkpoint in the paper)")  # type: ignore[assignment]
-    data: MocoDataConfig = help_field(None, "training images")  # type: ignore[assignment]
-    rubric: OnlineRubricConfig = help_field(None, "online rubric generation")  # type: ignore[assignment]
-    judge: MocoJudgeConfig = help_field(None, "the text-only Judge")  # type: ignore[assignment]
-    momentum: MocoMomentumConfig = help_field(None, "momentum Generator-Judge (method moco)")  # type: ignore[assignment]
-    evolm: EvolmConfig = help_field(None, "EvoLM phases (method evolm)")  # type: ignore[assignment]
-    train: TrainConfig = help_field(None, "TRL GRPO settings")  # type: ignore[assignment]
+    check: bool = help_field(False, "validate the config and build the data, then stop (loads no model)")
+    policy: PolicyConfig = field(default_factory=PolicyConfig, metadata={"help": "the captioner (a VLM; the shared-SFT checkpoint in the paper)"})
+    data: MocoDataConfig = field(default_factory=MocoDataConfig, metadata={"help": "training images"})
+    rubric: OnlineRubricConfig = field(default_factory=OnlineRubricConfig, metadata={"help": "online rubric generation"})
+    judge: MocoJudgeConfig = field(default_factory=MocoJudgeConfig, metadata={"help": "the text-only Judge"})
+    momentum: MocoMomentumConfig = field(default_factory=MocoMomentumConfig, metadata={"help": "momentum Generator-Judge (method moco)"})
+    evolm: EvolmConfig = field(default_factory=EvolmConfig, metadata={"help": "EvoLM phases (method evolm)"})
+    train: MocoTrainConfig = field(default_factory=MocoTrainConfig, metadata={"help": "TRL GRPO settings"})
 
     def __post_init__(self) -> None:
-        self.policy = self.policy or PolicyConfig()
-        self.data = self.data or MocoDataConfig()
-        self.rubric = self.rubric or OnlineRubricConfig()
-        self.judge = self.judge or MocoJudgeConfig()
-        self.momentum = self.momentum or MocoMomentumConfig()
-        self.evolm = self.evolm or EvolmConfig()
-        self.train = self.train or TrainConfig(algorithm="grpo", out_dir="runs/moco")
         if self.method not in METHODS:
             raise ConfigError("method", self.method, "unknown method", "use moco or evolm")
-        if self.train.algorithm != "grpo":
-            raise ConfigError("train.algorithm", self.train.algorithm, "MoCo Rubric and EvoLM train with GRPO",
-                              "set train.algorithm: grpo")
         if self.train.seed is None:
             self.train.seed = self.seed
         if self.rubric.group_size is None:
@@ -198,30 +201,10 @@ class MocoConfig:
                                      t.gradient_accumulation_steps)
 
 
-def load_moco_config(path: str | Path | None, overrides: Sequence[str] = ()) -> MocoConfig:
-    """YAML + ``key=value`` overrides -> validated ``MocoConfig`` (no model is touched)."""
-    return load_config(MocoConfig, path, overrides)
-
-
 # ---------------------------------------------------------------------- data
-def second_reference(scene: Any) -> str:
-    """A second reference of the same facts in other words (A.1.2 gives the Generator two references)."""
-    from captionrl.domains.scenes import NUMBER_WORDS
-
-    parts = []
-    for g in scene.groups:
-        noun = g.shape if g.count == 1 else g.shape + "s"
-        where = "in the middle" if g.position == "center" else f"toward the {g.position}"
-        parts.append(f"{NUMBER_WORDS[g.count].capitalize()} {g.colour} {noun} sit {where} of a plain white canvas.")
-    if scene.text:
-        parts.append(f'Near the upper left corner the text "{scene.text}" appears in black letters.')
-    return " ".join(parts)
-
-
 def build_rows(cfg: MocoConfig) -> list[dict[str, Any]]:
     """Dataset rows: Policy prompt (image placeholder), image, item id, two references, facts (JSON)."""
-    from captionrl.domains.scenes import generate_scenes
-    from captionrl.train.sft import policy_messages
+    from captionrl.domains.scenes import generate_scenes, second_reference
 
     d = cfg.data
     rows = []
@@ -312,74 +295,69 @@ def records_path(out: Path, name: str = "rubrics") -> Path:
 
 
 # ---------------------------------------------------------------------- run: MoCo
+class MocoRecipe(Recipe):
+    """MoCo Rubric in the shared skeleton: scenes as data, the online rubric of the momentum
+    Generator-Judge as reward; the momentum is built on the trainer's model and checkpointed with it."""
+
+    curve_keys = CURVE_KEYS
+    checkpoint_files = ("momentum.pt",)  # written by MomentumCallback after the Trainer's state: part of a complete checkpoint
+
+    def __init__(self, cfg: MocoConfig) -> None:
+        super().__init__(cfg)
+        self.box: dict[str, Any] = {}
+        self.records: Any = None
+        m = cfg.momentum
+        self.title = f"MoCo Rubric ({m.variant}, m={m.m}, H={m.interval})"
+
+    def dataset(self, run: Run) -> list[dict[str, Any]]:
+        return build_rows(self.cfg)
+
+    def load_policy(self, run: Run) -> None:
+        super().load_policy(run)  # 'tiny-vlm' resolves in the hf backend
+        if not run.is_vlm:
+            raise ConfigError("policy.model", self.cfg.policy.model, "is a language-only model; MoCo Rubric captions images",
+                              "use a vision-language model (e.g. a Qwen3-VL folder, or the tiny test VLM of configs/moco-cpu.yaml)")
+
+    def reward_functions(self, run: Run) -> list[Any]:
+        from captionrl.records import RecordWriter
+
+        cfg = self.cfg
+        self.records = RecordWriter(records_path(run.out))
+        judge = OnlineRubricJudge(momentum_roles(self.box, run.processing), cfg.rubric, judge_factory=cfg.judge.factory,
+                                  records=self.records)
+        return [MocoReward(judge, name="moco_rubric", log_fields=())]
+
+    def build_trainer(self, run: Run) -> Any:
+        from captionrl.momentum import build_momentum
+        from captionrl.train.callbacks import MomentumCallback
+
+        trainer = super().build_trainer(run)
+        self.box["momentum"] = build_momentum(trainer.model, self.cfg.momentum.settings(self.cfg.reward_interval()),
+                                              self.cfg.momentum.implementation)
+        MomentumCallback(self.box["momentum"], resume_dir=run.resume_from).attach(trainer)
+        return trainer
+
+    def close(self, run: Run) -> None:
+        if self.records is not None:
+            self.records.close()
+
+    def summary(self, run: Run) -> dict[str, Any]:
+        cfg, momentum = self.cfg, self.box["momentum"]
+        steps = max(1, run.trainer.state.global_step - _checkpoint_step(run.resume_from))
+        return {"method": "moco", "seconds_per_step": round(run.train_seconds / steps, 2),
+                "records": str(self.records.path),
+                "momentum": {"variant": cfg.momentum.variant, "m": momentum.settings.effective_m,
+                             "interval": cfg.momentum.interval, "implementation": type(momentum).__name__,
+                             "updates": momentum.updates, "final_distance": momentum.distance()}}
+
+
 def run(cfg: MocoConfig) -> dict[str, Any]:
-    """Train (MoCo or EvoLM), save, plot; returns the paths of what was written and the step time."""
-    from captionrl.train import common
-
-    out = Path(cfg.train.out_dir)
-    common.quiet_offline_env(out)
-    # a MoCo checkpoint is complete only with its momentum (written after the Trainer's own files)
-    required = ("momentum.pt",) if cfg.method == "moco" else ()
-    resume_from = common.prepare_run_dir(cfg, out, cfg.train.resume, required)
-    rows = build_rows(cfg)
-    common.apply_threads(cfg.train.threads)
-    model, processing, is_vlm = common.load_policy(cfg.policy)  # 'tiny-vlm' resolves in the hf backend
-    if not is_vlm:
-        raise ConfigError("policy.model", cfg.policy.model, "is a language-only model; MoCo Rubric captions images",
-                          "use a vision-language model (e.g. a Qwen3-VL folder, or the tiny test VLM of configs/moco-cpu.yaml)")
+    """Train (MoCo or EvoLM), save, plot; returns what the result file holds, with the step time."""
+    recipe = MocoRecipe(cfg)
     if cfg.method == "evolm":
-        return run_evolm(cfg, out, model, processing, rows)
-    return run_moco(cfg, out, model, processing, rows, resume_from)
-
-
-def run_moco(cfg: MocoConfig, out: Path, model: Any, processing: Any, rows: list[dict[str, Any]],
-             resume_from: Path | None) -> dict[str, Any]:
-    from datasets import Dataset
-
-    from captionrl.momentum import build_momentum
-    from captionrl.records import RecordWriter, write_json
-    from captionrl.train import common
-    from captionrl.train.callbacks import MomentumCallback, plot_curves
-    from captionrl.train.logging import MetricsLog
-
-    box: dict[str, Any] = {}
-    records = RecordWriter(records_path(out))
-    judge = OnlineRubricJudge(momentum_roles(box, processing), cfg.rubric, judge_factory=cfg.judge.factory,
-                              records=records)
-    reward = MocoReward(judge, name="moco_rubric", log_fields=())
-    args = common.trainer_args(cfg.train, seed=int(cfg.train.seed or 0))
-    trainer = common.build_trainer(cfg.train, args, model, processing, [reward], Dataset.from_list(rows),
-                                   callbacks=[MetricsLog(out / "metrics.jsonl")],
-                                   peft_config=common.lora_config(cfg.policy))
-    momentum = build_momentum(trainer.model, cfg.momentum.settings(cfg.reward_interval()),
-                              cfg.momentum.implementation)
-    box["momentum"] = momentum
-    MomentumCallback(momentum, resume_dir=resume_from).attach(trainer)
-    if resume_from is not None:
-        print(f"resuming from {resume_from}")
-    t0 = time.perf_counter()
-    start_step = _checkpoint_step(resume_from)
-    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
-    train_s = time.perf_counter() - t0
-    records.close()
-    steps = max(1, trainer.state.global_step - start_step)
-    result: dict[str, Any] = {
-        "out_dir": str(out), "method": "moco", "steps": trainer.state.global_step,
-        "train_seconds": round(train_s, 1), "seconds_per_step": round(train_s / steps, 2),
-        "momentum": {"variant": cfg.momentum.variant, "m": momentum.settings.effective_m,
-                     "interval": cfg.momentum.interval, "implementation": type(momentum).__name__,
-                     "updates": momentum.updates, "final_distance": momentum.distance()},
-    }
-    result["model"] = str(common.save_final_model(trainer, out / "model"))
-    if not trainer.accelerator.is_main_process:
-        return result
-    curves = plot_curves(out / "metrics.jsonl", CURVE_KEYS, path=out / "curves.png",
-                         title=f"MoCo Rubric ({cfg.momentum.variant}, m={cfg.momentum.m}, H={cfg.momentum.interval})")
-    result.update(curves=str(out / "curves.png"), curve_points=curves, records=str(records.path),
-                  metrics=str(out / "metrics.jsonl"),
-                  tensorboard=str(out / "tensorboard") if cfg.train.report_to else None)
-    write_json(out / "result.json", result)
-    return result
+        prepared = prepare(recipe)
+        return run_evolm(cfg, prepared.out, prepared.model, prepared.processing, prepared.data)
+    return train(recipe).result
 
 
 def _checkpoint_step(ckpt: Path | None) -> int:
@@ -481,8 +459,6 @@ def _mean_scored(js: Sequence[Any]) -> float | None:
 def generator_rows(cfg: MocoConfig, rows: Sequence[Mapping[str, Any]], current: Mapping[str, list[str]],
                    earlier: Mapping[str, list[str]], phase: int) -> list[dict[str, Any]]:
     """Generator training rows: the MoCo Generator prompt over a seeded subset of the current captions."""
-    from captionrl.train.sft import generator_messages
-
     out = []
     for r in rows:
         item = str(r["item_id"])
@@ -503,8 +479,8 @@ def run_evolm(cfg: MocoConfig, out: Path, model: Any, processing: Any, rows: lis
 
     from captionrl.records import RecordWriter, write_json
     from captionrl.train import common
-    from captionrl.train.callbacks import plot_curves
-    from captionrl.train.logging import MetricsLog, load_metrics
+    from captionrl.train.curves import load_metrics, plot_curves
+    from captionrl.train.logging import MetricsLog
 
     if cfg.policy.lora:
         from peft import get_peft_model
@@ -597,26 +573,18 @@ def steps_in(phase: int, cfg: MocoConfig) -> int:
     return min(cfg.evolm.policy_steps, cfg.train.max_steps - (phase - 1) * cfg.evolm.policy_steps)
 
 
-# ---------------------------------------------------------------------- CLI
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", default=None, help="YAML run config, e.g. configs/moco-cpu.yaml")
-    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. momentum.variant=frozen train.max_steps=4")
-    p.add_argument("--check", action="store_true", help="validate the config and build the data, then stop (loads no model)")
+# ---------------------------------------------------------------------- command
+CONFIG = MocoConfig
 
 
-def main(args: argparse.Namespace) -> int:
-    cfg = load_moco_config(args.config, args.overrides)
-    if args.check:
+def run_command(cfg: MocoConfig) -> int:
+    """``captionrl train moco``: check (data only) or train, then print where everything went."""
+    if cfg.check:
         rows = build_rows(cfg)
         print(json.dumps({"method": cfg.method, "train_items": len(rows), "reward_interval": cfg.reward_interval()}))
         return 0
     result = run(cfg)
-    print(f"model:   {result.get('model')}")
-    print(f"curves:  {result.get('curves')}")
-    print(f"records: {result.get('records')}")
-    print(f"metrics: {result.get('metrics')}")
-    if result.get("tensorboard"):
-        print(f"tensorboard: tensorboard --logdir {result['tensorboard']}")
+    print_result(result, ["model", "curves", "records", "metrics"])
     step_s = result.get("seconds_per_step") or result.get("seconds_per_policy_step")
     print(f"steps: {result.get('steps')} ({step_s} s/step)")
     return 0

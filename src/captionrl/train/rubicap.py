@@ -25,22 +25,26 @@ Run folder (``train.out_dir``): ``config.yaml``, ``rubrics/`` (store and build r
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from captionrl.backends import BackendConfig
-from captionrl.config import apply_overrides, from_dict, help_field, load_yaml
+from captionrl.config import help_field
+from captionrl.domains.captioning import IMAGE_CAPTION_INSTRUCTION
 from captionrl.errors import ConfigError, DataError
-from captionrl.judges.prompts import CAPTION_INSTRUCTION
-from captionrl.train.common import PolicyConfig, TrainConfig
+from captionrl.train.common import (
+    GRPOTrainConfig,
+    PolicyConfig,
+    backend_config,
+    print_result,
+    probe_servers,
+)
+from captionrl.train.skeleton import Recipe, Run, train
 
 TINY_VLM = "tiny-vlm"
 """Policy name resolved to ``captionrl.testing.tiny_vlm.tiny_vlm_dir()`` (the offline test VLM)."""
@@ -57,7 +61,7 @@ class RubicapDataConfig:
 
     items: str = help_field("scenes:64:0", "images: scenes:N[:SEED] (synthetic, known facts), easy-vqa[:SPLIT[:LIMIT]], a folder, a JSONL manifest ({id, image, ...}) or a datasets.save_to_disk folder")
     n_train: int | None = help_field(None, "training items (null = all; a seeded sample of the items otherwise)")
-    instruction: str = help_field(CAPTION_INSTRUCTION, "the caption request shown after the image")
+    instruction: str = help_field(IMAGE_CAPTION_INSTRUCTION, "the caption request shown after the image")
     on_error: str = help_field("raise", "unreadable images: raise (stop and name the item) or skip (leave out and count)")
 
     def __post_init__(self) -> None:
@@ -129,64 +133,39 @@ class RubicapRewardConfig:
 
 
 @dataclass
+class RubicapTrainConfig(GRPOTrainConfig):
+    """GRPO settings with RubiCap's own run folder."""
+
+    out_dir: str = help_field("runs/rubicap", "run folder: rubrics, checkpoints, metrics, curves, final model; rerunning with the same folder resumes")
+
+
+@dataclass
 class RubicapConfig:
     """A RubiCap run: fully described by its YAML plus overrides, saved as out_dir/config.yaml."""
 
     seed: int = help_field(0, "one seed for everything: item sampling, shuffling, sampling of captions")
-    policy: PolicyConfig = help_field(None, "the captioner being trained (a VLM; 'tiny-vlm' = the offline test VLM)")  # type: ignore[assignment]
-    judge: BackendConfig = help_field(None, "the text-only LLM that decides each rubric criterion")  # type: ignore[assignment]
-    data: RubicapDataConfig = help_field(None, "training images")  # type: ignore[assignment]
-    rubrics: RubricsConfig = help_field(None, "where rubrics come from")  # type: ignore[assignment]
-    reward: RubicapRewardConfig = help_field(None, "rubric judging")  # type: ignore[assignment]
-    train: TrainConfig = help_field(None, "TRL trainer settings (algorithm grpo)")  # type: ignore[assignment]
+    check: bool = help_field(False, "validate the config, the images and the rubric store, then stop (loads no model)")
+    build_rubrics: bool = help_field(False, "only write the rubric store (rubrics.source facts/build; resumable), then stop: run it once, in one process, before a multi-GPU launch")
+    policy: PolicyConfig = field(default_factory=lambda: PolicyConfig(model=TINY_VLM),
+                                 metadata={"help": "the captioner being trained (a VLM; 'tiny-vlm' = the offline test VLM)"})
+    judge: BackendConfig = field(default_factory=BackendConfig, metadata={"help": "the text-only LLM that decides each rubric criterion"})
+    data: RubicapDataConfig = field(default_factory=RubicapDataConfig, metadata={"help": "training images"})
+    rubrics: RubricsConfig = field(default_factory=RubricsConfig, metadata={"help": "where rubrics come from"})
+    reward: RubicapRewardConfig = field(default_factory=RubicapRewardConfig, metadata={"help": "rubric judging"})
+    train: RubicapTrainConfig = field(default_factory=RubicapTrainConfig, metadata={"help": "TRL trainer settings (algorithm grpo)"})
 
     def __post_init__(self) -> None:
-        self.policy = self.policy or PolicyConfig(model=TINY_VLM)
-        self.judge = self.judge or BackendConfig()
-        self.data = self.data or RubicapDataConfig()
-        self.rubrics = self.rubrics or RubricsConfig()
-        self.reward = self.reward or RubicapRewardConfig()
-        self.train = self.train or TrainConfig(algorithm="grpo", out_dir="runs/rubicap")
         if self.train.seed is None:
             self.train.seed = self.seed
         if self.policy.input not in ("auto", "chart"):
             raise ConfigError("policy.input", self.policy.input, "RubiCap captions images: the policy reads the image",
                               "remove policy.input (auto) and use a VLM policy")
-        if self.train.algorithm != "grpo":
-            raise ConfigError("train.algorithm", self.train.algorithm, "RubiCap trains with GRPO (the paper's algorithm)",
-                              "set train.algorithm: grpo (use 'captionrl train lineup' for RLOO)")
 
     def store_path(self) -> Path:
         """The rubric store this run reads."""
         if self.rubrics.source == "store":
             return Path(str(self.rubrics.store))
         return Path(self.rubrics.store or Path(self.train.out_dir) / "rubrics") / "rubrics.jsonl"
-
-
-def backend_config(value: Any, field: str) -> BackendConfig:
-    """A ``BackendConfig`` from a mapping, with errors that name the config field."""
-    if isinstance(value, BackendConfig):
-        return value
-    return from_dict(BackendConfig, value or {}, prefix=field + ".")
-
-
-def load_rubicap_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RubicapConfig:
-    """YAML + ``key=value`` overrides -> validated ``RubicapConfig`` (no model is touched).
-
-    A ``train`` section without an ``algorithm`` gets ``grpo`` and without ``out_dir`` gets
-    ``runs/rubicap`` (the shared ``TrainConfig`` defaults are LineupRL's).
-    """
-    data = load_yaml(path) if path else {}
-    data = apply_overrides(data, overrides)
-    train = data.setdefault("train", {})
-    if not isinstance(train, dict):
-        raise ConfigError("train", train, "must be a mapping", "write train: {algorithm: grpo, ...}")
-    train.setdefault("algorithm", "grpo")
-    if train["algorithm"] != "grpo":  # before TrainConfig, whose GRPO-only keys would hide the real cause
-        raise ConfigError("train.algorithm", train["algorithm"], "RubiCap trains with GRPO (the paper's algorithm)",
-                          "set train.algorithm: grpo (use 'captionrl train lineup' for RLOO)")
-    train.setdefault("out_dir", "runs/rubicap")
-    return from_dict(RubicapConfig, data)
 
 
 # ---------------------------------------------------------------------- data
@@ -249,7 +228,7 @@ def ensure_rubrics(cfg: RubicapConfig, items: Sequence[Any], *, allow_models: bo
 
 def build_data(cfg: RubicapConfig, *, allow_models: bool = True) -> RubicapData:
     """Items + rubrics -> TRL rows ``{prompt, image, item_id, rubric}``; no policy involved."""
-    from captionrl.domains.scenes import caption_prompt
+    from captionrl.domains.captioning import image_caption_messages
     from captionrl.judges.rubric import RubricStore
 
     items = load_items(cfg)
@@ -269,7 +248,7 @@ def build_data(cfg: RubicapConfig, *, allow_models: bool = True) -> RubicapData:
                 continue
             rubric = store.get(it.id)  # schema-checked
             rows.append({
-                "prompt": caption_prompt(cfg.data.instruction),
+                "prompt": image_caption_messages(cfg.data.instruction),
                 "image": str(it.image) if lazy else it.load(),
                 "item_id": str(it.id),
                 "rubric": [r.to_dict() for r in rubric or []],
@@ -355,125 +334,91 @@ class RubricReward(_reward_base()):  # type: ignore[misc]
 
 
 # ---------------------------------------------------------------------- run
-def preflight(cfg: RubicapConfig) -> None:
-    """Fail fast, before anything loads, when a configured server does not answer."""
-    from captionrl.train.lineup import probe_openai
-
-    probe_openai(cfg.judge, "judge")
+def servers(cfg: RubicapConfig) -> list[tuple[BackendConfig, str]]:
+    """Every server the run talks to: the judge, and the committee, writer and student when building."""
+    out = [(cfg.judge, "judge")]
     if cfg.rubrics.source == "build":
-        for i, b in enumerate(cfg.rubrics.committee):
-            probe_openai(backend_config(b, f"rubrics.committee[{i}]"), f"rubrics.committee[{i}]")
-        probe_openai(backend_config(cfg.rubrics.writer, "rubrics.writer"), "rubrics.writer")
-        if cfg.rubrics.student:
-            probe_openai(backend_config(cfg.rubrics.student, "rubrics.student"), "rubrics.student")
+        named = [*[(b, f"rubrics.committee[{i}]") for i, b in enumerate(cfg.rubrics.committee)],
+                 (cfg.rubrics.writer, "rubrics.writer"), *([(cfg.rubrics.student, "rubrics.student")] if cfg.rubrics.student else [])]
+        out += [(backend_config(b, name), name) for b, name in named]
+    return out
+
+
+class RubicapRecipe(Recipe):
+    """RubiCap in the shared skeleton: images with rubrics as data, the rubric judge's score as reward."""
+
+    title = "RubiCap"
+    curve_keys = CURVE_KEYS
+
+    def __init__(self, cfg: RubicapConfig, judge_backend: Any = None, callbacks: Sequence[Any] = ()) -> None:
+        super().__init__(cfg, callbacks)
+        self.judge_backend = judge_backend
+        self.samples: Any = None
+
+    def servers(self) -> list[tuple[Any, str]]:
+        return list(servers(self.cfg))
+
+    def dataset(self, run: Run) -> RubicapData:
+        _ = run.args.device  # sets up accelerate's process state with the run's settings (CPU or GPU, ranks)
+        from accelerate import PartialState
+
+        with PartialState().main_process_first():  # one rank writes the rubric store, the others then read it
+            data = build_data(self.cfg)
+        if data.skipped:
+            print("left out of training: " + "; ".join(f"{len(v)} {k}" for k, v in data.skipped.items()))
+        return data
+
+    def load_policy(self, run: Run) -> None:
+        super().load_policy(run)  # 'tiny-vlm' resolves in the hf backend
+        if not run.is_vlm:
+            raise ConfigError("policy.model", self.cfg.policy.model, "is a language-only model: RubiCap's policy must see the image",
+                              "use a VLM (its config has a vision_config), e.g. Qwen/Qwen2.5-VL-7B-Instruct or tiny-vlm")
+
+    def train_dataset(self, run: Run) -> Any:
+        return to_dataset(run.data)
+
+    def reward_functions(self, run: Run) -> list[Any]:
+        from captionrl.backends import make_backend
+        from captionrl.train.logging import SampleLog
+
+        backend = self.judge_backend if self.judge_backend is not None else make_backend(self.cfg.judge)
+        self.samples = SampleLog(run.out)
+        return [RubricReward(make_judge(self.cfg, backend), self.samples)]
+
+    def close(self, run: Run) -> None:
+        if self.samples is not None:
+            self.samples.close()
+
+    def summary(self, run: Run) -> dict[str, Any]:
+        data = run.data
+        return {"items": len(data.rows), "skipped": {k: len(v) for k, v in data.skipped.items()},
+                "rubrics": str(data.store), "samples": str(self.samples.path) if self.samples else None}
 
 
 def run(cfg: RubicapConfig, judge_backend: Any = None, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
-    """Train and save; returns the paths of what was written (and a few figures).
+    """Train and save; returns what the result file holds (paths and a few figures).
 
     ``judge_backend`` overrides ``cfg.judge`` with an already-loaded backend (tests share one model);
     ``callbacks`` are extra ``TrainerCallback``s (tests use one to interrupt a run).
     """
-    from captionrl.records import write_json
-    from captionrl.train import common
-    from captionrl.train.logging import MetricsLog, SampleLog, load_metrics, plot_curves
-
-    out = Path(cfg.train.out_dir)
-    common.quiet_offline_env(out)
-    resume_from = common.prepare_run_dir(cfg, out, cfg.train.resume)  # config diff check, before any load
-    preflight(cfg)
-    args = common.trainer_args(cfg.train, seed=int(cfg.train.seed or 0))
-    _ = args.device  # sets up accelerate's process state with the run's settings (CPU or GPU, ranks)
-    from accelerate import PartialState
-
-    with PartialState().main_process_first():  # one rank writes the rubric store, the others then read it
-        data = build_data(cfg)
-    if data.skipped:
-        print("left out of training: " + "; ".join(f"{len(v)} {k}" for k, v in data.skipped.items()))
-    common.apply_threads(cfg.train.threads)
-
-    from captionrl.backends import make_backend
-
-    t0 = time.perf_counter()
-    backend = judge_backend if judge_backend is not None else make_backend(cfg.judge)
-    model, processing, is_vlm = common.load_policy(cfg.policy)  # 'tiny-vlm' resolves in the hf backend
-    if not is_vlm:
-        raise ConfigError("policy.model", cfg.policy.model, "is a language-only model: RubiCap's policy must see the image",
-                          "use a VLM (its config has a vision_config), e.g. Qwen/Qwen2.5-VL-7B-Instruct or tiny-vlm")
-    samples = SampleLog(out)
-    reward = RubricReward(make_judge(cfg, backend), samples)
-    trainer = common.build_trainer(
-        cfg.train, args, model, processing, [reward], to_dataset(data),
-        callbacks=[MetricsLog(out / "metrics.jsonl"), *callbacks], peft_config=common.lora_config(cfg.policy),
-    )
-    if resume_from is not None:
-        print(f"resuming from {resume_from}")
-    try:
-        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
-    finally:
-        samples.close()
-    train_s = time.perf_counter() - t0
-    result: dict[str, Any] = {"out_dir": str(out), "train_seconds": round(train_s, 1),
-                              "items": len(data.rows), "skipped": {k: len(v) for k, v in data.skipped.items()},
-                              "rubrics": str(data.store)}
-    model_dir = common.save_final_model(trainer, out / "model")  # every rank: ZeRO-3 gathers the weights
-    if not trainer.accelerator.is_main_process:
-        return result
-    result["model"] = str(model_dir)
-    metrics = load_metrics(out / "metrics.jsonl")
-    present = {k for m in metrics for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    keys = [k for k in CURVE_KEYS if k in present]
-    curves = plot_curves(out / "metrics.jsonl", out / "curves.png", keys=keys) if keys else None
-    result["curves"] = str(curves) if curves else None
-    result["metrics"] = str(out / "metrics.jsonl")
-    result["samples"] = str(samples.path)
-    result["tensorboard"] = str(out / "tensorboard") if cfg.train.report_to else None
-    rewards = [m["reward"] for m in metrics if isinstance(m.get("reward"), (int, float)) and not math.isnan(m["reward"])]
-    if rewards:
-        result["reward_first"], result["reward_last"] = round(rewards[0], 4), round(rewards[-1], 4)
-    times = [m["step_time"] for m in metrics if isinstance(m.get("step_time"), (int, float))]
-    if times:
-        result["step_seconds"] = round(float(np.mean(times)), 2)
-    write_json(out / "result.json", result)
-    return result
+    return train(RubicapRecipe(cfg, judge_backend, callbacks)).result
 
 
-# ---------------------------------------------------------------------- CLI
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", default=None, help="YAML run config, e.g. configs/rubicap-cpu.yaml")
-    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.max_steps=10 train.out_dir=runs/x")
-    p.add_argument("--check", action="store_true",
-                   help="validate the config, the images and the rubric store, then stop (loads no model)")
-    p.add_argument("--build-rubrics", action="store_true",
-                   help="only write the rubric store (rubrics.source facts/build; resumable), then stop: run it once, "
-                        "in one process, before a multi-GPU launch")
+# ---------------------------------------------------------------------- command
+CONFIG = RubicapConfig
 
 
-def main(args: argparse.Namespace) -> int:
-    cfg = load_rubicap_config(args.config, args.overrides)
-    if args.check:
-        preflight(cfg)
-        data = build_data(cfg, allow_models=False)
+def run_command(cfg: RubicapConfig) -> int:
+    """``captionrl train rubicap``: check, build the rubric store only, or train; print what was written."""
+    if cfg.check or cfg.build_rubrics:
+        probe_servers(servers(cfg))
+        data = build_data(cfg, allow_models=not cfg.check)
         print(json.dumps({"items": len(data.rows), "store": str(data.store),
                           "skipped": {k: len(v) for k, v in data.skipped.items()}}))
-        return 0
-    if getattr(args, "build_rubrics", False):
-        preflight(cfg)
-        data = build_data(cfg)
-        print(json.dumps({"items": len(data.rows), "skipped": {k: len(v) for k, v in data.skipped.items()}}))
-        print(f"rubrics:    {data.store}")
+        if not cfg.check:
+            print(f"rubrics:    {data.store}")
         return 0
     result = run(cfg)
-    if "model" in result:
-        print(f"model:      {result['model']}")
-        print(f"curves:     {result.get('curves')}")
-        print(f"metrics:    {result.get('metrics')}")
-        print(f"records:    {result.get('samples')}")
-        print(f"rubrics:    {result.get('rubrics')}")
-        if result.get("tensorboard"):
-            print(f"tensorboard: tensorboard --logdir {result['tensorboard']}")
-        if "reward_first" in result:
-            print(f"reward:     {result['reward_first']} (first step) -> {result['reward_last']} (last step); "
-                  f"{result.get('step_seconds')} s/step")
+    if "curves" in result:
+        print_result(result, ["model", "curves", "metrics", "samples", "rubrics"])
     return 0
-

@@ -11,8 +11,8 @@ record (prompts after appendix A.1):
   the Judge never sees the image, §3.3)
 
 The checkpoint initialises both the Policy and the momentum Generator-Judge of ``train moco``; the RL
-recipe must build its rubric and judge prompts with :func:`generator_messages` and
-:func:`judge_messages` so that the roles are asked exactly what they were trained on.
+recipe builds its rubric and judge prompts with the same ``captionrl.judges.roles`` functions, so the
+roles are asked exactly what they were trained on.
 
 ``captionrl train sft`` distils a teacher's captions (JSONL of ``{prompt | series | image, caption}``):
 the paper's SFT baseline (learning rate 1e-5, cosine schedule).
@@ -32,7 +32,6 @@ rendering of the image evidence. With a vision-language model the ``image`` path
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 from collections import Counter, defaultdict
@@ -41,72 +40,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from captionrl.config import help_field, load_config
+from captionrl.config import help_field
 from captionrl.errors import ConfigError, DataError
-from captionrl.records import RecordWriter, read_jsonl, write_json
-from captionrl.train.common import PolicyConfig
+from captionrl.judges.roles import (
+    POLICY_INSTRUCTION,
+    generator_messages,
+    judge_messages,
+    judgment_json,
+    policy_messages,
+    rubric_json,
+)
+from captionrl.records import RecordWriter, read_jsonl
+from captionrl.train.common import (
+    PolicyConfig,
+    cuda_available,
+    lora_config,
+)
+from captionrl.train.skeleton import Recipe, Run, train
 
 RECIPES = ("moco-sft", "sft")
 ROLES = ("policy", "generator", "judge")
-
-# ---------------------------------------------------------------------- role prompts (appendix A.1)
-POLICY_INSTRUCTION = (
-    "Describe this image in detail. Write one flowing plain-text description (no lists, headings or "
-    "markdown) that covers the objects and their attributes, counts, positions and relations, the "
-    "setting, and any visible text, stating only what the image shows."
-)
-GENERATOR_INSTRUCTION = (
-    "You write grading rubrics for detailed image captions. The image is the authoritative evidence; "
-    "the two reference captions are a quality anchor and may miss details; the candidate captions come "
-    "from the captioner being trained. Write binary criteria that are verifiable from the image and "
-    "that separate better candidates from worse ones. Prioritise reliable and important differences; "
-    "keep precise facts (counts, colours, positions, text) when they matter; avoid uncertain, "
-    "incidental, overlapping or trivially easy criteria. Give each criterion a test a reader can check "
-    "from a caption alone and a positive weight (1 minor, 2 important, 3 critical). Reply with JSON "
-    'only: [{"criterion": "...", "test": "...", "weight": 1}, ...]'
-)
-JUDGE_INSTRUCTION = (
-    "You judge a caption against a rubric written from the image, which you do not see. For each rubric "
-    "item, decide whether the caption satisfies it, judging only that item's criterion; accept "
-    "semantically equivalent wording; do not penalise style, fluency, grammar or length unless the item "
-    "asks for them. Reply with JSON only, one entry per item in order: "
-    '[{"id": 1, "reason": "...", "decision": "yes"}, ...] with decision "yes" or "no".'
-)
-
-
-def _image_content(text: str, image: Any, image_text: str | None, with_images: bool) -> str | list[dict[str, Any]]:
-    """The user turn of an image role: an image placeholder for VLMs, its text rendering otherwise."""
-    if with_images:
-        return [{"type": "image"}, {"type": "text", "text": text}]
-    if image_text:
-        return f"Image (described in text): {image_text}\n\n{text}"
-    return text
-
-
-def policy_messages(image: Any = None, image_text: str | None = None, *, with_images: bool = False,
-                    instruction: str = POLICY_INSTRUCTION) -> list[dict[str, Any]]:
-    """Policy prompt (A.1.1): the image and the instruction only, as at inference time."""
-    return [{"role": "user", "content": _image_content(instruction, image, image_text, with_images)}]
-
-
-def generator_messages(references: Sequence[str], candidates: Sequence[str], image: Any = None,
-                       image_text: str | None = None, *, with_images: bool = False) -> list[dict[str, Any]]:
-    """Generator prompt (A.1.2): image + two references + the current Policy's candidate captions."""
-    parts = [GENERATOR_INSTRUCTION, ""]
-    parts += [f"Reference caption {i}: {r}" for i, r in enumerate(references, 1)]
-    parts += [f"Candidate caption {i}: {c}" for i, c in enumerate(candidates, 1)]
-    return [{"role": "user", "content": _image_content("\n".join(parts), image, image_text, with_images)}]
-
-
-def judge_messages(rubric: Sequence[Mapping[str, Any]], caption: str) -> list[dict[str, Any]]:
-    """Judge prompt (A.1.3): the rubric and the caption; text only (the Judge never sees the image)."""
-    lines = [JUDGE_INSTRUCTION, "", "Rubric:"]
-    for i, item in enumerate(rubric, 1):
-        test = f" Test: {item['test']}" if item.get("test") else ""  # always set in validated rubrics
-        lines.append(f"{i}. {item['criterion']}.{test} (weight {item.get('weight', 1)})")
-    lines += ["", f"Caption: {caption}"]
-    return [{"role": "user", "content": "\n".join(lines)}]
-
 
 def normalise_rubric(items: Any, where: str) -> list[dict[str, Any]]:
     """Validate rubric items with the rubric store's schema (``captionrl.judges.rubric``):
@@ -126,17 +79,6 @@ def parse_decision(value: Any, where: str) -> str:
     if text in ("no", "n", "false", "0", "not satisfied", "fail"):
         return "no"
     raise DataError(where, value, "is not a yes/no decision", 'write "decision": "yes" or "no"')
-
-
-def rubric_json(rubric: Sequence[Mapping[str, Any]]) -> str:
-    """The Generator's target reply."""
-    return json.dumps(list(rubric), ensure_ascii=False)
-
-
-def judgment_json(decisions: Sequence[Mapping[str, Any]]) -> str:
-    """The Judge's target reply: ``[{"id", "reason", "decision"}]`` in rubric order."""
-    return json.dumps([{"id": i, "reason": d.get("reason", ""), "decision": d["decision"]}
-                       for i, d in enumerate(decisions, 1)], ensure_ascii=False)
 
 
 # ---------------------------------------------------------------------- linking records
@@ -453,6 +395,7 @@ class SFTRunConfig:
 
     recipe: str = help_field("moco-sft", "moco-sft (shared multi-role SFT) or sft (distillation from captions)")
     seed: int = help_field(0, "seed of shuffling, candidate draws, row sampling and the trainer")
+    check: bool = help_field(False, "validate config and data, print row counts per role, load no model")
     policy: PolicyConfig = field(default_factory=PolicyConfig, metadata={"help": "the model being fine-tuned (LoRA or full)"})
     data: SFTDataConfig = field(default_factory=SFTDataConfig, metadata={"help": "SFT records"})
     train: SFTTrainConfig = field(default_factory=SFTTrainConfig, metadata={"help": "optimisation and checkpoints"})
@@ -467,11 +410,6 @@ class SFTRunConfig:
                               "set data.captions, data.rubrics and data.judgments, or data.demo=true")
         if self.recipe == "sft" and not d.path:
             raise ConfigError("data.path", d.path, "sft needs the teacher's captions", "set data.path=<file.jsonl>")
-
-
-def load_sft_config(path: str | Path | None = None, overrides: Sequence[str] = (), recipe: str | None = None) -> SFTRunConfig:
-    extra = [f"recipe={recipe}"] if recipe else []
-    return load_config(SFTRunConfig, path, [*extra, *overrides])
 
 
 # ---------------------------------------------------------------------- run
@@ -517,8 +455,6 @@ def _text_only(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def sft_args(cfg: SFTRunConfig, output_dir: Path) -> Any:
     from trl import SFTConfig
 
-    from captionrl.train.common import cuda_available
-
     t = cfg.train
     on_cpu = t.use_cpu if t.use_cpu is not None else not cuda_available()
     kw: dict[str, Any] = {
@@ -548,81 +484,84 @@ def sft_args(cfg: SFTRunConfig, output_dir: Path) -> Any:
         raise ConfigError("train", cfg.recipe, f"TRL rejected the settings: {exc}", "adjust the named setting") from exc
 
 
+class SFTRecipe(Recipe):
+    """SFT in the shared skeleton: prompt-completion rows as data, TRL's ``SFTTrainer`` instead of an RL
+    trainer (no reward functions), ``sft_summary.json`` as the result file."""
+
+    title = "SFT"
+    result_file = "sft_summary.json"
+    curve_keys = ("loss", "mean_token_accuracy", "learning_rate")
+
+    def __init__(self, cfg: SFTRunConfig, model: Any = None, processing: Any = None, callbacks: Sequence[Any] = ()) -> None:
+        super().__init__(cfg, callbacks)
+        self.given = (model, processing)
+        self.rows: list[dict[str, Any]] = []
+        self.dropped: list[str] = []
+
+    def trainer_args(self, run: Run) -> Any:
+        return sft_args(self.cfg, run.out / "checkpoints")
+
+    def dataset(self, run: Run) -> list[dict[str, Any]]:
+        """Every record link checked before any model loads (text only; images are read once the policy
+        says it is a VLM)."""
+        return build_rows(self.cfg, with_images=False)
+
+    def load_policy(self, run: Run) -> None:
+        model, processing = self.given
+        if model is None:
+            super().load_policy(run)
+        else:
+            run.model, run.processing, run.is_vlm = model, processing, hasattr(processing, "image_processor")
+
+    def build_trainer(self, run: Run) -> Any:
+        from datasets import Dataset
+        from trl import SFTTrainer
+
+        cfg, out = self.cfg, run.out
+        rows = build_rows(cfg, with_images=True) if run.is_vlm else run.data
+        tokenizer = getattr(run.processing, "tokenizer", run.processing)
+        self.rows, self.dropped = drop_too_long(rows, tokenizer, cfg.train.max_length)
+        if self.dropped:
+            print(f"warning: dropped {len(self.dropped)} row(s) whose prompt exceeds train.max_length={cfg.train.max_length} "
+                  f"(e.g. {self.dropped[:3]}); raise train.max_length to keep them")
+        if not self.rows:
+            raise ConfigError("train.max_length", cfg.train.max_length, "every row's prompt is longer", "raise train.max_length")
+        with RecordWriter(out / "data.jsonl") as w:
+            w.write_many({k: v for k, v in r.items() if k != "images"} for r in self.rows if not w.has(r["key"]))
+        columns = ["prompt", "completion"] + (["images"] if run.is_vlm else [])
+        dataset = Dataset.from_list([{k: r[k] for k in columns} for r in self.rows])
+        return SFTTrainer(model=run.model, args=run.args, train_dataset=dataset, processing_class=run.processing,
+                          peft_config=lora_config(cfg.policy), callbacks=self.callbacks(run))
+
+    def summary(self, run: Run) -> dict[str, Any]:
+        return {"recipe": self.cfg.recipe, "rows": dict(Counter(r["role"] for r in self.rows)),
+                "dropped_too_long": self.dropped, "train_loss": run.train_output.training_loss,
+                "resumed_from": str(run.resume_from) if run.resume_from else None,
+                "log_history": run.trainer.state.log_history}
+
+
 def run(cfg: SFTRunConfig, model: Any = None, processing: Any = None, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
     """Build the rows, train with TRL's ``SFTTrainer`` (resuming from ``out_dir`` when it holds a
-    checkpoint), save the model and ``sft_summary.json``. ``model``/``processing`` skip loading;
-    ``callbacks`` are extra ``TrainerCallback``s."""
-    from datasets import Dataset
-    from trl import SFTTrainer
-
-    from captionrl.train.callbacks import plot_curves
-    from captionrl.train.common import (
-        apply_threads,
-        load_policy,
-        lora_config,
-        prepare_run_dir,
-        quiet_offline_env,
-        save_final_model,
-    )
-
-    out = Path(cfg.train.out_dir)
-    ckpt = prepare_run_dir(cfg, out, cfg.train.resume)
-    apply_threads(cfg.train.threads)
-    quiet_offline_env(out)
-    if model is None:
-        model, processing, is_vlm = load_policy(cfg.policy)
-    else:
-        is_vlm = hasattr(processing, "image_processor")
-    tokenizer = getattr(processing, "tokenizer", processing)
-    rows = build_rows(cfg, with_images=is_vlm)
-    rows, dropped = drop_too_long(rows, tokenizer, cfg.train.max_length)
-    if dropped:
-        print(f"warning: dropped {len(dropped)} row(s) whose prompt exceeds train.max_length={cfg.train.max_length} "
-              f"(e.g. {dropped[:3]}); raise train.max_length to keep them")
-    if not rows:
-        raise ConfigError("train.max_length", cfg.train.max_length, "every row's prompt is longer", "raise train.max_length")
-    with RecordWriter(out / "data.jsonl") as w:
-        for r in rows:
-            if not w.has(r["key"]):
-                w.write({k: v for k, v in r.items() if k != "images"})
-    columns = ["prompt", "completion"] + (["images"] if is_vlm else [])
-    dataset = Dataset.from_list([{k: r[k] for k in columns} for r in rows])
-    trainer = SFTTrainer(model=model, args=sft_args(cfg, out / "checkpoints"), train_dataset=dataset,
-                         processing_class=processing, peft_config=lora_config(cfg.policy),
-                         callbacks=list(callbacks))
-    if ckpt is not None:
-        print(f"resuming from {ckpt}", flush=True)  # the same line as the RL recipes
-    result = trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
-    model_dir = save_final_model(trainer, out / "model")
-    history = trainer.state.log_history
-    curves = None
-    if any("loss" in h for h in history):
-        curves = out / "curves.png"
-        plot_curves(history, keys=["loss", "mean_token_accuracy", "learning_rate"], path=curves)
-    summary = {
-        "recipe": cfg.recipe, "rows": dict(Counter(r["role"] for r in rows)), "dropped_too_long": dropped,
-        "steps": trainer.state.global_step, "train_loss": result.training_loss,
-        "resumed_from": str(ckpt) if ckpt else None, "model": str(model_dir),
-        "curves": str(curves) if curves else None, "log_history": history,
-    }
-    write_json(out / "sft_summary.json", summary)
-    return {**summary, "trainer": trainer}
+    checkpoint), save the model and ``sft_summary.json``; returns the summary and the trainer.
+    ``model``/``processing`` skip loading; ``callbacks`` are extra ``TrainerCallback``s."""
+    done = train(SFTRecipe(cfg, model, processing, callbacks))
+    return {**done.result, "trainer": done.trainer}
 
 
-# ---------------------------------------------------------------------- CLI
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    recipe = "sft" if p.prog.split()[-1] == "sft" else "moco-sft"
-    example = "data.demo=true train.max_steps=5" if recipe == "moco-sft" else "data.path=teacher.jsonl"
-    p.add_argument("--config", default=None, help="YAML run config")
-    p.add_argument("overrides", nargs="*", help=f"key=value overrides, e.g. {example} train.out_dir=runs/x")
-    p.add_argument("--check", action="store_true", help="validate config and data, print row counts per role, load no model")
-    p.set_defaults(sft_recipe=recipe)
+@dataclass
+class DistillRunConfig(SFTRunConfig):
+    """``captionrl train sft``: the same run, distilling a teacher's captions (the SFT baseline)."""
+
+    recipe: str = help_field("sft", "sft (distillation from captions) or moco-sft (shared multi-role SFT)")
 
 
-def main(args: argparse.Namespace) -> int:
-    recipe = getattr(args, "sft_recipe", None) or ("sft" if getattr(args, "subcommand", "") == "sft" else "moco-sft")
-    cfg = load_sft_config(args.config, args.overrides, recipe=recipe)
-    if args.check:
+# ---------------------------------------------------------------------- command
+CONFIG = SFTRunConfig
+
+
+def run_command(cfg: SFTRunConfig) -> int:
+    """``captionrl train moco-sft`` / ``train sft`` (``recipe=sft``): check the rows or train."""
+    if cfg.check:
         rows = build_rows(cfg, with_images=False)
         print(json.dumps(dict(Counter(r["role"] for r in rows))))
         return 0

@@ -1,0 +1,82 @@
+"""The identification workload the benches share: G captions per item against K candidates, as a
+LineupRL step asks it (letter mode: K rotations per caption, the prompts of one group sharing a prefix).
+
+Also a path to the test suite's llama.cpp server helper, so benches start servers exactly as tests do.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def groups(items: int, g: int, k: int, length: int, seed: int = 0) -> tuple[list[str], list[list[list[float]]]]:
+    """``items`` series from the embedded corpus, each with K-1 nearest distractors and G distinct captions."""
+    from captionrl.domains.candidates import mine_candidates
+    from captionrl.domains.datasets import split_windows
+    from captionrl.domains.describe import describe_series
+
+    windows = split_windows("embedded", length)["train"]
+    rng = np.random.default_rng(seed)
+    chosen = [windows[i] for i in rng.choice(len(windows), items, replace=False)]
+    by_id = {w.id: w for w in windows}
+    sets = mine_candidates(chosen, windows, k=k, seed=seed, progress=False)
+    captions, candidates = [], []
+    for it, cs in zip(chosen, sets, strict=True):
+        cands = [it.values.tolist(), *[by_id[d].values.tolist() for d in cs.distractor_ids]]
+        base = describe_series(it)
+        for j in range(g):
+            other = describe_series(by_id[cs.distractor_ids[j % (k - 1)]])
+            captions.append(base if j == 0 else f"{base} Sample {j}: {other}")
+            candidates.append(cands)
+    return captions, candidates
+
+
+def letter_questions(captions: list[str], candidates: list[list[list[float]]], k: int) -> list[list[dict[str, Any]]]:
+    """The identification judge's letter prompts (c2s, K rotations), in the judge's own order."""
+    from captionrl.backends.base import option_letters
+    from captionrl.judges.identify import LETTER_C2S, IdentifyConfig, _groups, render_values, rotation
+
+    cfg = IdentifyConfig(mode="letter", k=k)
+    labels = option_letters(k)
+    prompts = []
+    for group in _groups(candidates):
+        for r in range(k):
+            for row in group:
+                texts = [render_values(v, cfg) for v in candidates[row][:k]]
+                blocks = "\n".join(f"{labels[p]}: {texts[c]}" for p, c in enumerate(rotation(k, r)))
+                body = LETTER_C2S.format(k=k, labels=", ".join(labels), blocks=blocks, caption=captions[row].strip())
+                prompts.append([{"role": "user", "content": body}])
+    return prompts
+
+
+def llama_server_class() -> Any:
+    """``tests/servers.py``'s ``LlamaServer`` (llama-cpp-python's server with the settings tests use)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from servers import LlamaServer
+
+    return LlamaServer
+
+
+def cpu_line() -> str:
+    """The CPU model and its bf16 support, for the bench's header."""
+    from captionrl.devices import cpu_flags, cpu_native_bf16
+
+    model = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.partition(":")[2].strip()
+                break
+    except OSError:
+        pass
+    import os
+
+    bf16 = [f for f in ("avx512_bf16", "amx_bf16") if f in cpu_flags()]
+    return (f"CPU: {model}, {os.cpu_count()} cores visible, bf16 flags: {bf16 or 'none'} "
+            f"(native bf16: {cpu_native_bf16()[0]})")

@@ -1,0 +1,82 @@
+"""The three MoCo Rubric roles' prompts and target replies (paper appendix A.1): Policy, Generator, Judge.
+
+One definition for every place that asks a role something: the shared multi-role SFT
+(``captionrl.train.sft``) trains on these prompts, and the RL recipe (``judges.online_rubric``,
+``train.moco``) asks its Generator and Judge with the very same ones, so a role is asked exactly what it
+learnt. The replies are JSON: the Generator's rubric ``[{criterion, test, weight}]`` and the Judge's
+``[{id, reason, decision}]``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+POLICY_INSTRUCTION = (
+    "Describe this image in detail. Write one flowing plain-text description (no lists, headings or "
+    "markdown) that covers the objects and their attributes, counts, positions and relations, the "
+    "setting, and any visible text, stating only what the image shows."
+)
+GENERATOR_INSTRUCTION = (
+    "You write grading rubrics for detailed image captions. The image is the authoritative evidence; "
+    "the two reference captions are a quality anchor and may miss details; the candidate captions come "
+    "from the captioner being trained. Write binary criteria that are verifiable from the image and "
+    "that separate better candidates from worse ones. Prioritise reliable and important differences; "
+    "keep precise facts (counts, colours, positions, text) when they matter; avoid uncertain, "
+    "incidental, overlapping or trivially easy criteria. Give each criterion a test a reader can check "
+    "from a caption alone and a positive weight (1 minor, 2 important, 3 critical). Reply with JSON "
+    'only: [{"criterion": "...", "test": "...", "weight": 1}, ...]'
+)
+JUDGE_INSTRUCTION = (
+    "You judge a caption against a rubric written from the image, which you do not see. For each rubric "
+    "item, decide whether the caption satisfies it, judging only that item's criterion; accept "
+    "semantically equivalent wording; do not penalise style, fluency, grammar or length unless the item "
+    "asks for them. Reply with JSON only, one entry per item in order: "
+    '[{"id": 1, "reason": "...", "decision": "yes"}, ...] with decision "yes" or "no".'
+)
+
+
+def _image_content(text: str, image: Any, image_text: str | None, with_images: bool) -> str | list[dict[str, Any]]:
+    """The user turn of an image role: an image placeholder for VLMs, its text rendering otherwise."""
+    if with_images:
+        return [{"type": "image"}, {"type": "text", "text": text}]
+    if image_text:
+        return f"Image (described in text): {image_text}\n\n{text}"
+    return text
+
+
+def policy_messages(image: Any = None, image_text: str | None = None, *, with_images: bool = False,
+                    instruction: str = POLICY_INSTRUCTION) -> list[dict[str, Any]]:
+    """Policy prompt (A.1.1): the image and the instruction only, as at inference time."""
+    return [{"role": "user", "content": _image_content(instruction, image, image_text, with_images)}]
+
+
+def generator_messages(references: Sequence[str], candidates: Sequence[str], image: Any = None,
+                       image_text: str | None = None, *, with_images: bool = False) -> list[dict[str, Any]]:
+    """Generator prompt (A.1.2): image + two references + the current Policy's candidate captions."""
+    parts = [GENERATOR_INSTRUCTION, ""]
+    parts += [f"Reference caption {i}: {r}" for i, r in enumerate(references, 1)]
+    parts += [f"Candidate caption {i}: {c}" for i, c in enumerate(candidates, 1)]
+    return [{"role": "user", "content": _image_content("\n".join(parts), image, image_text, with_images)}]
+
+
+def judge_messages(rubric: Sequence[Mapping[str, Any]], caption: str) -> list[dict[str, Any]]:
+    """Judge prompt (A.1.3): the rubric and the caption; text only (the Judge never sees the image)."""
+    lines = [JUDGE_INSTRUCTION, "", "Rubric:"]
+    for i, item in enumerate(rubric, 1):
+        test = f" Test: {item['test']}" if item.get("test") else ""  # always set in validated rubrics
+        lines.append(f"{i}. {item['criterion']}.{test} (weight {item.get('weight', 1)})")
+    lines += ["", f"Caption: {caption}"]
+    return [{"role": "user", "content": "\n".join(lines)}]
+
+
+def rubric_json(rubric: Sequence[Mapping[str, Any]]) -> str:
+    """The Generator's target reply."""
+    return json.dumps(list(rubric), ensure_ascii=False)
+
+
+def judgment_json(decisions: Sequence[Mapping[str, Any]]) -> str:
+    """The Judge's target reply: ``[{"id", "reason", "decision"}]`` in rubric order."""
+    return json.dumps([{"id": i, "reason": d.get("reason", ""), "decision": d["decision"]}
+                       for i, d in enumerate(decisions, 1)], ensure_ascii=False)

@@ -1,0 +1,315 @@
+"""The reward service's Starlette app: request parsing, cross-client batching, bounded judge calls.
+
+See ``captionrl.serve`` for the contract. ``create_app(cfg, judge)`` returns the ASGI app; uvicorn (or
+any ASGI server) runs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import math
+import threading
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from captionrl.errors import UserInputError
+from captionrl.serve.config import MAIN_COLUMN, RewardServiceConfig
+from captionrl.types import Judgment
+
+RESERVED = ("query", "prompts", "labels")
+NUMERIC_EXTRA = ("hard", "soft", "mass", "grade")
+"""``Judgment.extra`` fields sent back as per-item ``extra_logs`` when a judge provides them."""
+
+
+class NaNJSONResponse(Response):
+    """JSON that may hold NaN (Python's json reads it; Starlette's JSONResponse refuses to write it)."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, allow_nan=True, ensure_ascii=False, default=str).encode("utf-8")
+
+
+def error_response(status: int, field: str, value: Any, problem: str, fix: str) -> NaNJSONResponse:
+    shown = value if isinstance(value, (int, float, bool)) or value is None else str(value)[:200]
+    return NaNJSONResponse({"error": {"field": field, "value": shown, "problem": problem, "fix": fix}},
+                           status_code=status)
+
+
+@dataclass
+class Job:
+    """One request's captions and columns, waiting for a judge call."""
+
+    captions: list[str]
+    rows: list[dict[str, Any]]
+    future: asyncio.Future[list[Judgment]]
+    batch_id: int | None = None
+    batch_size: int = 0
+
+
+@dataclass
+class Stats:
+    requests: int = 0
+    captions: int = 0
+    unscored: int = 0
+    batches: int = 0
+    pending: int = 0
+    running: int = 0
+    started: float = field(default_factory=time.time)
+
+
+def parse_request(data: Any, reward: str) -> tuple[list[str], list[dict[str, Any]]]:
+    """(captions, per-caption columns) from an OpenRLHF body; ``UserInputError`` names what is wrong."""
+    if not isinstance(data, dict):
+        raise UserInputError("body", type(data).__name__, "must be a JSON object",
+                             'send {"query": [...], "prompts": [...], "labels": [...]}')
+    query = data.get("query")
+    if not isinstance(query, list) or not query or not all(isinstance(q, str) for q in query):
+        raise UserInputError("query", query, "must be a non-empty list of strings (prompt + response)",
+                             'send "query": ["<prompt><response>", ...]')
+    n = len(query)
+    prompts = data.get("prompts")
+    if prompts is None:
+        prompts = [""] * n
+    if not isinstance(prompts, list) or len(prompts) != n or not all(isinstance(p, str) for p in prompts):
+        raise UserInputError("prompts", prompts if not isinstance(prompts, list) else f"{len(prompts)} items",
+                             f"must be a list of {n} strings, one per query", "send the prompt of each query")
+    labels = data.get("labels")
+    if labels is not None and (not isinstance(labels, list) or len(labels) != n):
+        raise UserInputError("labels", labels if not isinstance(labels, list) else f"{len(labels)} items",
+                             f"must be a list of {n} labels, one per query",
+                             "send one label per query (e.g. the JSON of the item's judge columns)")
+    captions = [q[len(p):] if p and q.startswith(p) else q for q, p in zip(query, prompts, strict=True)]
+    rows: list[dict[str, Any]] = [{} for _ in range(n)]
+    for i, label in enumerate(labels or []):
+        rows[i].update(_label_columns(label, reward, i))
+    for key, values in data.items():
+        if key in RESERVED:
+            continue
+        if not isinstance(values, list) or len(values) != n:
+            raise UserInputError(key, values if not isinstance(values, list) else f"{len(values)} items",
+                                 f"an extra field is a column: a list of {n} values, one per query",
+                                 f"send {key!r} as a list aligned with query, or drop it")
+        for i, v in enumerate(values):
+            rows[i][key] = v
+    keys = {frozenset(r) for r in rows}
+    if len(keys) > 1:
+        raise UserInputError("labels", sorted(map(sorted, keys))[:3], "items of one request give different columns",
+                             "give every item of a request the same label fields")
+    return captions, rows
+
+
+def _label_columns(label: Any, reward: str, i: int) -> dict[str, Any]:
+    if label is None:
+        return {}
+    value = label
+    if isinstance(label, (str, bytes)):
+        text = label.decode() if isinstance(label, bytes) else label
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text
+    if isinstance(value, dict):
+        return dict(value)
+    return {MAIN_COLUMN[reward]: value}
+
+
+class Batcher:
+    """Pools requests from all clients for a short window, then runs one judge call per column set."""
+
+    def __init__(self, judge: Any, cfg: RewardServiceConfig) -> None:
+        self.judge = judge
+        self.cfg = cfg
+        self.stats = Stats()
+        self._queue: asyncio.Queue[Job] | None = None
+        self._sem: asyncio.Semaphore | None = None
+        self._worker: asyncio.Task[None] | None = None
+        self._ids = itertools.count(1)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        self._queue = asyncio.Queue()
+        self._sem = asyncio.Semaphore(self.cfg.max_concurrency)
+        self._worker = asyncio.create_task(self._collect())
+
+    async def stop(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+
+    async def submit(self, captions: list[str], rows: list[dict[str, Any]]) -> Job:
+        assert self._queue is not None, "Batcher.start() was not awaited"
+        job = Job(captions, rows, asyncio.get_running_loop().create_future())
+        self.stats.pending += len(captions)
+        await self._queue.put(job)
+        try:
+            await job.future
+        finally:
+            self.stats.pending -= len(captions)
+        return job
+
+    async def _collect(self) -> None:
+        assert self._queue is not None and self._sem is not None
+        loop = asyncio.get_running_loop()
+        window = self.cfg.batch_window_ms / 1000.0
+        while True:
+            jobs = [await self._queue.get()]
+            size = len(jobs[0].captions)
+            deadline = loop.time() + window
+            while size < self.cfg.max_batch:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                try:
+                    job = await asyncio.wait_for(self._queue.get(), remaining)
+                except TimeoutError:
+                    break
+                jobs.append(job)
+                size += len(job.captions)
+            await self._sem.acquire()
+            task = asyncio.create_task(self._run(jobs))
+            self._tasks.add(task)  # keep a reference until done (the loop holds only weak ones)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, jobs: list[Job]) -> None:
+        assert self._sem is not None
+        batch_id = next(self._ids)
+        self.stats.batches += 1
+        self.stats.running += 1
+        try:
+            groups: dict[frozenset[str], list[Job]] = {}
+            for job in jobs:
+                job.batch_id, job.batch_size = batch_id, sum(len(j.captions) for j in jobs)
+                groups.setdefault(frozenset(job.rows[0]), []).append(job)
+            for group in groups.values():
+                await self._judge_group(group)
+        finally:
+            self.stats.running -= 1
+            self._sem.release()
+
+    async def _judge_group(self, jobs: list[Job]) -> None:
+        try:
+            results = await self._call([c for j in jobs for c in j.captions], [r for j in jobs for r in j.rows])
+        except UserInputError as exc:
+            if len(jobs) > 1:  # one bad request must not fail the others pooled with it
+                for job in jobs:
+                    await self._judge_group([job])
+            elif not jobs[0].future.done():
+                jobs[0].future.set_exception(exc)  # becomes this request's HTTP 400
+            return
+        except Exception as exc:  # the judge itself broke: every caption unscored, with the cause
+            err = f"{type(exc).__name__}: {exc}"
+            results = [Judgment(score=None, error=err) for j in jobs for _ in j.captions]
+        start = 0
+        for job in jobs:
+            if not job.future.done():
+                job.future.set_result(results[start:start + len(job.captions)])
+            start += len(job.captions)
+
+    async def _call(self, captions: list[str], rows: list[dict[str, Any]]) -> list[Judgment]:
+        columns = {k: [r[k] for r in rows] for k in rows[0]} if rows else {}
+        return await asyncio.to_thread(self.judge.judge, captions, columns)
+
+
+class RecordLog:
+    """Append-only per-request JSONL (thread-safe; one line per request)."""
+
+    def __init__(self, path: str | Path | None) -> None:
+        self.path = Path(path) if path else None
+        self._lock = threading.Lock()
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, rec: dict[str, Any]) -> None:
+        if self.path is None:
+            return
+        from captionrl.records import dumps
+
+        line = dumps(rec) + "\n"
+        with self._lock, self.path.open("a", encoding="utf-8") as f:
+            f.write(line)
+
+
+def create_app(cfg: RewardServiceConfig, judge: Any) -> Starlette:
+    """The ASGI app serving ``judge`` under ``cfg`` (see ``captionrl.serve``)."""
+    batcher = Batcher(judge, cfg)
+    records = RecordLog(cfg.records)
+    failure = math.nan if cfg.failure_value == "nan" else None
+    backend = getattr(judge, "backend", None) or getattr(getattr(judge, "answerer", None), "backend", None)
+
+    async def reward(request: Request) -> Response:
+        t0 = time.perf_counter()
+        received = time.time()
+        try:
+            data = await request.json()
+        except ValueError as exc:
+            return error_response(400, "body", None, f"is not valid JSON ({exc})",
+                                  'send Content-Type: application/json with {"query": [...], ...}')
+        try:
+            captions, rows = parse_request(data, cfg.reward)
+        except UserInputError as exc:
+            return error_response(400, exc.field, exc.value, exc.problem, exc.fix)
+        if batcher.stats.pending + len(captions) > cfg.max_pending:
+            return error_response(503, "max_pending", cfg.max_pending, "the service is at capacity",
+                                  "retry shortly, or start it with a larger max_pending / more replicas")
+        try:
+            job = await batcher.submit(captions, rows)
+            judgments = job.future.result()
+        except UserInputError as exc:
+            return error_response(400, f"labels.{exc.field}", exc.value, exc.problem, exc.fix)
+        scored = [j.score is not None and not math.isnan(float(j.score)) for j in judgments]
+        rewards = [float(j.score) if ok else failure for j, ok in zip(judgments, scored, strict=True)]  # type: ignore[arg-type]
+        errors = [None if ok else (j.error or "unscored") for j, ok in zip(judgments, scored, strict=True)]
+        extra: dict[str, list[float]] = {"unscored": [0.0 if ok else 1.0 for ok in scored]}
+        for name in NUMERIC_EXTRA:
+            vals = [j.extra.get(name) for j in judgments]
+            if any(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
+                extra[name] = [float(v) if isinstance(v, (int, float)) else math.nan for v in vals]
+        batcher.stats.requests += 1
+        batcher.stats.captions += len(captions)
+        batcher.stats.unscored += scored.count(False)
+        latency = time.perf_counter() - t0
+        records.write({"received": received, "client": request.client.host if request.client else None,
+                       "n": len(captions), "batch_id": job.batch_id, "batch_size": job.batch_size,
+                       "latency_s": round(latency, 4), "rewards": rewards, "errors": errors,
+                       "captions": captions, "columns": sorted(rows[0])})
+        return NaNJSONResponse({"rewards": rewards, "scores": list(rewards), "extra_logs": extra,
+                                "scored": scored, "errors": errors})
+
+    async def health(request: Request) -> Response:
+        s = batcher.stats
+        body: dict[str, Any] = {"status": "ok", "reward": cfg.reward, "judge": getattr(judge, "name", None),
+                                "backend": getattr(backend, "name", None), "requests": s.requests,
+                                "captions": s.captions, "unscored": s.unscored, "batches": s.batches,
+                                "pending": s.pending, "running": s.running,
+                                "uptime_s": round(time.time() - s.started, 1)}
+        status = getattr(backend, "replica_status", None)
+        if callable(status):
+            body["replicas"] = status()
+        return NaNJSONResponse(body)
+
+    @asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        await batcher.start()
+        try:
+            yield
+        finally:
+            await batcher.stop()
+
+    app = Starlette(
+        routes=[Route("/reward", reward, methods=["POST"]), Route("/get_reward", reward, methods=["POST"]),
+                Route("/health", health, methods=["GET"])],
+        lifespan=lifespan,
+    )
+    app.state.batcher = batcher
+    return app

@@ -1,0 +1,94 @@
+"""The reward service's configuration and the judge it builds from it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from captionrl.backends import BackendConfig
+from captionrl.config import help_field
+from captionrl.errors import ConfigError
+from captionrl.judges.identify import IdentifyConfig
+from captionrl.judges.ngram import NgramConfig
+from captionrl.judges.qa import QAConfig
+from captionrl.judges.scalar import ScalarConfig
+
+REWARDS = ("identification", "rubric", "scalar", "answerability", "cider")
+MAIN_COLUMN = {"identification": "candidates", "rubric": "rubric", "scalar": "reference",
+               "answerability": "questions", "cider": "references"}
+"""The column a bare (non-object) label fills, per reward."""
+
+
+@dataclass
+class RubricServeConfig:
+    """The rubric judge's reading of the verifier."""
+
+    mode: str = help_field("choose", "choose (yes/no probability from the logits), generate (parse yes/no) or likelihood (PMI of the criterion after the caption)")
+    decision: str = help_field("hard", "hard (a criterion counts when satisfied) or soft (weighted by the probability)")
+    threshold: float | None = help_field(None, "decision threshold; null = the mode's default")
+    store: str | None = help_field(None, "rubric store JSONL for labels that give an item_id instead of a rubric")
+
+
+@dataclass
+class RewardServiceConfig:
+    """``captionrl serve reward``: one of the project's rewards behind an HTTP endpoint (OpenRLHF contract)."""
+
+    reward: str = help_field("identification", "which reward: identification, rubric, scalar, answerability or cider")
+    host: str = help_field("127.0.0.1", "interface to listen on (0.0.0.0 to accept other machines)")
+    port: int = help_field(8000, "TCP port")
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    identify: IdentifyConfig = field(default_factory=IdentifyConfig)
+    rubric: RubricServeConfig = field(default_factory=RubricServeConfig)
+    scalar: ScalarConfig = field(default_factory=ScalarConfig)
+    qa: QAConfig = field(default_factory=QAConfig)
+    ngram: NgramConfig = field(default_factory=NgramConfig)
+    batch_window_ms: float = help_field(20.0, "how long a request waits for others to share its judge call (ms); 0 = no pooling")
+    max_batch: int = help_field(256, "most captions per judge call")
+    max_concurrency: int = help_field(1, "judge calls running at once (raise it for an openai verifier with replicas)")
+    max_pending: int = help_field(16384, "captions waiting or running before new requests get HTTP 503")
+    failure_value: str = help_field("nan", "reward of an unscored caption: nan (OpenRLHF/verl mask it) or null; never 0")
+    records: str | None = help_field("runs/serve/requests.jsonl", "per-request records (JSONL); null = none")
+    log_level: str = help_field("warning", "uvicorn log level")
+
+    def __post_init__(self) -> None:
+        if self.reward not in REWARDS:
+            from captionrl.registry import suggest
+
+            raise ConfigError("reward", self.reward, "unknown reward", suggest(self.reward, list(REWARDS)))
+        if self.failure_value not in ("nan", "null"):
+            raise ConfigError("failure_value", self.failure_value, "unknown failure value",
+                              "use nan or null (an unscored caption is never 0)")
+        for name, ok in (("batch_window_ms", self.batch_window_ms >= 0), ("max_batch", self.max_batch >= 1),
+                         ("max_concurrency", self.max_concurrency >= 1), ("max_pending", self.max_pending >= 1),
+                         ("port", 0 <= self.port < 65536)):
+            if not ok:
+                raise ConfigError(name, getattr(self, name), "out of range", f"see captionrl serve reward --help for {name}")
+
+
+def build_judge(cfg: RewardServiceConfig, backend: Any = None) -> Any:
+    """The judge ``cfg.reward`` names, on ``backend`` (built from ``cfg.backend`` when not given)."""
+    if cfg.reward == "cider":
+        from captionrl.judges.ngram import NgramJudge
+
+        return NgramJudge(cfg.ngram)
+    if backend is None:
+        from captionrl.backends import make_backend
+
+        backend = make_backend(cfg.backend)
+    if cfg.reward == "identification":
+        from captionrl.judges.identify import IdentificationJudge
+
+        return IdentificationJudge(backend, cfg.identify)
+    if cfg.reward == "scalar":
+        from captionrl.judges.scalar import ScalarJudge
+
+        return ScalarJudge(backend, cfg.scalar)
+    if cfg.reward == "answerability":
+        from captionrl.judges.qa import QAJudge
+
+        return QAJudge(backend, cfg.qa)
+    from captionrl.judges.rubric import RubricJudge, RubricStore
+
+    store = RubricStore(cfg.rubric.store) if cfg.rubric.store else None
+    return RubricJudge(backend, mode=cfg.rubric.mode, decision=cfg.rubric.decision,  # type: ignore[arg-type]
+                       threshold=cfg.rubric.threshold, store=store)

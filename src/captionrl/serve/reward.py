@@ -1,0 +1,49 @@
+"""``captionrl serve reward --config FILE``: run the reward service (see ``captionrl.serve``).
+
+Exposes ``CONFIG`` and ``run_command(cfg)`` (the command convention) and, until every command is
+converted, the legacy ``add_arguments``/``main`` pair that reads ``--config`` and ``key=value`` overrides.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from captionrl.serve.config import RewardServiceConfig, build_judge
+
+CONFIG = RewardServiceConfig
+
+
+def make_server(cfg: RewardServiceConfig, judge: Any = None) -> Any:
+    """A ``uvicorn.Server`` for the service (not started): ``server.run()`` blocks, tests run it in a thread."""
+    try:
+        import uvicorn
+    except ImportError as exc:  # pragma: no cover - the serve extra is missing
+        from captionrl.errors import ConfigError
+
+        raise ConfigError("serve", "uvicorn", "the reward service needs starlette and uvicorn",
+                          "pip install 'captionrl[serve]'") from exc
+    from captionrl.serve.app import create_app
+
+    app = create_app(cfg, judge if judge is not None else build_judge(cfg))
+    return uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level,
+                                         access_log=False))
+
+
+def run_command(cfg: RewardServiceConfig) -> int:
+    judge = build_judge(cfg)
+    print(f"reward service: {cfg.reward} ({getattr(judge, 'name', '?')}) on http://{cfg.host}:{cfg.port}/reward "
+          f"(health: /health; records: {cfg.records or 'off'})", flush=True)
+    make_server(cfg, judge).run()
+    return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=None, help="YAML file of RewardServiceConfig fields")
+    p.add_argument("overrides", nargs="*", help="key=value settings (dotted for nested: backend.base_url=...)")
+
+
+def main(args: argparse.Namespace) -> int:
+    from captionrl.config import load_config
+
+    return run_command(load_config(RewardServiceConfig, args.config, args.overrides))

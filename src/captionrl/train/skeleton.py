@@ -1,0 +1,173 @@
+"""The one training skeleton every recipe runs through, top to bottom:
+
+    prepare the run folder -> probe servers -> build the dataset -> load the policy -> build the trainer
+    -> preflight -> train -> save -> final evaluation -> curves -> result file
+
+A recipe (LineupRL, RubiCap, MoCo Rubric, SFT) is its config, its dataset and its reward functions: it
+subclasses ``Recipe`` and fills in ``dataset`` and ``reward_functions`` (and, where it differs, the
+step it changes). Two hooks are named for what they are for:
+
+- ``preflight(run)``: runs once the trainer exists, before step 1 (e.g. checking that the reward scores
+  the policy's captions at all). Default: nothing.
+- ``final_evaluation(run) -> dict``: runs on the main process after the model is saved; what it returns
+  joins the result file. Default: nothing.
+
+Every step that can fail on bad input (config differences with a saved run, an unreachable server, bad
+data) comes before the policy loads, so a mistake costs seconds, not a model load.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from captionrl.train import common
+
+
+@dataclass
+class Run:
+    """What the skeleton has built so far; a recipe's steps and hooks read and fill it."""
+
+    cfg: Any
+    out: Path
+    resume_from: Path | None = None
+    args: Any = None  # the trainer's arguments (RLOOConfig, GRPOConfig, SFTConfig)
+    data: Any = None  # whatever the recipe's ``dataset`` returned
+    model: Any = None
+    processing: Any = None
+    is_vlm: bool = False
+    trainer: Any = None
+    train_output: Any = None  # what ``trainer.train()`` returned
+    train_seconds: float = 0.0
+    result: dict[str, Any] = field(default_factory=dict)
+
+
+class Recipe:
+    """A training recipe: config, dataset, reward functions, and the two hooks. Subclasses fill in
+    ``dataset`` and ``reward_functions``; every other method has the behaviour all RL recipes share."""
+
+    title = "training"
+    result_file = "result.json"
+    curve_keys: Sequence[str] | None = None  # None: the watched metrics present in the log
+    checkpoint_files: Sequence[str] = ()  # files a complete checkpoint holds besides the Trainer's own
+
+    def __init__(self, cfg: Any, callbacks: Sequence[Any] = ()) -> None:
+        self.cfg = cfg
+        self.extra_callbacks = list(callbacks)
+
+    # ------------------------------------------------------------------ steps a recipe supplies
+    def servers(self) -> list[tuple[Any, str]]:
+        """(BackendConfig, config field) of every server the run needs, probed before anything loads."""
+        return []
+
+    def trainer_args(self, run: Run) -> Any:
+        return common.trainer_args(self.cfg.train, seed=int(self.cfg.train.seed or 0))
+
+    def dataset(self, run: Run) -> Any:
+        """The recipe's data, validated; runs before the policy loads."""
+        raise NotImplementedError
+
+    def load_policy(self, run: Run) -> None:
+        run.model, run.processing, run.is_vlm = common.load_policy(self.cfg.policy)
+
+    def train_dataset(self, run: Run) -> Any:
+        """The ``datasets.Dataset`` the trainer iterates (default: ``run.data`` as a list of rows)."""
+        from datasets import Dataset
+
+        return Dataset.from_list(list(run.data))
+
+    def reward_functions(self, run: Run) -> list[Callable[..., Any]]:
+        raise NotImplementedError
+
+    def callbacks(self, run: Run) -> list[Any]:
+        from captionrl.train.logging import MetricsLog
+
+        return [MetricsLog(run.out / "metrics.jsonl"), *self.extra_callbacks]
+
+    def build_trainer(self, run: Run) -> Any:
+        return common.build_trainer(self.cfg.train, run.args, run.model, run.processing, self.reward_functions(run),
+                                    self.train_dataset(run), callbacks=self.callbacks(run),
+                                    peft_config=common.lora_config(self.cfg.policy))
+
+    # ------------------------------------------------------------------ hooks
+    def preflight(self, run: Run) -> None:
+        """Hook: runs once the trainer exists, before step 1. Default: nothing."""
+
+    def final_evaluation(self, run: Run) -> dict[str, Any]:
+        """Hook: runs on the main process after the model is saved; returns fields for the result file."""
+        return {}
+
+    # ------------------------------------------------------------------ reporting
+    def close(self, run: Run) -> None:
+        """Called when training ends, normally or not (sample logs flush here)."""
+
+    def summary(self, run: Run) -> dict[str, Any]:
+        """Recipe-specific fields of the result file."""
+        return {}
+
+
+def prepare(recipe: Recipe) -> Run:
+    """The first half, shared by every recipe (EvoLM too): run folder, servers, data, policy."""
+    cfg = recipe.cfg
+    run = Run(cfg=cfg, out=Path(cfg.train.out_dir))
+    common.quiet_offline_env(run.out)
+    run.resume_from = common.prepare_run_dir(cfg, run.out, cfg.train.resume,  # config diff check, before any load
+                                             recipe.checkpoint_files)
+    common.probe_servers(recipe.servers())
+    run.args = recipe.trainer_args(run)
+    run.data = recipe.dataset(run)
+    common.apply_threads(cfg.train.threads)
+    recipe.load_policy(run)
+    return run
+
+
+def train(recipe: Recipe) -> Run:
+    """Run ``recipe`` through every step; returns the ``Run`` (its ``result`` is what the result file holds)."""
+    run = prepare(recipe)
+    run.trainer = recipe.build_trainer(run)
+    recipe.preflight(run)
+    if run.resume_from is not None:
+        print(f"resuming from {run.resume_from}")
+    t0 = time.perf_counter()
+    try:
+        run.train_output = run.trainer.train(resume_from_checkpoint=str(run.resume_from) if run.resume_from else None)
+    finally:
+        recipe.close(run)
+    run.train_seconds = time.perf_counter() - t0
+    run.result.update(out_dir=str(run.out), train_seconds=round(run.train_seconds, 1),
+                      steps=int(run.trainer.state.global_step))
+    run.result["model"] = str(common.save_final_model(run.trainer, run.out / "model"))  # every rank: ZeRO-3 gathers
+    if not run.trainer.accelerator.is_main_process:
+        return run
+    run.result.update(recipe.final_evaluation(run))
+    run.result.update(curves(recipe, run))
+    run.result.update(recipe.summary(run))
+    from captionrl.records import write_json
+
+    write_json(run.out / recipe.result_file, run.result)
+    return run
+
+
+def curves(recipe: Recipe, run: Run) -> dict[str, Any]:
+    """``curves.png`` from ``metrics.jsonl`` (none when nothing was logged), first/last reward, step time."""
+    from captionrl.train.curves import curve_keys, load_metrics, plot_curves
+
+    path = run.out / "metrics.jsonl"
+    records = load_metrics(path) if path.is_file() else []
+    keys = list(recipe.curve_keys) if recipe.curve_keys is not None else curve_keys(records)
+    keys = [k for k in keys if any(isinstance(r.get(k), (int, float)) for r in records)]
+    points = plot_curves(records, keys, path=run.out / "curves.png", title=recipe.title) if keys else None
+    out: dict[str, Any] = {"curves": str(run.out / "curves.png") if points else None, "curve_points": points,
+                           "metrics": str(path) if records else None,
+                           "tensorboard": str(run.out / "tensorboard") if "tensorboard" in (run.args.report_to or []) else None}
+    rewards = [m["reward"] for m in records if isinstance(m.get("reward"), (int, float)) and not math.isnan(m["reward"])]
+    if rewards:
+        out["reward_first"], out["reward_last"] = round(rewards[0], 4), round(rewards[-1], 4)
+    times = [m["step_time"] for m in records if isinstance(m.get("step_time"), (int, float))]
+    if times:
+        out["step_seconds"] = round(sum(times) / len(times), 2)
+    return out

@@ -1,0 +1,162 @@
+"""The reward service on 127.0.0.1: OpenRLHF's contract, replica failover mid-batch, pooling across
+clients, clear 400s, failures unscored (NaN + flag), never 0."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from captionrl.adapters.engine import encode_label
+from captionrl.config import from_dict
+from captionrl.serve.config import RewardServiceConfig
+from captionrl.serve.reward import make_server
+from servers import free_port, requires_llama_cpp
+
+RISING = [float(v) for v in range(1, 13)]
+FALLING = RISING[::-1]
+PROMPT = "Describe the time series.\n"
+
+
+class Service:
+    """The service in a thread of this process, on a free port; stopped by ``close``."""
+
+    def __init__(self, **fields) -> None:
+        fields.setdefault("port", free_port())
+        self.cfg = from_dict(RewardServiceConfig, fields)
+        self.server = make_server(self.cfg)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.url = f"http://127.0.0.1:{self.cfg.port}"
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "service did not start"
+            time.sleep(0.05)
+
+    def post(self, body, timeout: float = 300.0) -> httpx.Response:
+        return httpx.post(self.url + "/reward", json=body, timeout=timeout)
+
+    def health(self) -> dict:
+        return httpx.get(self.url + "/health", timeout=10).json()
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture
+def service_factory() -> Iterator:
+    started: list[Service] = []
+
+    def start(**fields) -> Service:
+        s = Service(**fields)
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.close()
+
+
+def openrlhf_batch(captions: list[str]) -> dict:
+    labels = [encode_label([RISING, FALLING] if i % 2 == 0 else [FALLING, RISING]) for i in range(len(captions))]
+    return {"query": [PROMPT + c for c in captions], "prompts": [PROMPT] * len(captions), "labels": labels}
+
+
+@pytest.mark.server
+@requires_llama_cpp
+def test_openrlhf_batch_survives_a_replica_killed_mid_batch(llama_server_factory, service_factory, tmp_path: Path):
+    a, b = llama_server_factory(), llama_server_factory()
+    svc = service_factory(
+        reward="identification", identify={"mode": "letter", "k": 2, "signal": "soft"},
+        backend={"kind": "openai", "model": "smollm2", "base_url": [a.base_url, b.base_url], "concurrency": 2,
+                 "max_retries": 2, "backoff_s": 0.05, "cooldown_s": 5.0},
+        batch_window_ms=50, records=str(tmp_path / "requests.jsonl"),
+    )
+    captions = [f"It {'rises' if i % 2 == 0 else 'falls'} steadily, from 1 to 12 (take {i})." for i in range(8)]
+
+    def kill_a_mid_batch() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            reps = svc.health().get("replicas", [])
+            if sum(r["served"] for r in reps) >= 3:
+                a.kill()
+                return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_a_mid_batch)
+    killer.start()
+    reply = svc.post(openrlhf_batch(captions))
+    killer.join()
+    assert not a.alive
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert set(body) >= {"rewards", "scores", "extra_logs"}
+    assert len(body["rewards"]) == 8 and body["scored"] == [True] * 8, body["errors"]
+    assert all(isinstance(r, float) and 0.0 <= r <= 1.0 for r in body["rewards"])
+    assert body["extra_logs"]["unscored"] == [0.0] * 8 and len(body["extra_logs"]["soft"]) == 8
+    reps = {r["url"]: r for r in svc.health()["replicas"]}
+    assert reps[a.base_url]["failures"] >= 1 and reps[b.base_url]["served"] > 0
+    (rec,) = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    assert rec["n"] == 8 and rec["rewards"] == body["rewards"] and rec["columns"] == ["candidates"]
+
+
+def test_bad_requests_get_a_400_naming_field_and_fix(service_factory, tmp_path: Path):
+    svc = service_factory(reward="cider", records=str(tmp_path / "r.jsonl"))
+    cases = [
+        ({"prompts": ["p"]}, "query"),
+        ({"query": ["a", "b"], "prompts": ["a"]}, "prompts"),
+        ({"query": ["a"], "labels": [{"references": ["a"]}], "weights": 3}, "weights"),
+        ({"query": ["a"], "labels": [{"not_references": 1}]}, "labels.columns.reference"),
+    ]
+    for body, field in cases:
+        reply = svc.post(body)
+        assert reply.status_code == 400, (body, reply.text)
+        err = reply.json()["error"]
+        assert err["field"] == field and err["problem"] and err["fix"], err
+    reply = httpx.post(svc.url + "/reward", content=b"{not json", timeout=10)
+    assert reply.status_code == 400 and reply.json()["error"]["field"] == "body"
+
+
+def test_concurrent_clients_share_one_judge_call(service_factory, tmp_path: Path):
+    svc = service_factory(reward="cider", batch_window_ms=400, records=str(tmp_path / "r.jsonl"))
+    refs = ["a red circle above a blue square", "a green triangle on the left"]
+    results: dict[int, httpx.Response] = {}
+
+    def client(i: int) -> None:
+        results[i] = svc.post({"query": [refs[i], "nothing alike"], "labels": [[refs[i]], [refs[i]]]})
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in range(2):
+        rewards = results[i].json()["rewards"]
+        assert rewards[0] > rewards[1] >= 0.0  # the reference itself beats an unrelated caption
+    recs = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert len(recs) == 2 and recs[0]["batch_id"] == recs[1]["batch_id"] and recs[0]["batch_size"] == 4
+    assert svc.health()["batches"] == 1
+
+
+def test_unreachable_verifier_gives_nan_with_a_flag_never_zero(service_factory, tmp_path: Path):
+    svc = service_factory(
+        reward="identification", identify={"mode": "letter", "k": 2},
+        backend={"kind": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1|http://127.0.0.1:7/v1",
+                 "max_retries": 0},
+        records=str(tmp_path / "r.jsonl"),
+    )
+    body = svc.post(openrlhf_batch(["It rises.", "It falls."])).json()
+    assert all(math.isnan(r) for r in body["rewards"]) and body["scored"] == [False, False]
+    assert all("connection error" in e for e in body["errors"])
+    assert body["extra_logs"]["unscored"] == [1.0, 1.0]
+    null = service_factory(reward="identification", identify={"mode": "letter", "k": 2}, failure_value="null",
+                           backend={"kind": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1",
+                                    "max_retries": 0}, records=None)
+    assert null.post(openrlhf_batch(["It rises."])).json()["rewards"] == [None]

@@ -1,0 +1,115 @@
+"""Per-step time breakdown: a real 2-step RLOO run on the embedded model, with a real verifier backend
+inside its reward, logs every ``time/*`` part, the parts fit inside the step, and the verifier's share
+is a part of the reward's."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from captionrl.rewards import completion_text
+from captionrl.train import common
+from captionrl.train.curves import load_metrics
+from captionrl.train.logging import MetricsLog
+from captionrl.train.timing import KEYS, _Busy, find_backends, format_breakdown
+
+pytestmark = pytest.mark.slow
+
+
+class LikelihoodReward:
+    """Mean token log-prob of the caption after a fixed context, from a real verifier backend."""
+
+    __name__ = "likelihood"
+
+    def __init__(self, verifier) -> None:
+        self.verifier = verifier
+
+    def __call__(self, prompts=None, completions=(), **kw):
+        texts = [completion_text(c) for c in completions]
+        scores = self.verifier.loglikelihood([("A short sentence:", " " + t) for t in texts])
+        return [None if s is None else s / max(len(t), 1) for s, t in zip(scores, texts, strict=True)]
+
+
+def test_two_step_run_logs_every_part_and_parts_fit_in_the_step(tmp_path, capsys):
+    from datasets import Dataset
+
+    from captionrl.backends.hf import HFBackend
+
+    train = common.TrainConfig(
+        algorithm="rloo", out_dir=str(tmp_path), num_generations=2, per_device_train_batch_size=4,
+        max_completion_length=8, max_steps=2, save_steps=100, beta=0.0, report_to=[], learning_rate=1e-5,
+    )
+    model, tok, _ = common.load_policy(common.PolicyConfig(model="embedded"))
+    verifier = HFBackend("embedded", dtype="float32", batch_size=8)
+    reward = LikelihoodReward(verifier)
+    data = Dataset.from_dict({"prompt": [[{"role": "user", "content": f"Say a word about {w}."}]
+                                         for w in ("rain", "snow", "sun", "wind")]})
+    trainer = common.build_trainer(train, common.trainer_args(train, seed=0), model, tok, [reward], data,
+                                   callbacks=[MetricsLog(tmp_path / "metrics.jsonl", echo=False)])
+    assert verifier.loglikelihood.__wrapped__  # the verifier's calls are timed
+    trainer.train()
+
+    records = load_metrics(tmp_path / "metrics.jsonl")
+    assert len(records) == 2
+    for rec in records:
+        for key in KEYS:
+            assert isinstance(rec.get(key), float) and rec[key] >= 0.0, (key, rec)
+        parts = sum(rec[f"time/{p}"] for p in ("generation", "reward", "logprobs", "backward", "optimizer"))
+        assert parts <= rec["time/step"] + 1e-6
+        assert 0.0 < rec["time/verifier"] <= rec["time/reward"] + 1e-6
+        assert rec["time/generation"] > 0.0 and rec["time/backward"] > 0.0 and rec["time/optimizer"] > 0.0
+    summary = json.loads((tmp_path / "timing.json").read_text())
+    assert summary["steps"] == 2 and summary["timed_backends"] == [verifier.name]
+    assert 0.0 < summary["share_of_step"]["verifier"] <= summary["share_of_step"]["reward"] < 1.0
+    assert summary["dtypes"]["policy:embedded"]["dtype"] == "float32"
+    assert summary["dtypes"][verifier.name]["reason"] == "float32 as configured"
+    out = capsys.readouterr().out
+    assert "step 2 time: generation" in out and "time per step (mean)" in out
+
+
+def test_busy_counts_overlapping_calls_once():
+    import threading
+    import time
+
+    busy = _Busy()
+
+    def call() -> None:
+        busy.enter()
+        time.sleep(0.2)
+        busy.exit()
+
+    threads = [threading.Thread(target=call) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert 0.19 < busy.take() < 0.4  # three overlapping 0.2 s calls are 0.2 s of wall time, not 0.6
+    assert busy.take() == 0.0
+
+
+def test_find_backends_walks_attributes_containers_and_closures():
+    class Backend:
+        name = "b"
+
+        def generate(self, r): ...
+        def choose(self, p, o): ...
+        def loglikelihood(self, p): ...
+
+    b1, b2 = Backend(), Backend()
+
+    class Judge:
+        def __init__(self):
+            self.backends = {"v": b1}
+
+    def make():
+        return lambda: b2
+
+    found = find_backends([type("R", (), {})(), Judge(), make()])
+    assert {id(b) for b in found} == {id(b1), id(b2)}
+
+
+def test_format_breakdown_names_every_part():
+    line = format_breakdown({f"time/{k}": 1.0 for k in ("generation", "reward", "verifier", "logprobs",
+                                                         "backward", "optimizer", "step")}, 3)
+    assert line.startswith("step 3 time: generation 1.00s | reward 1.00s (verifier 1.00s)")
