@@ -172,8 +172,8 @@ def run_dir(tmp_path: Path) -> Iterator[Path]:
 
 
 def _kill_while_saving_then_rerun(cmd: list[str], out: Path, logs: Path, max_steps: int, key: str) -> None:
-    """Kill once checkpoint-1 is complete and checkpoint-2 is being written; the rerun skips the torn
-    checkpoint-2 with a message and resumes from checkpoint-1."""
+    """Kill once checkpoint-1 is complete and checkpoint-2 (the last) is being written; the rerun skips the
+    torn checkpoint-2 with a message, resumes from checkpoint-1 and redoes step 2."""
     _kill_when(cmd, logs / "killed.log", lambda: _complete(out, 1) and _ckpt(out, 2).is_dir())
     torn = _ckpt(out, 2)
     assert incomplete_reason(torn) is not None, "the kill landed after the save finished; the save window is gone"
@@ -189,9 +189,9 @@ def _kill_while_saving_then_rerun(cmd: list[str], out: Path, logs: Path, max_ste
 def test_rubicap_killed_while_saving_resumes_from_the_previous_checkpoint(run_dir, tmp_path):
     cmd = _train("rubicap", "--config", str(ROOT / "configs" / "rubicap-cpu.yaml"),
                  "data.items=scenes:4:0", "train.num_generations=2", "train.per_device_train_batch_size=2",
-                 "train.max_completion_length=8", "train.max_steps=3", "train.save_steps=1", "train.report_to=[]",
+                 "train.max_completion_length=8", "train.max_steps=2", "train.save_steps=1", "train.report_to=[]",
                  "train.threads=1", f"train.out_dir={run_dir}")
-    _kill_while_saving_then_rerun(cmd, run_dir, tmp_path, 3, "reward")
+    _kill_while_saving_then_rerun(cmd, run_dir, tmp_path, 2, "reward")
     assert (run_dir / "model" / "config.json").exists()
 
 
@@ -200,12 +200,12 @@ def test_sft_killed_while_saving_resumes_from_the_previous_checkpoint(run_dir, t
     teacher = tmp_path / "teacher.jsonl"
     teacher.write_text("".join(json.dumps({"id": f"s{i}", "prompt": f"Describe series {i}: {i}, {i + 2}, {2 * i}.",
                                            "caption": f"It rises from {i} to {2 * i}."}) + "\n" for i in range(8)))
-    cmd = _train("sft", f"data.path={teacher}", f"train.out_dir={run_dir}", "train.max_steps=3", "train.save_steps=1",
+    cmd = _train("sft", f"data.path={teacher}", f"train.out_dir={run_dir}", "train.max_steps=2", "train.save_steps=1",
                  "train.per_device_train_batch_size=1", "train.max_length=64", "train.logging_steps=1",
                  "train.report_to=[]", "train.threads=1", "train.save_total_limit=2")
-    _kill_while_saving_then_rerun(cmd, run_dir, tmp_path, 3, "loss")
+    _kill_while_saving_then_rerun(cmd, run_dir, tmp_path, 2, "loss")
     summary = json.loads((run_dir / "sft_summary.json").read_text())
-    assert summary["steps"] == 3 and summary["resumed_from"] == str(_ckpt(run_dir, 1))
+    assert summary["steps"] == 2 and summary["resumed_from"] == str(_ckpt(run_dir, 1))
 
 
 # ---------------------------------------------------------------------- multi-role SFT (LoRA)
