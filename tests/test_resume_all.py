@@ -329,7 +329,7 @@ def test_moco_momentum_after_resume_equals_an_uninterrupted_run(moco_runs):
 @pytest.mark.slow
 def test_evolm_killed_after_a_phase_resumes_at_the_next_phase(run_dir, tmp_path):
     cmd = _train("moco", "--config", str(ROOT / "configs" / "moco-cpu.yaml"), "method=evolm", "data.n_train=2",
-                 "train.max_completion_length=12", "rubric.max_new_tokens=16", "rubric.max_attempts=1",
+                 "train.max_completion_length=8", "rubric.max_new_tokens=8", "rubric.max_attempts=1",
                  "train.threads=1", "train.max_steps=2", "evolm.policy_steps=1", "evolm.generator_steps=1",
                  "evolm.n_captions=2", "evolm.generator_num_generations=2", "train.num_generations=2",
                  "train.per_device_train_batch_size=2", f"train.out_dir={run_dir}")
