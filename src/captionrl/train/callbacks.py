@@ -9,6 +9,7 @@ its lagged Generator-Judge instead of silently restarting it from the Policy.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +76,10 @@ class MomentumCallback(TrainerCallback):
         if state.is_world_process_zero:
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             folder.mkdir(parents=True, exist_ok=True)
-            torch.save(blob, folder / MOMENTUM_STATE)
+            # written aside, then renamed: a kill mid-write leaves no torn momentum.pt to resume from
+            tmp = folder / (MOMENTUM_STATE + ".tmp")
+            torch.save(blob, tmp)
+            os.replace(tmp, folder / MOMENTUM_STATE)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._writer is not None:
@@ -95,3 +99,39 @@ class MomentumCallback(TrainerCallback):
             "from the current Policy",
             f"resume from a checkpoint written with MomentumCallback, or pass resume_dir=<checkpoint folder with {MOMENTUM_STATE}>",
         )
+
+
+class ResumeShuffleCallback(TrainerCallback):
+    """A run resumed in epoch e >= 1 continues with epoch e's data order, not epoch 0's.
+
+    TRL's ``RepeatSampler`` (RLOO, GRPO) draws every epoch's shuffle from one generator seeded when the
+    trainer is built, and transformers 5 no longer replays the skipped epochs through the sampler on
+    resume: a resumed run would replay epoch 0's order, and a mid-epoch resume would skip the wrong
+    items (some seen twice in that epoch, some never). At train begin of a resumed run this draws the
+    skipped epochs' shuffles, so the sampler goes on exactly as in the uninterrupted run.
+    """
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, train_dataloader: Any = None, **kwargs: Any) -> None:
+        if state.global_step <= 0 or train_dataloader is None:
+            return
+        sampler = _repeat_sampler(train_dataloader)
+        if sampler is None or not sampler.shuffle:
+            return
+        n, ga = len(train_dataloader), args.gradient_accumulation_steps
+        per_epoch = max(n // ga + int(n % ga > 0), 1)  # the Trainer's own num_update_steps_per_epoch
+        for _ in range(state.global_step // per_epoch):
+            torch.randperm(sampler.num_samples, generator=sampler.generator)  # one shuffle per epoch, as __iter__
+
+
+def _repeat_sampler(loader: Any) -> Any:
+    """TRL's ``RepeatSampler`` under a (prepared) dataloader, or ``None``."""
+    from trl.trainer.utils import RepeatSampler
+
+    todo, seen = [loader], 0
+    while todo and seen < 16:  # DataLoaderShard -> BatchSampler(Shard) -> BatchSampler -> RepeatSampler
+        obj = todo.pop(0)
+        seen += 1
+        if isinstance(obj, RepeatSampler):
+            return obj
+        todo += [getattr(obj, a) for a in ("batch_sampler", "sampler") if getattr(obj, a, None) is not None]
+    return None

@@ -347,13 +347,15 @@ def build_trainer(
         from trl import RLOOTrainer as Trainer
     else:
         from trl import GRPOTrainer as Trainer  # type: ignore[assignment]
+    from captionrl.train.callbacks import ResumeShuffleCallback
+
     trainer = Trainer(
         model=model,
         reward_funcs=list(reward_funcs),
         args=args,
         train_dataset=train_dataset,
         processing_class=processing_class,
-        callbacks=list(callbacks),
+        callbacks=[*callbacks, ResumeShuffleCallback()],  # resume keeps the uninterrupted data order
         peft_config=peft_config,
     )
     from captionrl.train.timing import install_step_timer
@@ -366,16 +368,55 @@ def build_trainer(
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 
 
-def last_checkpoint(out_dir: str | Path) -> Path | None:
-    """The most recent complete checkpoint of a run (one whose trainer state was written)."""
+PARTIAL_SUFFIXES = (".tmp", ".partial")
+"""A file with one of these endings is a write that never finished (a file is written there, then renamed)."""
+
+
+def incomplete_reason(checkpoint: Path, required: Sequence[str] = ()) -> str | None:
+    """Why ``checkpoint`` is not a complete checkpoint, or ``None`` when it is.
+
+    The Trainer writes ``trainer_state.json`` after the weights, optimizer and RNG states, so a folder
+    without it (or with a torn one) was cut by a kill during save; ``required`` names files that callbacks
+    write after it (MoCo's ``momentum.pt``), and a leftover ``*.tmp`` file is a write that never finished.
+    """
+    import json
+
+    state = checkpoint / "trainer_state.json"
+    if not state.is_file():
+        return "no trainer_state.json (killed while saving?)"
+    try:
+        json.loads(state.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        return f"trainer_state.json is torn ({exc})"
+    missing = [name for name in required if not (checkpoint / name).exists()]
+    if missing:
+        return f"no {', '.join(missing)} (killed while saving?)"
+    partial = sorted(f.name for f in checkpoint.iterdir() if f.name.endswith(PARTIAL_SUFFIXES))
+    if partial:
+        return f"unfinished file(s) {', '.join(partial)}"
+    return None
+
+
+def last_checkpoint(out_dir: str | Path, required: Sequence[str] = ()) -> Path | None:
+    """The most recent complete checkpoint of a run (see :func:`incomplete_reason`).
+
+    Folders left half written by a kill during save are skipped with a message naming each and why, so
+    a rerun resumes from the previous complete checkpoint instead of failing on (or silently trusting)
+    the torn one.
+    """
     folder = Path(out_dir) / "checkpoints"
     if not folder.is_dir():
         return None
     found = []
     for p in folder.iterdir():
         m = CHECKPOINT_RE.match(p.name)
-        if m and p.is_dir() and (p / "trainer_state.json").exists():
+        if not (m and p.is_dir()):
+            continue
+        reason = incomplete_reason(p, required)
+        if reason is None:
             found.append((int(m.group(1)), p))
+        elif is_main_process():
+            print(f"skipping incomplete checkpoint {p}: {reason}", flush=True)
     return max(found)[1] if found else None
 
 
@@ -406,18 +447,19 @@ def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any],
     return diffs
 
 
-def prepare_run_dir(cfg: Any, out_dir: str | Path, resume: str) -> Path | None:
+def prepare_run_dir(cfg: Any, out_dir: str | Path, resume: str, required: Sequence[str] = ()) -> Path | None:
     """Check the run folder before anything loads; save the config; return the checkpoint to resume from.
 
     A folder with checkpoints is resumed only when its saved ``config.yaml`` matches ``cfg`` (apart from
     ``RESUME_SAFE_KEYS``); otherwise the user is told which settings differ and how to proceed.
+    ``required``: files a complete checkpoint of this recipe holds besides the Trainer's own.
     """
     import yaml
 
     from captionrl.config import save_config
 
     out = Path(out_dir)
-    ckpt = last_checkpoint(out)
+    ckpt = last_checkpoint(out, required)
     saved_path = out / "config.yaml"
     current = to_dict(cfg)
     if ckpt is not None:

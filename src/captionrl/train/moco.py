@@ -301,6 +301,7 @@ class MocoRecipe(Recipe):
     Generator-Judge as reward; the momentum is built on the trainer's model and checkpointed with it."""
 
     curve_keys = CURVE_KEYS
+    checkpoint_files = ("momentum.pt",)  # written by MomentumCallback after the Trainer's state: part of a complete checkpoint
 
     def __init__(self, cfg: MocoConfig) -> None:
         super().__init__(cfg)
@@ -545,7 +546,8 @@ def run_evolm(cfg: MocoConfig, out: Path, model: Any, processing: Any, rows: lis
         earlier = current
         state_path.parent.mkdir(parents=True, exist_ok=True)
         trainable = {n: p.detach().cpu() for n, p in model.named_parameters() if p.requires_grad}
-        torch.save(trainable, state_path)
+        torch.save(trainable, state_path.with_suffix(".pt.tmp"))  # a kill mid-write must not tear the last good state
+        os.replace(state_path.with_suffix(".pt.tmp"), state_path)
         phases.write({"key": str(phase), "phase": phase, "policy_steps": steps, "generator_steps": ev.generator_steps})
     train_s = time.perf_counter() - t0
     records.close()

@@ -53,6 +53,7 @@ class Recipe:
     title = "training"
     result_file = "result.json"
     curve_keys: Sequence[str] | None = None  # None: the watched metrics present in the log
+    checkpoint_files: Sequence[str] = ()  # files a complete checkpoint holds besides the Trainer's own
 
     def __init__(self, cfg: Any, callbacks: Sequence[Any] = ()) -> None:
         self.cfg = cfg
@@ -114,7 +115,8 @@ def prepare(recipe: Recipe) -> Run:
     cfg = recipe.cfg
     run = Run(cfg=cfg, out=Path(cfg.train.out_dir))
     common.quiet_offline_env(run.out)
-    run.resume_from = common.prepare_run_dir(cfg, run.out, cfg.train.resume)  # config diff check, before any load
+    run.resume_from = common.prepare_run_dir(cfg, run.out, cfg.train.resume,  # config diff check, before any load
+                                             recipe.checkpoint_files)
     common.probe_servers(recipe.servers())
     run.args = recipe.trainer_args(run)
     run.data = recipe.dataset(run)
