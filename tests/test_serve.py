@@ -160,3 +160,29 @@ def test_unreachable_verifier_gives_nan_with_a_flag_never_zero(service_factory, 
                            backend={"kind": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1",
                                     "max_retries": 0}, records=None)
     assert null.post(openrlhf_batch(["It rises."])).json()["rewards"] == [None]
+
+
+@pytest.mark.slow
+def test_service_shapes_identification_like_training(embedded_backend):
+    """The service's identification reward carries the training guard: a dump of the numbers is penalised
+    below its verifier score, an honest caption keeps its score (its key values are within the allowance)."""
+    import numpy as np
+
+    from captionrl.domains.corpora import load_embedded_corpus
+    from captionrl.domains.describe import describe_series
+    from captionrl.domains.timeseries import window
+    from captionrl.judges.identify import IdentifyConfig
+    from captionrl.serve.config import RewardServiceConfig, ShapedJudge, build_judge
+
+    corpus = [s for s in load_embedded_corpus() if len(s) >= 48][:4]
+    wins = [window(s, 24)[0] for s in corpus]
+    cands = [[w.values.tolist(), *[o.values.tolist() for o in wins if o is not w][:3]] for w in wins[:2]]
+    honest = [describe_series(w) for w in wins[:2]]
+    dumps = [", ".join(f"{v:.2f}" for v in np.asarray(w.values)) for w in wins[:2]]
+    judge = build_judge(RewardServiceConfig(identify=IdentifyConfig(mode="likelihood")), backend=embedded_backend)
+    assert isinstance(judge, ShapedJudge)
+    got = judge.judge([*honest, *dumps], {"candidates": cands + cands})
+    for j in got[:2]:
+        assert j.scored and j.score == pytest.approx(j.extra["base"])
+    for j in got[2:]:
+        assert j.scored and j.extra["copied_values"] >= 20 and j.score < j.extra["base"] - 1.0

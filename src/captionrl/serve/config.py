@@ -38,6 +38,7 @@ class RewardServiceConfig:
     port: int = help_field(8000, "TCP port")
     backend: BackendConfig = field(default_factory=BackendConfig)
     identify: IdentifyConfig = field(default_factory=IdentifyConfig)
+    shaping: dict[str, Any] = help_field({}, "identification only: the training reward's shaping (keys of captionrl.adapters.engine.SHAPING_KEYS: max_copied_values, transcription_penalty, transcription_run, run_penalty, factuality_penalty, ...); missing keys take the guard's defaults, so the transcription guard is on unless switched off here")
     rubric: RubricServeConfig = field(default_factory=RubricServeConfig)
     scalar: ScalarConfig = field(default_factory=ScalarConfig)
     qa: QAConfig = field(default_factory=QAConfig)
@@ -76,9 +77,10 @@ def build_judge(cfg: RewardServiceConfig, backend: Any = None) -> Any:
 
         backend = make_backend(cfg.backend)
     if cfg.reward == "identification":
+        from captionrl.adapters.engine import shaping_config
         from captionrl.judges.identify import IdentificationJudge
 
-        return IdentificationJudge(backend, cfg.identify)
+        return ShapedJudge(IdentificationJudge(backend, cfg.identify), shaping_config(cfg.shaping))
     if cfg.reward == "scalar":
         from captionrl.judges.scalar import ScalarJudge
 
@@ -92,3 +94,31 @@ def build_judge(cfg: RewardServiceConfig, backend: Any = None) -> Any:
     store = RubricStore(cfg.rubric.store) if cfg.rubric.store else None
     return RubricJudge(backend, mode=cfg.rubric.mode, decision=cfg.rubric.decision,  # type: ignore[arg-type]
                        threshold=cfg.rubric.threshold, store=store)
+
+
+class ShapedJudge:
+    """An identification judge whose scores are shaped exactly as in training (``rewards.shaping``): the
+    transcription guard and the factuality term measured against the true series (candidate 0). A caption
+    the judge could not score stays unscored; the shaping terms travel in ``extra`` for the response logs."""
+
+    def __init__(self, judge: Any, shaping: Any) -> None:
+        from captionrl.rewards.shaping import ShapedReward
+
+        self.judge_ = judge
+        self.backend = getattr(judge, "backend", None)  # /health reports a replicated verifier's replicas
+        self.name = getattr(judge, "name", "identification")
+        self.shaper = ShapedReward(lambda *a, **k: [], shaping, name="serve")
+
+    def judge(self, captions: list[str], columns: dict[str, Any]) -> list[Any]:
+        import dataclasses
+
+        judgments = self.judge_.judge(captions, columns)
+        shaped = self.shaper.shape(list(captions), [j.score if j.scored else None for j in judgments],
+                                   series=[c[0] for c in columns["candidates"]])
+        out = []
+        for j, s in zip(judgments, shaped, strict=True):
+            t = s.transcription
+            extra = {**j.extra, "base": s.base, "copied_values": float(t.copied) if t else 0.0,
+                     "transcription_penalty": s.transcription_penalty, "factuality_penalty": s.factuality_penalty}
+            out.append(dataclasses.replace(j, score=s.reward, extra=extra) if j.scored else j)
+        return out
