@@ -48,6 +48,7 @@ def test_two_step_run_logs_every_part_and_parts_fit_in_the_step(tmp_path, capsys
     trainer = common.build_trainer(train, common.trainer_args(train, seed=0), model, tok, [reward], data,
                                    callbacks=[MetricsLog(tmp_path / "metrics.jsonl", echo=False)])
     assert verifier.loglikelihood.__wrapped__  # the verifier's calls are timed
+    verifier.loglikelihood([("A short sentence:", " before training")] * 16)  # as a preflight would: not step 1's
     trainer.train()
 
     records = load_metrics(tmp_path / "metrics.jsonl")

@@ -170,6 +170,10 @@ class StepTimer(_callback_base()):  # type: ignore[misc]
 
     # ------------------------------------------------------------------ callbacks
     def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        # Work before the step (the reward preflight, an evaluation) is not the step's: drop what it left.
+        self.verifier.take()
+        self.acc = dict.fromkeys(PARTS, 0.0)
+        self._in_prepare = 0.0
         self._step_t0 = time.perf_counter()
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
