@@ -26,10 +26,10 @@ Each is saved once under ``captionrl.embedded.cache_dir()/models`` and loads wit
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 from typing import Any
+
+from captionrl.testing.fixtures import save_fixture
 
 TINY_QWEN_VL_VERSION = 2
 """Bump when the recipe changes so stale cached folders are rebuilt, not reused."""
@@ -432,13 +432,4 @@ def build_tiny_qwen_vl(target: Path, spec: dict[str, Any]) -> Path:
     gen.pad_token_id = tok.pad_token_id
     gen.bos_token_id = config.text_config.bos_token_id
 
-    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    processor.save_pretrained(tmp)
-    (tmp / "captionrl_fixture.json").write_text(json.dumps(spec, indent=2) + "\n")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if target.exists():  # a rebuild, or another process finished first
-        shutil.rmtree(target, ignore_errors=True)
-    tmp.rename(target)
-    return target
+    return save_fixture(target, model, processor, spec)

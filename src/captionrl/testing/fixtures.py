@@ -1,0 +1,24 @@
+"""Saving a built test model as a fixture folder, once, even with several processes racing to build it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+
+def save_fixture(target: Path, model: Any, processor: Any, spec: dict[str, Any]) -> Path:
+    """Write model, processor and the spec that built them beside ``target``, then rename into place: a
+    reader never sees a half-written folder, and the last of several racing builders wins whole."""
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    processor.save_pretrained(tmp)
+    (tmp / "captionrl_fixture.json").write_text(json.dumps(spec, indent=2) + "\n")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists():  # a rebuild, or another process finished first
+        shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+    return target
