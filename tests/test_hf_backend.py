@@ -120,3 +120,29 @@ def test_auto_dtype_load_reports_the_dtype_it_chose_and_why():
     assert DTYPE_CHOICES[backend.name]["dtype"] == backend.dtype_chosen
     (res,) = backend.choose([[{"role": "user", "content": "A or B?"}]], ["A", "B"])
     assert res.probs is not None and res.error is None
+
+
+@pytest.mark.slow
+def test_model_failures_are_unscored_but_bugs_propagate(embedded_backend, monkeypatch):
+    """An out-of-memory-like RuntimeError leaves the batch unscored with the error recorded; a TypeError
+    (our bug) is not turned into an unscored result: it reaches the caller."""
+    from captionrl.backends.base import ChatRequest
+
+    req = [ChatRequest([{"role": "user", "content": "Say hello."}], max_new_tokens=2)]
+
+    def oom(*a, **k):
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(embedded_backend, "_generate_batch", oom)
+    (gen,) = embedded_backend.generate(req)
+    assert gen.text is None and "out of memory" in gen.error
+
+    def bug(*a, **k):
+        raise TypeError("unsupported operand (a bug)")
+
+    monkeypatch.setattr(embedded_backend, "_generate_batch", bug)
+    with pytest.raises(TypeError, match="a bug"):
+        embedded_backend.generate(req)
+    monkeypatch.setattr(embedded_backend, "_last_token_probs", bug)
+    with pytest.raises(TypeError):
+        embedded_backend.choose([[{"role": "user", "content": "A or B?"}]], ["A", "B"])

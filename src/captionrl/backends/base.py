@@ -27,6 +27,11 @@ Message = dict[str, Any]
 
 FORBID_ENV = "CAPTIONRL_FORBID_MODEL_CALLS"
 
+MODEL_FAILURES: tuple[type[BaseException], ...] = (RuntimeError, ValueError, OSError, MemoryError)
+"""What a model call may raise for reasons outside our code (out of memory, a CUDA or engine error, an input
+too long for the model, a file it cannot read): the affected results are unscored, with the error
+recorded. Anything else (TypeError, AttributeError, KeyError, ...) is a bug and propagates."""
+
 
 @dataclass(frozen=True)
 class ChatRequest:

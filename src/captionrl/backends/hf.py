@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from captionrl.backends.base import (
+    MODEL_FAILURES,
     ChatRequest,
     ChoiceResult,
     Generation,
@@ -205,7 +206,7 @@ class HFBackend:
                     texts = self._generate_batch(
                         [requests[i].messages for i in chunk], max_new, temperature, top_p, seed
                     )
-                except Exception as exc:  # one failing batch must not lose the others
+                except MODEL_FAILURES as exc:  # one failing batch must not lose the others
                     for i in chunk:
                         results[i] = Generation(text=None, error=f"{type(exc).__name__}: {exc}")
                     continue
@@ -331,7 +332,7 @@ class HFBackend:
         seqs = [self._encode(self.render_chat(p)) for p in prompts]
         try:
             dists = self._last_token_probs(seqs)
-        except Exception as exc:
+        except MODEL_FAILURES as exc:
             return [ChoiceResult(None, "logits", error=f"{type(exc).__name__}: {exc}") for _ in seqs]
         results: list[ChoiceResult] = []
         for probs_all in dists:
@@ -394,7 +395,7 @@ class HFBackend:
                 sums = self._suffix_logprobs(ctx_ids, conts, lambda j, rows, conts=conts: _sum_logprobs(rows, 0, conts[j]))
                 for i, value in zip(idx, sums, strict=True):
                     results[i] = value
-            except Exception as exc:  # a failing context leaves its pairs unscored
+            except MODEL_FAILURES as exc:  # a failing context leaves its pairs unscored
                 self.last_error = f"{type(exc).__name__}: {exc}"
         # Contexts with one continuation gain nothing from a cache: batch them as whole sequences.
         singles.sort(key=lambda t: len(t[1]) + len(t[2]))
@@ -404,7 +405,7 @@ class HFBackend:
                 sums = self._suffix_logprobs(
                     [], [c + t for _, c, t in chunk], lambda j, rows, chunk=chunk: _sum_logprobs(rows, len(chunk[j][1]) - 1, chunk[j][2])
                 )
-            except Exception as exc:
+            except MODEL_FAILURES as exc:
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 continue
             for (i, _ctx, _cont), value in zip(chunk, sums, strict=True):

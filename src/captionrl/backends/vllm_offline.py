@@ -13,7 +13,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from captionrl.backends.base import ChatRequest, ChoiceResult, Generation, Message, check_model_calls_allowed
+from captionrl.backends.base import (
+    MODEL_FAILURES,
+    ChatRequest,
+    ChoiceResult,
+    Generation,
+    Message,
+    check_model_calls_allowed,
+)
 from captionrl.backends.openai_http import option_probs_from_top, to_openai_messages
 from captionrl.errors import BackendError
 
@@ -65,7 +72,7 @@ class VLLMBackend:
                 params = self._params(max_tokens=max_new, temperature=temperature, top_p=top_p, seed=seed,
                                       stop=list(stop) or None)
                 res = self.llm.chat([to_openai_messages(requests[i].messages) for i in idx], params, use_tqdm=True)
-            except Exception as exc:  # a failing group must not lose the others
+            except MODEL_FAILURES as exc:  # a failing group must not lose the others
                 for i in idx:
                     out[i] = Generation(None, error=f"{type(exc).__name__}: {exc}")
                 continue
@@ -80,7 +87,7 @@ class VLLMBackend:
         params = self._params(max_tokens=1, temperature=0.0, logprobs=self.top_logprobs)
         try:
             outs = self.llm.chat([to_openai_messages(p) for p in prompts], params, use_tqdm=True)
-        except Exception as exc:
+        except MODEL_FAILURES as exc:
             return [ChoiceResult(None, "top_logprobs", error=f"{type(exc).__name__}: {exc}") for _ in prompts]
         results = []
         for o in outs:
@@ -106,7 +113,7 @@ class VLLMBackend:
         self.last_errors = []
         try:
             outs = self.llm.generate(prompts, self._params(max_tokens=1, prompt_logprobs=0), use_tqdm=True)
-        except Exception as exc:
+        except MODEL_FAILURES as exc:
             self.last_errors = [f"{type(exc).__name__}: {exc}"] * len(pairs)
             return [None] * len(pairs)
         for p, start, o in zip(prompts, bounds, outs, strict=True):
