@@ -55,6 +55,7 @@ def test_lineup_run_survives_a_killed_verifier_with_zero_advantage_and_resumes(t
         "train.algorithm=rloo", "train.num_generations=2", "train.per_device_train_batch_size=4",
         "train.max_completion_length=6", "train.max_steps=4", "train.save_steps=4", "train.learning_rate=1.0e-5",
         "train.beta=0.0", "train.report_to=[]", "train.threads=1", "eval.enabled=false", f"train.out_dir={out}",
+        "train.preflight_items=0",  # the preflight would call the verifier too and move the scripted kill
         "verifier.kind=openai", f"verifier.base_url={server.base_url}", f"verifier.model={served}"])
     verifier = KilledAfterFirstStep(server.backend(timeout_s=10, max_retries=1, backoff_s=0.1), server)
     lineup.run(cfg, verifier=verifier)  # 1. the run finishes
@@ -129,3 +130,59 @@ def test_a_stalled_server_is_bounded_by_the_timeout_and_leaves_rewards_unscored(
     assert elapsed < 10  # 2 attempts x 1 s timeout (+ backoff), requests in parallel: bounded, not hung
     assert all("timeout" in e for e in backend.last_errors), backend.last_errors
     assert held  # the server really accepted the connections
+
+
+class KillJudgeServer:
+    """A TrainerCallback that SIGKILLs the judge server after step 1 and restarts it after step 3: the
+    captions generated for steps 2 and 3 meet a dead server (refused connections), those of step 4 a live one."""
+
+    def __init__(self, server):
+        from transformers import TrainerCallback
+
+        class _Cb(TrainerCallback):
+            def on_step_end(cb, args, state, control, **kw):
+                if state.global_step == 1:
+                    server.kill()
+                if state.global_step == 3:
+                    server.start()
+
+        self.callback = _Cb()
+
+
+@pytest.mark.slow
+@pytest.mark.server
+def test_rubicap_run_survives_a_killed_judge_server_with_zero_advantage_and_resumes(tmp_path, llama_server_factory):
+    """The same fault under RubiCap: the rubric judge is served by a real llama.cpp server (choose mode:
+    yes/no probabilities from top_logprobs) that dies after step 1 and comes back after step 3."""
+    from captionrl.config import load_config
+    from captionrl.train import rubicap
+    from captionrl.train.curves import load_metrics
+    from captionrl.train.logging import load_samples
+    from captionrl.train.rubicap import RubicapConfig
+
+    server = llama_server_factory()
+    served = httpx.get(f"{server.base_url}/models", timeout=5).json()["data"][0]["id"]
+    out = tmp_path / "run"
+    cfg = load_config(RubicapConfig, ROOT / "configs" / "rubicap-cpu.yaml", [
+        "data.items=scenes:2:0", "reward.mode=choose", "reward.decision=soft",
+        "train.num_generations=2", "train.per_device_train_batch_size=4", "train.max_completion_length=6",
+        "train.max_steps=4", "train.save_steps=4", "train.report_to=[]", "train.threads=1",
+        "train.preflight_items=0", f"train.out_dir={out}",
+        "judge.kind=openai", f"judge.base_url={server.base_url}", f"judge.model={served}"])
+    judge = server.backend(timeout_s=10, max_retries=1, backoff_s=0.1)
+    rubicap.run(cfg, judge_backend=judge, callbacks=[KillJudgeServer(server).callback])  # the run finishes
+
+    metrics = {m["step"]: m for m in load_metrics(out / "metrics.jsonl")}
+    samples = load_samples(out)
+    assert sorted(metrics) == [1, 2, 3, 4]
+    by_step = {s: [r for r in samples if r["step"] == s - 1] for s in metrics}
+    for step in (2, 3):  # the outage: every caption unscored with its error, never a 0 reward
+        rows = by_step[step]
+        assert rows and all(r["reward"] is None and r["error"] for r in rows), rows
+        assert metrics[step]["rubric/unscored_frac"] == 1.0
+        assert metrics[step]["loss"] == 0.0 and metrics[step]["grad_norm"] == 0.0  # zero advantage, nothing moves
+    for step in (1, 4):  # before the kill and after the restart: scored captions
+        rows = by_step[step]
+        assert rows and all(isinstance(r["reward"], float) for r in rows), [(r["reward"], r["error"]) for r in rows]
+        assert metrics[step]["rubric/unscored_frac"] == 0.0
+    assert server.alive

@@ -41,3 +41,21 @@ def test_run_writes_the_table_and_says_when_no_independent_verifier_exists(tmp_p
     assert saved["rows"][0]["c2s[train]"] == 1.0 and saved["rows"][0]["c2s_eval_mean"] is None
     assert any("no evaluation verifier" in n for n in summary["notes"])
     assert "| system |" in (tmp_path / "final_checks.md").read_text()
+
+
+@pytest.mark.slow
+def test_bottleneck_column_comes_from_the_real_caption_only_predictor(tmp_path):
+    """The bottleneck check runs the real protocol (MiniLM encoder + ridge head) on the systems' captions and
+    its controls; every system and control gets an MSE, and nothing is turned into a 'failed' note."""
+    from captionrl.domains.corpora import load_embedded_corpus
+    from captionrl.domains.timeseries import window
+
+    wins = [w for s in load_embedded_corpus() if len(s) >= 48 for w in window(s, 24)[:2]][:12]
+    series = {w.id: w.values.tolist() for w in wins}
+    honest = {w.id: describe_series(w) for w in wins}
+    vague = {w.id: "The series moves up and down." for w in wins}
+    out = run_final_checks({"describer": honest, "vague": vague}, series, tmp_path, bottleneck=True)
+    mse = {r["system"]: r.get("bottleneck_mse") for r in out["rows"]}
+    assert {"describer", "vague", "naive", "empty caption", "shuffled caption"} <= set(mse), mse
+    assert all(isinstance(v, float) and np.isfinite(v) for v in mse.values()), mse
+    assert not any("failed" in n for n in out.get("notes", []))
