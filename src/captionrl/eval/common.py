@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from captionrl.config import help_field
 from captionrl.errors import ConfigError, DataError
 from captionrl.records import read_jsonl
 
@@ -203,3 +205,30 @@ class LazyBackend:
         if self._backend is None:
             self._backend = backend_from_spec(self._spec)
         return getattr(self._backend, name)
+
+
+@dataclass
+class JudgedCaptionsConfig:
+    """Settings every judge-over-caption-files protocol shares (pairwise, ranking): which systems, where the
+    results go, the judge and how it sees the item. Subclasses set ``MODES`` and their own defaults."""
+
+    MODES: ClassVar[tuple[str, ...]] = ("choose", "generate")
+
+    captions: list[str] = help_field([], "caption files, one per system (JSONL {id, caption, reference?, image?, benchmark?}); empty: demo systems on offline data")
+    out: str = help_field("runs/eval", "output folder (rerun with the same folder to resume)")
+    mode: str = help_field("choose", "how the judge answers (see the protocol)")
+    evidence: str = help_field("reference", "reference (text-only judge reads the reference caption) or image (VLM judge)")
+    seed: int = help_field(0, "seed of the demo data selection (and of any shuffles)")
+    limit: int | None = help_field(None, "judge at most this many items")
+    demo_items: int = help_field(12, "items of the offline demo data when no caption files are given")
+    batch: int = help_field(16, "items per judge call")
+    judge: str = help_field("hf:embedded", "judge backend spec: hf:embedded, hf:PATH, openai:URL#MODEL, vllm:MODEL (+ ,key=value)")
+
+    def __post_init__(self) -> None:
+        if self.mode not in self.MODES:
+            raise ConfigError("mode", self.mode, "unknown mode", f"use {' or '.join(self.MODES)}")
+        if self.evidence not in ("reference", "image"):
+            raise ConfigError("evidence", self.evidence, "unknown evidence", "use reference or image")
+        if self.batch < 1:
+            raise ConfigError("batch", self.batch, "must be at least 1", f"set batch={type(self).batch}")
+        check_spec("judge", self.judge)

@@ -25,10 +25,10 @@ from tqdm import tqdm
 from captionrl.config import help_field
 from captionrl.errors import ConfigError, DataError
 from captionrl.eval.common import (
+    JudgedCaptionsConfig,
     Systems,
     backend_from_spec,
     caption_length,
-    check_spec,
     item_field,
     shared_ids,
     systems_for,
@@ -40,29 +40,15 @@ PROTOCOL = "pairwise"
 DEFAULT_BENCHMARK = "all"
 # ---------------------------------------------------------------------- the protocol
 @dataclass
-class PairwiseEvalConfig:
+class PairwiseEvalConfig(JudgedCaptionsConfig):
     """The pairwise protocol's settings (saved into summary.json)."""
 
-    captions: list[str] = help_field([], "caption files, one per system (JSONL {id, caption, reference?, image?, benchmark?}); empty: demo systems on offline data")
     out: str = help_field("runs/eval-pairwise", "output folder (rerun with the same folder to resume)")
     baseline: str | None = help_field(None, "compare every system with this one (the paper's protocol); default: every pair")
     mode: str = help_field("choose", "choose (letter probabilities, C = tie) or generate (reply parsed for A/B/Tie)")
-    evidence: str = help_field("reference", "reference (text-only judge reads the reference caption) or image (VLM judge)")
     min_mass: float = help_field(0.0, "choose: replies with less probability than this on A/B/C are invalid")
     limit: int | None = help_field(None, "judge at most this many items per pair of systems")
-    demo_items: int = help_field(12, "items of the offline demo data when no caption files are given")
-    seed: int = help_field(0, "seed of the demo data selection")
     batch: int = help_field(16, "comparisons per judge call")
-    judge: str = help_field("hf:embedded", "judge backend spec: hf:embedded, hf:PATH, openai:URL#MODEL, vllm:MODEL (+ ,key=value)")
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("choose", "generate"):
-            raise ConfigError("mode", self.mode, "unknown mode", "use choose or generate")
-        if self.evidence not in ("reference", "image"):
-            raise ConfigError("evidence", self.evidence, "unknown evidence", "use reference or image")
-        if self.batch < 1:
-            raise ConfigError("batch", self.batch, "must be at least 1", "set batch=16")
-        check_spec("judge", self.judge)
 
 
 CONFIG = PairwiseEvalConfig

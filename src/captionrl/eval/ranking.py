@@ -21,7 +21,14 @@ from tqdm import tqdm
 
 from captionrl.config import help_field
 from captionrl.errors import BackendError, ConfigError, DataError
-from captionrl.eval.common import Systems, backend_from_spec, check_spec, item_field, shared_ids, systems_for
+from captionrl.eval.common import (
+    JudgedCaptionsConfig,
+    Systems,
+    backend_from_spec,
+    item_field,
+    shared_ids,
+    systems_for,
+)
 from captionrl.eval.result import EvalResult, print_result, write_result
 from captionrl.judges.rank import CRITERIA, RankConfig, RankJudge
 from captionrl.records import RecordWriter
@@ -47,27 +54,18 @@ def ranks_of(totals: Sequence[float]) -> list[float]:
 
 
 @dataclass
-class RankingEvalConfig:
+class RankingEvalConfig(JudgedCaptionsConfig):
     """The blind-ranking protocol's settings (saved into summary.json)."""
+
+    MODES = ("generate", "choose")
 
     captions: list[str] = help_field([], "caption files, one per system (the paper ranks five); empty: demo systems on offline data")
     out: str = help_field("runs/eval-ranking", "output folder (rerun with the same folder to resume)")
     mode: str = help_field("generate", "generate (validated JSON reply, the paper's) or choose (expected digit per caption and criterion)")
-    evidence: str = help_field("reference", "reference (text-only judge) or image (VLM judge)")
     seed: int = help_field(0, "seed of the caption shuffles (and of the demo data selection)")
     limit: int | None = help_field(None, "rank at most this many items")
     demo_items: int = help_field(8, "offline demo items when no caption files are given")
     batch: int = help_field(4, "items per judge call")
-    judge: str = help_field("hf:embedded", "judge backend spec: hf:embedded, hf:PATH, openai:URL#MODEL, vllm:MODEL (+ ,key=value)")
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("generate", "choose"):
-            raise ConfigError("mode", self.mode, "unknown mode", "use generate or choose")
-        if self.evidence not in ("reference", "image"):
-            raise ConfigError("evidence", self.evidence, "unknown evidence", "use reference or image")
-        if self.batch < 1:
-            raise ConfigError("batch", self.batch, "must be at least 1", "set batch=4")
-        check_spec("judge", self.judge)
 
 
 CONFIG = RankingEvalConfig

@@ -28,10 +28,12 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from captionrl.backends.base import Backend, ChatRequest
+from captionrl.config import help_field
 from captionrl.errors import ConfigError, DataError
 from captionrl.judges import prompts as P
 from captionrl.judges.base import Columns, require_columns, unscored
@@ -158,6 +160,26 @@ DEFAULT_THRESHOLDS = {"choose": 0.5, "generate": 0.5, "likelihood": 1.4}
 """Decision thresholds: p(yes) for ``choose``; PMI per word for ``likelihood``. The likelihood default was
 calibrated with the embedded SmolLM2 on synthetic scenes of seed 1 (true vs contradicting captions);
 recalibrate with ``calibrate_threshold`` for another judge model."""
+
+
+@dataclass
+class RubricJudgeSettings:
+    """How a rubric judge decides each criterion: the settings RubiCap's reward and MoCo's Judge share.
+    ``FIELD_PREFIX`` is the config section that holds them, so errors name the field a user writes."""
+
+    FIELD_PREFIX: ClassVar[str] = "judge"
+
+    mode: str = help_field("likelihood", "choose (p(yes) of one reply token), generate (JSON decisions; servers, larger judges) or likelihood (PMI of the criterion after the caption; small judges such as SmolLM2)")
+    decision: str = help_field("hard", "hard (each criterion 0/1, the paper) or soft (p(yes), or a sigmoid of the likelihood evidence: a denser signal for weak judges)")
+    threshold: float | None = help_field(None, "decision threshold (null = the mode's default: choose 0.5, likelihood 1.4 PMI per word, calibrated for SmolLM2)")
+    max_new_tokens: int = help_field(512, "generate mode: judge reply length")
+
+    def __post_init__(self) -> None:
+        f = self.FIELD_PREFIX
+        if self.mode not in ("choose", "generate", "likelihood"):
+            raise ConfigError(f"{f}.mode", self.mode, "unknown rubric judge mode", "use choose, generate or likelihood")
+        if self.decision not in ("hard", "soft"):
+            raise ConfigError(f"{f}.decision", self.decision, "unknown decision rule", "use hard or soft")
 
 
 class RubricJudge:

@@ -59,6 +59,7 @@ from captionrl.judges.online_rubric import (
     stable_int,
 )
 from captionrl.judges.roles import generator_messages, policy_messages
+from captionrl.judges.rubric import RubricJudgeSettings
 from captionrl.momentum import VARIANTS, MomentumSettings, reward_interval_steps
 from captionrl.rewards import JudgeReward, completion_text
 from captionrl.train import common
@@ -98,19 +99,11 @@ class MocoDataConfig:
 
 
 @dataclass
-class MocoJudgeConfig:
+class MocoJudgeConfig(RubricJudgeSettings):
     """The text-only Judge (A.1.3) and how its criterion decisions are read."""
 
     mode: str = help_field("generate", "generate (the paper: reason + yes/no JSON per criterion), choose (p(yes) per criterion from one forward pass: small models) or likelihood")
-    decision: str = help_field("hard", "hard (binary decisions, the paper) or soft (p(yes) as partial credit; choose/likelihood)")
-    threshold: float | None = help_field(None, "decision threshold (null: the mode's default)")
     max_new_tokens: int = help_field(512, "longest Judge reply (generate mode)")
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("generate", "choose", "likelihood"):
-            raise ConfigError("judge.mode", self.mode, "unknown judge mode", "use generate, choose or likelihood")
-        if self.decision not in ("hard", "soft"):
-            raise ConfigError("judge.decision", self.decision, "unknown decision rule", "use hard or soft")
 
     def factory(self, backend: Any) -> MocoRubricJudge:
         return MocoRubricJudge(backend, mode=self.mode, decision=self.decision, threshold=self.threshold,  # type: ignore[arg-type]

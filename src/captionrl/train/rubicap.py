@@ -29,7 +29,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -37,6 +37,7 @@ from captionrl.backends import BackendConfig
 from captionrl.config import help_field
 from captionrl.domains.captioning import IMAGE_CAPTION_INSTRUCTION
 from captionrl.errors import ConfigError, DataError
+from captionrl.judges.rubric import RubricJudgeSettings
 from captionrl.train import common
 from captionrl.train.common import (
     GRPOTrainConfig,
@@ -115,23 +116,16 @@ class RubricsConfig:
 
 
 @dataclass
-class RubicapRewardConfig:
+class RubicapRewardConfig(RubricJudgeSettings):
     """How the judge decides each criterion (``RubricJudge``); the reward is the satisfied weight fraction."""
 
-    mode: str = help_field("likelihood", "choose (p(yes) of one reply token), generate (JSON decisions; servers, larger judges) or likelihood (PMI of the criterion after the caption; small judges such as SmolLM2)")
-    decision: str = help_field("hard", "hard (each criterion 0/1, the paper) or soft (p(yes), or a sigmoid of the likelihood evidence: a denser signal for weak judges)")
-    threshold: float | None = help_field(None, "decision threshold (null = the mode's default: choose 0.5, likelihood 1.4 PMI per word, calibrated for SmolLM2)")
-    max_new_tokens: int = help_field(512, "generate mode: judge reply length")
+    FIELD_PREFIX: ClassVar[str] = "reward"
 
     def __post_init__(self) -> None:
-        if self.mode not in ("choose", "generate", "likelihood"):
-            raise ConfigError("reward.mode", self.mode, "unknown rubric judge mode", "use choose, generate or likelihood")
-        if self.decision not in ("hard", "soft"):
-            raise ConfigError("reward.decision", self.decision, "unknown decision rule", "use hard or soft")
+        super().__post_init__()
         if self.mode == "generate" and self.decision == "soft":
             raise ConfigError("reward.decision", self.decision, "generate mode returns binary decisions only",
                               "use reward.decision: hard with reward.mode: generate")
-
 
 @dataclass
 class RubicapTrainConfig(GRPOTrainConfig):
