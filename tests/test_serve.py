@@ -186,3 +186,32 @@ def test_service_shapes_identification_like_training(embedded_backend):
         assert j.scored and j.score == pytest.approx(j.extra["base"])
     for j in got[2:]:
         assert j.scored and j.extra["copied_values"] >= 20 and j.score < j.extra["base"] - 1.0
+
+
+def test_a_bug_in_the_judge_is_a_500_not_an_unscored_batch(tmp_path):
+    """A judge that raises a TypeError (our bug) answers HTTP 500 naming it; a RuntimeError from the model
+    (out of memory, engine error) leaves the captions unscored (NaN, ``scored: false``), never 0."""
+    from starlette.testclient import TestClient
+
+    from captionrl.serve.app import create_app
+    from captionrl.serve.config import RewardServiceConfig
+
+    class Raising:
+        name = "raising"
+
+        def __init__(self, exc):
+            self.exc = exc
+
+        def judge(self, captions, columns):
+            raise self.exc
+
+    cfg = RewardServiceConfig(reward="cider", batch_window_ms=0, records=str(tmp_path / "r.jsonl"))
+    body = {"query": ["a red square"], "prompts": [""], "labels": [{"references": ["a red square"]}]}
+    with TestClient(create_app(cfg, Raising(TypeError("unsupported operand")))) as client:
+        resp = client.post("/reward", json=body)
+    assert resp.status_code == 500 and "TypeError" in resp.json()["error"]["problem"]
+    with TestClient(create_app(cfg, Raising(RuntimeError("out of memory")))) as client:
+        resp = client.post("/reward", json=body)
+    got = resp.json()
+    assert resp.status_code == 200 and got["scored"] == [False] and math.isnan(got["rewards"][0])
+    assert "out of memory" in got["errors"][0]

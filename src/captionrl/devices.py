@@ -46,7 +46,7 @@ def cpu_capability() -> str:
 
     try:
         return str(torch.backends.cpu.get_cpu_capability())
-    except Exception:  # very old torch: treat as no fast path
+    except AttributeError:  # torch before get_cpu_capability: treat as no fast path
         return "DEFAULT"
 
 

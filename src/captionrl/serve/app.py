@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from captionrl.backends.base import MODEL_FAILURES
 from captionrl.errors import UserInputError
 from captionrl.serve.config import MAIN_COLUMN, RewardServiceConfig
 from captionrl.types import Judgment
@@ -207,9 +208,14 @@ class Batcher:
             elif not jobs[0].future.done():
                 jobs[0].future.set_exception(exc)  # becomes this request's HTTP 400
             return
-        except Exception as exc:  # the judge itself broke: every caption unscored, with the cause
+        except MODEL_FAILURES as exc:  # the verifier failed (OOM, engine error): unscored, with the cause
             err = f"{type(exc).__name__}: {exc}"
             results = [Judgment(score=None, error=err) for j in jobs for _ in j.captions]
+        except Exception as exc:  # a bug: each pooled request gets HTTP 500 naming it, never a silent skip
+            for job in jobs:
+                if not job.future.done():
+                    job.future.set_exception(exc)
+            return
         start = 0
         for job in jobs:
             if not job.future.done():
@@ -267,6 +273,9 @@ def create_app(cfg: RewardServiceConfig, judge: Any) -> Starlette:
             judgments = job.future.result()
         except UserInputError as exc:
             return error_response(400, f"labels.{exc.field}", exc.value, exc.problem, exc.fix)
+        except Exception as exc:  # a bug in the judge: say so (HTTP 500), do not score the batch as unscored
+            return error_response(500, "judge", cfg.reward, f"raised {type(exc).__name__}: {exc}",
+                                  "this is a bug in captionrl: report it with the service's records")
         scored = [j.score is not None and not math.isnan(float(j.score)) for j in judgments]
         rewards = [float(j.score) if ok else failure for j, ok in zip(judgments, scored, strict=True)]  # type: ignore[arg-type]
         errors = [None if ok else (j.error or "unscored") for j, ok in zip(judgments, scored, strict=True)]

@@ -367,10 +367,7 @@ def run(cfg: MocoConfig) -> dict[str, Any]:
 def _checkpoint_step(ckpt: Path | None) -> int:
     if ckpt is None:
         return 0
-    try:
-        return int(ckpt.name.split("-")[-1])
-    except ValueError:
-        return 0
+    return int(ckpt.name.split("-")[-1])  # last_checkpoint only returns checkpoint-<N> folders
 
 
 # ---------------------------------------------------------------------- EvoLM
