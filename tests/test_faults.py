@@ -57,7 +57,8 @@ def test_lineup_run_survives_a_killed_verifier_with_zero_advantage_and_resumes(t
         "train.beta=0.0", "train.report_to=[]", "train.threads=1", "eval.enabled=false", f"train.out_dir={out}",
         "train.preflight_items=0",  # the preflight would call the verifier too and move the scripted kill
         "verifier.kind=openai", f"verifier.base_url={server.base_url}", f"verifier.model={served}"])
-    verifier = KilledAfterFirstStep(server.backend(timeout_s=10, max_retries=1, backoff_s=0.1), server)
+    # 60 s: echo log-likelihood requests queue one at a time on a cold, restarted 1-thread server
+    verifier = KilledAfterFirstStep(server.backend(timeout_s=60, max_retries=1, backoff_s=0.1), server)
     lineup.run(cfg, verifier=verifier)  # 1. the run finishes
 
     assert verifier.calls == 4
@@ -169,7 +170,7 @@ def test_rubicap_run_survives_a_killed_judge_server_with_zero_advantage_and_resu
         "train.max_steps=4", "train.save_steps=4", "train.report_to=[]", "train.threads=1",
         "train.preflight_items=0", f"train.out_dir={out}",
         "judge.kind=openai", f"judge.base_url={server.base_url}", f"judge.model={served}"])
-    judge = server.backend(timeout_s=10, max_retries=1, backoff_s=0.1)
+    judge = server.backend(timeout_s=60, max_retries=1, backoff_s=0.1)  # a cold restarted server is slow
     rubicap.run(cfg, judge_backend=judge, callbacks=[KillJudgeServer(server).callback])  # the run finishes
 
     metrics = {m["step"]: m for m in load_metrics(out / "metrics.jsonl")}
