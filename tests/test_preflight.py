@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from captionrl.config import load_config
+from captionrl.domains.lineup_data import build_lineup_data
 from captionrl.preflight import PreflightError, run_preflight, sample_rows, series_references
 from captionrl.rewards import make_identification_reward
 from captionrl.rewards.shaping import ShapedReward
@@ -16,12 +18,13 @@ from captionrl.train import lineup
 
 ROOT = Path(__file__).resolve().parents[1]
 N_ITEMS = 2
-UNGUARDED = ["reward.transcription_penalty=0", "reward.run_penalty=0", "reward.factuality_penalty=0"]
+UNGUARDED = ["reward.transcription_penalty=0", "reward.run_penalty=0", "reward.factuality_penalty=0",
+             "reward.unfinished_penalty=0", "reward.length_penalty=0"]  # every shaping term off: the bare verifier
 
 
 def _setup(backend, overrides):
-    cfg = lineup.load_lineup_config(ROOT / "configs" / "lineup-cpu.yaml", ["data.n_train=8", *overrides])
-    rows = sample_rows(lineup.build_data(cfg).rows["train"], N_ITEMS, cfg.seed)
+    cfg = load_config(lineup.LineupConfig, ROOT / "configs" / "lineup-cpu.yaml", ["data.n_train=8", *overrides])
+    rows = sample_rows(build_lineup_data(cfg.data, cfg.reward.k, cfg.seed).rows["train"], N_ITEMS, cfg.seed)
     reward = ShapedReward(make_identification_reward(backend, cfg.identify_config()),
                           lineup.shaping_config(cfg.reward), name="lineup")
     honest, dumps = series_references(rows, cfg.data.precision)
