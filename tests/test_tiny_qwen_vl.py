@@ -275,10 +275,12 @@ def test_lineup_paper_config_dry_run_with_tiny_qwen2_5_vl(tmp_path, embedded_bac
         "train.num_generations=2", "train.per_device_train_batch_size=2", "train.max_completion_length=8",
         "train.max_steps=2", "train.save_steps=1", "train.report_to=[]", "train.threads=1",
         "train.use_cpu=true", "train.bf16=false", f"train.out_dir={out}",
+        "train.force_preflight=true",  # the embedded verifier cannot tell honest from probes in letter mode
     ])
     assert (cfg.policy.input, cfg.reward.mode, cfg.train.beta, cfg.train.gradient_checkpointing) == (
         "chart", "letter", 0.05, True)
     result = lineup.run(cfg, verifier=embedded_backend)
+    assert "FAILED, forced" in (out / "preflight.md").read_text()  # the preflight ran, saw the weak verifier
     metrics = load_metrics(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2] and all("kl" in m for m in metrics)
     assert metrics[0]["identification/unscored_frac"] == 0.0  # the verifier scored every caption
@@ -307,10 +309,12 @@ def test_rubicap_paper_config_dry_run_with_tiny_qwen2_5_vl(tmp_path, embedded_ba
         "train.num_generations=2", "train.per_device_train_batch_size=2", "train.gradient_accumulation_steps=1",
         "train.max_completion_length=8", "train.max_steps=1", "train.save_steps=1", "train.report_to=[]",
         "train.threads=1", "train.use_cpu=true", "train.bf16=false", f"train.out_dir={out}",
+        "train.force_preflight=true",  # the embedded judge's generate-mode replies do not parse: refused unforced
     ])
     assert (cfg.reward.mode, cfg.train.loss_type, cfg.train.beta, cfg.train.gradient_checkpointing) == (
         "generate", "grpo", 0.04, True)
     rubicap.run(cfg, judge_backend=embedded_backend)
+    assert "FAILED, forced" in (out / "preflight.md").read_text()  # the preflight ran and said why
     metrics = load_metrics(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1] and "kl" in metrics[0]
     samples = load_samples(out)
