@@ -90,6 +90,25 @@ def good_lines(fmt: str) -> list[str]:
     return [make(i) for i in range(6)]
 
 
+def write_lines(p: Path, lines: list[str], kind: str, bad: tuple[bytes, bytes], cut: int) -> Path:
+    """Write ``lines`` to ``p`` broken the ways every input file shares: ``missing`` (not written), ``empty``,
+    ``nonutf8`` (line 2's ``bad[0]`` bytes become ``bad[1]``), ``malformed`` (line 3 cut to ``cut``
+    characters, between good lines); any other kind is an edit the caller already made to ``lines``."""
+    if kind == "missing":
+        return p
+    if kind == "empty":
+        p.write_text("")
+        return p
+    data = [line.encode() for line in lines]
+    if kind == "nonutf8":
+        data[1] = data[1].replace(*bad)
+        assert bad[1] in data[1], "the undecodable byte must land on line 2"
+    elif kind == "malformed":
+        data[2] = data[2][:cut]
+    p.write_bytes(b"\n".join(data) + b"\n")
+    return p
+
+
 def bad_file(tmp: Path, kind: str, fmt: str, name: str = "caps.jsonl") -> Path:
     """A file of format ``fmt`` (series: {id, series, caption, next}; caption: {id, caption, ...}) broken by ``kind``.
 
@@ -97,18 +116,7 @@ def bad_file(tmp: Path, kind: str, fmt: str, name: str = "caps.jsonl") -> Path:
     p = tmp / name
     lines = good_lines(fmt)
     make = series_line if fmt == "series" else caption_line
-    if kind == "missing":
-        return p
-    if kind == "empty":
-        p.write_text("")
-        return p
-    if kind == "nonutf8":
-        data = "\n".join(lines).encode().replace(b"item 1.", b"caf\xe9 1.", 1)
-        p.write_bytes(data + b"\n")
-        return p
-    if kind == "malformed":
-        lines[2] = lines[2][:25]
-    elif kind == "nan":
+    if kind == "nan":
         lines[1] = lines[1].replace(json.dumps(SERIES[1])[1:-1], json.dumps(SERIES[1])[1:-1].replace("2.0", "NaN"), 1)
         assert "NaN" in lines[1]
     elif kind == "mixed":
@@ -117,10 +125,9 @@ def bad_file(tmp: Path, kind: str, fmt: str, name: str = "caps.jsonl") -> Path:
         lines[1] = make(0, caption="A second caption of the first item.")
     elif kind == "nofield":
         lines[1] = make(1, caption=None)
-    elif kind != "good":
+    elif kind not in ("good", "missing", "empty", "nonutf8", "malformed"):
         raise ValueError(kind)
-    p.write_text("\n".join(lines) + "\n")
-    return p
+    return write_lines(p, lines, kind, (b"item 1.", b"caf\xe9 1."), cut=25)
 
 
 # ---------------------------------------------------------------------- the matrix
@@ -208,19 +215,7 @@ def candidates_file(tmp: Path, kind: str) -> Path:
         return json.dumps({k: v for k, v in r.items() if v is not None})
 
     lines = [rec(i) for i in range(4)]
-    if kind == "missing":
-        return p
-    if kind == "empty":
-        p.write_text("")
-        return p
-    if kind == "nonutf8":
-        data = [line.encode() for line in lines]
-        data[1] = data[1].replace(b'"nearest"', b'"n\xe9arest"')  # line 2, so the error must name the line
-        p.write_bytes(b"\n".join(data) + b"\n")
-        return p
-    if kind == "malformed":
-        lines[2] = lines[2][:20]
-    elif kind == "nan":
+    if kind == "nan":
         lines[1] = rec(1, series=[1.0, float("nan"), *[2.0] * 6])
     elif kind == "mixed":
         lines[1] = rec(1, series=[1.0, 2.0, 3.0, 4.0, 5.0])
@@ -230,8 +225,7 @@ def candidates_file(tmp: Path, kind: str) -> Path:
         lines[1] = rec(1, series=None)
     elif kind == "small":  # fewer candidates than K
         lines[1] = rec(1, distractor_ids=["it0"])
-    p.write_text("\n".join(lines) + "\n")
-    return p
+    return write_lines(p, lines, kind, (b'"nearest"', b'"n\xe9arest"'), cut=20)
 
 
 CANDIDATE_MUST = {**FILE_KINDS, "nofield": [where(2, "it1"), r"series"], "small": [where(2, "it1"), r"\bk\b"]}
@@ -252,39 +246,18 @@ def manifest(tmp: Path, kind: str) -> Path:
 
     Image.new("RGB", (8, 8), (200, 30, 30)).save(tmp / "red.png")
     lines = [json.dumps({"id": f"it{i}", "image": "red.png", "caption": f"A red square, item {i}."}) for i in range(4)]
-    p = tmp / "caps.jsonl"
-    if kind == "empty":
-        p.write_text("")
-        return p
-    if kind == "nonutf8":
-        p.write_bytes(("\n".join(lines) + "\n").encode().replace(b"item 1.", b"caf\xe9 1.", 1))
-        return p
-    if kind == "malformed":
-        lines[2] = lines[2][:25]
-    elif kind == "dup":
+    if kind == "dup":
         lines[1] = lines[0]
-    p.write_text("\n".join(lines) + "\n")
-    return p
+    return write_lines(tmp / "caps.jsonl", lines, kind, (b"item 1.", b"caf\xe9 1."), cut=25)
 
 
 def labels(tmp: Path, kind: str, key: str = "label") -> Path:
     """Agreement input: {id, label} (human) or {id, decision} (judge) lines, broken by ``kind``."""
     p = tmp / ("caps.jsonl" if key == "label" else "judge.jsonl")
     lines = [json.dumps({"id": f"it{i}", key: "AB"[i % 2]}) for i in range(6)]
-    if kind == "missing":
-        return p
-    if kind == "empty":
-        p.write_text("")
-        return p
-    if kind == "nonutf8":
-        p.write_bytes(("\n".join(lines) + "\n").encode().replace(b'"it1"', b'"caf\xe9"', 1))
-        return p
-    if kind == "malformed":
-        lines[2] = lines[2][:10]
-    elif kind == "dup":
+    if kind == "dup":
         lines[1] = json.dumps({"id": "it0", key: "B"})
-    p.write_text("\n".join(lines) + "\n")
-    return p
+    return write_lines(p, lines, kind, (b'"it1"', b'"caf\xe9"'), cut=10)
 
 
 def summary_dir(tmp: Path, text: str) -> Path:
