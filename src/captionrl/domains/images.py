@@ -300,6 +300,12 @@ _EVQA_SHAPE_Q = re.compile(r"^what shape (?:is in the image|does the image conta
 def load_easy_vqa(split: str = "train", *, limit: int | None = None, on_error: OnError = "raise") -> ImageSet:
     """easy-VQA: 64x64 images of one coloured shape, with QA pairs; the shape and colour facts (and a
     reference caption) are read from the image's own "what color/shape" answers when it has them."""
+    return _collect(easy_vqa_items(split, limit=limit), on_error, f"easy-vqa:{split}")
+
+
+def easy_vqa_items(split: str = "train", *, limit: int | None = None) -> list[ImageItem]:
+    """easy-VQA items of ``split`` with their QA, facts and reference, images not decoded yet (the
+    callers decode and decide what a bad image means)."""
     if split not in ("train", "test"):
         raise ConfigError("split", split, "easy-vqa has train and test splits", "use train or test")
     root = easy_vqa_dir() / split
@@ -322,7 +328,7 @@ def load_easy_vqa(split: str = "train", *, limit: int | None = None, on_error: O
             refs = (f"The image shows a single {colour} {shape}.",)
         cands.append(ImageItem(f"easy-vqa-{split}-{image_id}", str(root / "images" / f"{image_id}.png"), refs,
                                tuple(qa), tuple(facts), source="easy-vqa", meta={"split": split}))
-    return _collect(cands, on_error, f"easy-vqa:{split}")
+    return cands
 
 
 SKIMAGE_FILES = {

@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from captionrl.config import help_field
+from captionrl.domains.image_data import ImageDataConfig, ImageLoadResult, load_image_items
 from captionrl.errors import ConfigError
 from captionrl.judges.online_rubric import (
     MocoRubricJudge,
@@ -80,22 +81,24 @@ EVOLM_KEYS = ("reward", "frac_reward_zero_std", "rubric/size", "rubric/unscored_
 
 # ---------------------------------------------------------------------- config
 @dataclass
-class MocoDataConfig:
-    """Training images. Synthetic scenes (``domains.scenes``) know their facts, so the facts fallback and
-    evaluation can check captions; two references per image as in A.1.2."""
+class MocoDataConfig(ImageDataConfig):
+    """Training images (``ImageDataConfig``). Synthetic scenes (the offline default) know their facts, so the
+    facts fallback and evaluation can check captions; every image needs two references (A.1.2), so
+    ``min_references`` defaults to 2. ``n_train`` is the older name of ``n``."""
 
-    source: str = help_field("scenes", "scenes (seeded synthetic images with exact facts)")
-    n_train: int = help_field(16, "training images")
-    scene_seed: int = help_field(0, "seed of the scene family (scene i of seed s is the same picture everywhere)")
-    image_size: int = help_field(192, "scene side in pixels")
-    max_groups: int = help_field(2, "shape groups per scene (1..3)")
-    text_prob: float = help_field(0.5, "probability that a scene carries a written word")
+    n: int | None = help_field(16, "training images: a seeded sample (null = all usable; more than exist is an error naming both numbers)")
+    min_references: int = help_field(2, "reference captions an image must have: the Generator reads two (A.1.2)")
+    n_train: int | None = help_field(None, "older name of data.n")
 
     def __post_init__(self) -> None:
-        if self.source != "scenes":
-            raise ConfigError("data.source", self.source, "unknown image source", "use scenes")
-        if self.n_train < 1:
-            raise ConfigError("data.n_train", self.n_train, "must be >= 1", "set data.n_train: 16")
+        if self.n_train is not None:
+            if self.n_train < 1:
+                raise ConfigError("data.n_train", self.n_train, "must be >= 1", "set data.n: 16")
+            self.n, self.n_train = self.n_train, None
+        self.check_image_data()
+        if self.min_references < 2:
+            raise ConfigError("data.min_references", self.min_references, "MoCo's Generator reads two references per image",
+                              "set data.min_references: 2 (or more), and give each image two captions")
 
 
 @dataclass
@@ -196,22 +199,37 @@ class MocoConfig:
 
 
 # ---------------------------------------------------------------------- data
-def build_rows(cfg: MocoConfig) -> list[dict[str, Any]]:
-    """Dataset rows: Policy prompt (image placeholder), image, item id, two references, facts (JSON)."""
-    from captionrl.domains.scenes import generate_scenes, second_reference
+def load_items(cfg: MocoConfig) -> ImageLoadResult:
+    """The configured images, validated before any model loads (``domains.image_data``)."""
+    return load_image_items(cfg.data, seed=cfg.seed)
 
-    d = cfg.data
+
+def build_rows(cfg: MocoConfig, loaded: ImageLoadResult | None = None) -> list[dict[str, Any]]:
+    """Dataset rows: Policy prompt (image placeholder), image, item id, the first two references, facts (JSON).
+
+    Scenes and embedded images are decoded now (PIL); file images stay paths and become a lazily decoded
+    ``Image`` column (``MocoRecipe.train_dataset``)."""
+    loaded = loaded if loaded is not None else load_items(cfg)
     rows = []
-    for scene in generate_scenes(d.n_train, d.scene_seed, size=d.image_size, max_groups=d.max_groups,
-                                 text_prob=d.text_prob):
+    for it in loaded.items:
         rows.append({
             "prompt": policy_messages(with_images=True),
-            "image": scene.render(),
-            "item_id": scene.id,
-            "references": [scene.reference_caption, second_reference(scene)],
-            "facts": json.dumps(scene.facts),
+            "image": str(it.image) if isinstance(it.image, (str, Path)) else it.load(),
+            "item_id": str(it.id),
+            "references": list(it.references[:2]),
+            "facts": json.dumps(list(it.facts)),
         })
     return rows
+
+
+def rows_dataset(rows: Sequence[Mapping[str, Any]]) -> Any:
+    """Rows as a ``datasets.Dataset``; file paths become a lazily decoded RGB ``Image`` column."""
+    import datasets
+
+    ds = datasets.Dataset.from_list(list(rows))
+    if rows and isinstance(rows[0]["image"], str):
+        ds = ds.cast_column("image", datasets.Image(mode="RGB"))
+    return ds
 
 
 # ---------------------------------------------------------------------- roles and reward
@@ -300,11 +318,16 @@ class MocoRecipe(Recipe):
         super().__init__(cfg)
         self.box: dict[str, Any] = {}
         self.records: Any = None
+        self.images: ImageLoadResult | None = None
         m = cfg.momentum
         self.title = f"MoCo Rubric ({m.variant}, m={m.m}, H={m.interval})"
 
     def dataset(self, run: Run) -> list[dict[str, Any]]:
-        return build_rows(self.cfg)
+        self.images = load_items(self.cfg)
+        return build_rows(self.cfg, self.images)
+
+    def train_dataset(self, run: Run) -> Any:
+        return rows_dataset(run.data)
 
     def load_policy(self, run: Run) -> None:
         super().load_policy(run)  # 'tiny-vlm' resolves in the hf backend
@@ -349,7 +372,7 @@ class MocoRecipe(Recipe):
         cfg, momentum = self.cfg, self.box["momentum"]
         steps = max(1, run.trainer.state.global_step - _checkpoint_step(run.resume_from))
         return {"method": "moco", "seconds_per_step": round(run.train_seconds / steps, 2),
-                "records": str(self.records.path),
+                "records": str(self.records.path), "images": self.images.summary() if self.images else None,
                 "momentum": {"variant": cfg.momentum.variant, "m": momentum.settings.effective_m,
                              "interval": cfg.momentum.interval, "implementation": type(momentum).__name__,
                              "updates": momentum.updates, "final_distance": momentum.distance()}}
@@ -360,7 +383,8 @@ def run(cfg: MocoConfig) -> dict[str, Any]:
     recipe = MocoRecipe(cfg)
     if cfg.method == "evolm":
         prepared = prepare(recipe)
-        return run_evolm(cfg, prepared.out, prepared.model, prepared.processing, prepared.data)
+        return run_evolm(cfg, prepared.out, prepared.model, prepared.processing, prepared.data,
+                         images=recipe.images.summary() if recipe.images else None)
     return train(recipe).result
 
 
@@ -473,10 +497,10 @@ def generator_rows(cfg: MocoConfig, rows: Sequence[Mapping[str, Any]], current: 
     return out
 
 
-def run_evolm(cfg: MocoConfig, out: Path, model: Any, processing: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
+def run_evolm(cfg: MocoConfig, out: Path, model: Any, processing: Any, rows: list[dict[str, Any]],
+              images: dict[str, Any] | None = None) -> dict[str, Any]:
     """Alternate Policy and Generator GRPO phases on one shared model; the Judge is a frozen initial copy."""
     import torch
-    from datasets import Dataset
 
     from captionrl.records import RecordWriter, write_json
     from captionrl.train.curves import load_metrics, plot_curves
@@ -516,7 +540,7 @@ def run_evolm(cfg: MocoConfig, out: Path, model: Any, processing: Any, rows: lis
         judge = OnlineRubricJudge(roles, cfg.rubric, judge_factory=cfg.judge.factory, records=records)
         reward = MocoReward(judge, name="moco_rubric", log_fields=())
         pt = common.build_trainer(pcfg, common.trainer_args(pcfg, seed=int(cfg.train.seed or 0) + phase), model,
-                                  processing, [reward], Dataset.from_list(rows),
+                                  processing, [reward], rows_dataset(rows),
                                   callbacks=[MetricsLog(Path(pcfg.out_dir) / "metrics.jsonl")])
         tp = time.perf_counter()
         pt.train()
@@ -530,7 +554,7 @@ def run_evolm(cfg: MocoConfig, out: Path, model: Any, processing: Any, rows: lis
                                    max_completion_length=cfg.rubric.max_new_tokens, save_steps=10**9)
         gt = common.build_trainer(gcfg, common.trainer_args(gcfg, seed=int(cfg.train.seed or 0) + 1000 + phase), model,
                                   processing, [EvolmGeneratorReward(cfg, roles)],
-                                  Dataset.from_list(generator_rows(cfg, rows, current, earlier, phase)),
+                                  rows_dataset(generator_rows(cfg, rows, current, earlier, phase)),
                                   callbacks=[MetricsLog(Path(gcfg.out_dir) / "metrics.jsonl")])
         gt.train()
         earlier = current
@@ -563,7 +587,7 @@ def run_evolm(cfg: MocoConfig, out: Path, model: Any, processing: Any, rows: lis
               "train_seconds": round(train_s, 1),
               "seconds_per_policy_step": round(policy_seconds / max(1, len(pol)), 2) if pol else None,
               "model": str(model_dir), "curves": str(out / "curves.png"), "curve_points": curves,
-              "records": str(records.path), "metrics": str(out / "metrics.jsonl")}
+              "records": str(records.path), "metrics": str(out / "metrics.jsonl"), "images": images}
     write_json(out / "result.json", result)
     return result
 
@@ -580,8 +604,10 @@ CONFIG = MocoConfig
 def run_command(cfg: MocoConfig) -> int:
     """``captionrl train moco``: check (data only) or train, then print where everything went."""
     if cfg.check:
-        rows = build_rows(cfg)
-        print(json.dumps({"method": cfg.method, "train_items": len(rows), "reward_interval": cfg.reward_interval()}))
+        loaded = load_items(cfg)
+        rows = build_rows(cfg, loaded)
+        print(json.dumps({"method": cfg.method, "train_items": len(rows), "reward_interval": cfg.reward_interval(),
+                          "images": loaded.summary()}))
         return 0
     result = run(cfg)
     print_result(result, ["model", "curves", "records", "metrics"])

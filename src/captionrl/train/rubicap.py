@@ -36,6 +36,7 @@ import numpy as np
 from captionrl.backends import BackendConfig
 from captionrl.config import help_field
 from captionrl.domains.captioning import IMAGE_CAPTION_INSTRUCTION
+from captionrl.domains.image_data import ImageDataConfig, ImageLoadResult
 from captionrl.errors import ConfigError, DataError
 from captionrl.judges.rubric import RubricJudgeSettings
 from captionrl.train import common
@@ -58,21 +59,49 @@ CURVE_KEYS = ("reward", "frac_reward_zero_std", "rubric/unscored_frac", "complet
 
 # ---------------------------------------------------------------------- config
 @dataclass
-class RubicapDataConfig:
-    """The training images and the instruction the policy captions them with."""
+class RubicapDataConfig(ImageDataConfig):
+    """The training images (``ImageDataConfig``: source, path, n, on_bad_image, ...) and the instruction
+    the policy captions them with. ``items``, ``n_train`` and ``on_error`` are the older spellings, mapped
+    onto the shared fields (and cleared) when set."""
 
-    items: str = help_field("scenes:64:0", "images: scenes:N[:SEED] (synthetic, known facts), easy-vqa[:SPLIT[:LIMIT]], a folder, a JSONL manifest ({id, image, ...}) or a datasets.save_to_disk folder")
-    n_train: int | None = help_field(None, "training items (null = all; a seeded sample of the items otherwise)")
+    min_references: int = help_field(0, "reference captions an image must have (0: RubiCap's rubrics come from the teacher committee; references feed only the reward preflight and the final CIDEr-D check)")
+    items: str | None = help_field(None, "older shorthand, overrides source/path when set: scenes:N[:SEED], easy-vqa[:SPLIT[:LIMIT]], or a manifest/folder path (source manifest)")
+    n_train: int | None = help_field(None, "older name of data.n")
     instruction: str = help_field(IMAGE_CAPTION_INSTRUCTION, "the caption request shown after the image")
-    on_error: str = help_field("raise", "unreadable images: raise (stop and name the item) or skip (leave out and count)")
+    on_error: str | None = help_field(None, "older name of data.on_bad_image: raise (= error) or skip")
 
     def __post_init__(self) -> None:
-        if self.n_train is not None and self.n_train < 1:
-            raise ConfigError("data.n_train", self.n_train, "must be >= 1 (or null for all)", "set data.n_train: 64")
-        if self.on_error not in ("raise", "skip"):
-            raise ConfigError("data.on_error", self.on_error, "unknown policy", "use raise or skip")
+        if self.n_train is not None:
+            if self.n_train < 1:
+                raise ConfigError("data.n_train", self.n_train, "must be >= 1 (or null for all)", "set data.n: 64")
+            self.n, self.n_train = self.n_train, None
+        if self.on_error is not None:
+            if self.on_error not in ("raise", "skip"):
+                raise ConfigError("data.on_error", self.on_error, "unknown policy", "use data.on_bad_image: error or skip")
+            self.on_bad_image, self.on_error = ("error" if self.on_error == "raise" else "skip"), None
+        if self.items is not None:
+            apply_items_spec(self, self.items)
+            self.items = None
+        self.check_image_data()
         if not self.instruction.strip():
             raise ConfigError("data.instruction", self.instruction, "is empty", "ask for a caption, e.g. 'Describe this image in detail.'")
+
+
+def apply_items_spec(d: ImageDataConfig, spec: str) -> None:
+    """Map the older ``data.items`` string onto the shared fields."""
+    head, *rest = str(spec).split(":")
+    try:
+        if head == "scenes":
+            d.source, d.scene_count = "scenes", int(rest[0]) if rest else 8
+            d.scene_seed = int(rest[1]) if len(rest) > 1 else 0
+        elif head == "easy-vqa":
+            d.source, d.split = "easy-vqa", rest[0] if rest else "train"
+            if len(rest) > 1 and d.n is None:
+                d.n = int(rest[1])
+        else:
+            d.source, d.path = "manifest", str(spec)
+    except ValueError as exc:
+        raise ConfigError("data.items", spec, "scenes and easy-vqa take integers", "write scenes:N[:SEED] or easy-vqa:SPLIT:LIMIT") from exc
 
 
 @dataclass
@@ -172,21 +201,16 @@ class RubicapData:
     lazy_images: bool  # True: ``image`` holds file paths, decoded by the dataset on access
     skipped: dict[str, list[str]]  # reason -> item ids
     store: Path
+    images: dict[str, Any] = field(default_factory=dict)  # ImageLoadResult.summary(): loaded, skipped by reason
+    references: dict[str, list[str]] = field(default_factory=dict)  # item id -> reference captions
 
 
-def load_items(cfg: RubicapConfig) -> list[Any]:
-    """The configured images (validated: each opens and decodes), seeded sample of ``n_train``."""
-    from captionrl.domains.images import load_images
+def load_items(cfg: RubicapConfig) -> ImageLoadResult:
+    """The configured images, validated (each opens and decodes, has its references), seeded sample of
+    ``data.n``; what was skipped comes back with them (``result.json`` records it)."""
+    from captionrl.domains.image_data import load_image_items
 
-    items = list(load_images(cfg.data.items, on_error=cfg.data.on_error))  # type: ignore[arg-type]
-    if not items:
-        raise DataError("data.items", cfg.data.items, "holds no readable image", "check the path or the spec")
-    n = cfg.data.n_train
-    if n is not None and n < len(items):
-        rng = np.random.default_rng([cfg.seed, 6])  # recorded: the config holds the seed
-        keep = sorted(rng.choice(len(items), size=n, replace=False).tolist())
-        items = [items[i] for i in keep]
-    return items
+    return load_image_items(cfg.data, seed=cfg.seed)
 
 
 def ensure_rubrics(cfg: RubicapConfig, items: Sequence[Any], *, allow_models: bool = True) -> Path:
@@ -201,8 +225,8 @@ def ensure_rubrics(cfg: RubicapConfig, items: Sequence[Any], *, allow_models: bo
     if cfg.rubrics.source == "facts":
         no_facts = [it.id for it in items if not it.facts]
         if no_facts:
-            raise DataError("data.items", f"{len(no_facts)} item(s), e.g. {no_facts[:3]}", "have no known facts to build rubrics from",
-                            "use scenes:N or easy-vqa items, or set rubrics.source: store / build")
+            raise DataError("data.source", f"{len(no_facts)} item(s), e.g. {no_facts[:3]}", "have no known facts to build rubrics from",
+                            "use data.source: scenes or easy-vqa (or a manifest with facts), or set rubrics.source: store / build")
         build_rubrics(items, teachers=[], writer=None, out_dir=store.parent, seed=cfg.seed, progress=False)
     elif cfg.rubrics.source == "build" and allow_models:
         from captionrl.backends import make_backend
@@ -225,8 +249,10 @@ def build_data(cfg: RubicapConfig, *, allow_models: bool = True) -> RubicapData:
     """Items + rubrics -> TRL rows ``{prompt, image, item_id, rubric}``; no policy involved."""
     from captionrl.domains.captioning import image_caption_messages
     from captionrl.judges.rubric import RubricStore
+    from captionrl.train.image_checks import references_of
 
-    items = load_items(cfg)
+    loaded = load_items(cfg)
+    items = loaded.items
     store_path = ensure_rubrics(cfg, items, allow_models=allow_models)
     skipped: dict[str, list[str]] = {"not in store": [], "rubric unscored": []}
     rows: list[dict[str, Any]] = []
@@ -258,7 +284,8 @@ def build_data(cfg: RubicapConfig, *, allow_models: bool = True) -> RubicapData:
     if not rows and allow_models:
         raise DataError("rubrics.store", str(store_path), "no training item has a rubric",
                         "check that the store's keys are the items' ids, and the writer's errors in the store")
-    return RubicapData(rows=rows, lazy_images=lazy, skipped={k: v for k, v in skipped.items() if v}, store=store_path)
+    return RubicapData(rows=rows, lazy_images=lazy, skipped={k: v for k, v in skipped.items() if v}, store=store_path,
+                       images=loaded.summary(), references=references_of(items))
 
 
 def to_dataset(data: RubicapData) -> Any:
@@ -361,6 +388,7 @@ class RubicapRecipe(Recipe):
 
         with PartialState().main_process_first():  # one rank writes the rubric store, the others then read it
             data = build_data(self.cfg)
+        self._references = data.references
         if data.skipped:
             print("left out of training: " + "; ".join(f"{len(v)} {k}" for k, v in data.skipped.items()))
         return data
@@ -388,7 +416,7 @@ class RubicapRecipe(Recipe):
         from captionrl.train.image_checks import references_of
 
         if self._references is None:
-            self._references = references_of(load_items(self.cfg))
+            self._references = references_of(load_items(self.cfg).items)
         return self._references
 
     def preflight(self, run: Run) -> None:
@@ -413,7 +441,7 @@ class RubicapRecipe(Recipe):
     def summary(self, run: Run) -> dict[str, Any]:
         data = run.data
         return {"items": len(data.rows), "skipped": {k: len(v) for k, v in data.skipped.items()},
-                "rubrics": str(data.store), "samples": str(self.samples.path) if self.samples else None}
+                "images": data.images, "rubrics": str(data.store), "samples": str(self.samples.path) if self.samples else None}
 
 
 def run(cfg: RubicapConfig, judge_backend: Any = None, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
@@ -435,7 +463,7 @@ def run_command(cfg: RubicapConfig) -> int:
         probe_servers(servers(cfg))
         data = build_data(cfg, allow_models=not cfg.check)
         print(json.dumps({"items": len(data.rows), "store": str(data.store),
-                          "skipped": {k: len(v) for k, v in data.skipped.items()}}))
+                          "skipped": {k: len(v) for k, v in data.skipped.items()}, "images": data.images}))
         if not cfg.check:
             print(f"rubrics:    {data.store}")
         return 0
