@@ -233,6 +233,16 @@ def resolve_image(value: Any, folder: ImageFolder, base: Path) -> tuple[Any, str
     return (str(p), None) if p else (None, f"image file not found (looked in {folder.root} and {base})")
 
 
+def default_images(path: Path) -> Path:
+    """``images/`` next to the rows (the folder given, or the rows file's folder), else one level up
+    (DenseFusion-1M keeps ``DenseFusion-4V-100k/DenseFusion-4V-100k.jsonl`` beside ``images/``)."""
+    root = path if path.is_dir() else path.parent
+    for cand in (root / "images", root.parent / "images"):
+        if cand.is_dir():
+            return cand
+    return root / "images"
+
+
 # ---------------------------------------------------------------------- PixMo-Cap
 PIXMO_IMAGE_COLUMNS = ("image", "image_path", "image_url")
 
@@ -243,8 +253,7 @@ def read_pixmocap(path: Path, images: Path | None, split: str) -> Iterator[Row]:
     is an embedded ``image`` ({bytes, path}, as in image-carrying re-uploads), an ``image_path`` under the
     image folder, or only the ``image_url``, found in the image folder as ``<sha256(url)>.<ext>`` or under
     the URL's own file name."""
-    root = path if path.is_dir() else path.parent
-    img_root = images or (root / "images")
+    img_root = images or default_images(path)
     files = find_rows_files(path, split, "pixmocap", [img_root]) if path.is_dir() else [path]
     folder = ImageFolder(img_root)
     for f in files:
@@ -279,8 +288,7 @@ def read_pixmocap(path: Path, images: Path | None, split: str) -> Iterator[Row]:
 def read_densefusion(path: Path, images: Path | None, split: str) -> Iterator[Row]:
     """DenseFusion-1M rows (``DenseFusion-4V-100k.jsonl`` and the 1M files): ``image_id``, ``image_path``
     (relative to the image folder) and ``caption`` (one dense caption per image)."""
-    root = path if path.is_dir() else path.parent
-    img_root = images or (root / "images")
+    img_root = images or default_images(path)
     files = find_rows_files(path, split, "densefusion", [img_root]) if path.is_dir() else [path]
     folder = ImageFolder(img_root)
     for f in files:

@@ -65,12 +65,15 @@ class RubicapDataConfig(ImageDataConfig):
     onto the shared fields (and cleared) when set."""
 
     min_references: int = help_field(0, "reference captions an image must have (0: RubiCap's rubrics come from the teacher committee; references feed only the reward preflight and the final CIDEr-D check)")
-    items: str | None = help_field(None, "older shorthand, overrides source/path when set: scenes:N[:SEED], easy-vqa[:SPLIT[:LIMIT]], or a manifest/folder path (source manifest)")
+    items: str | None = help_field(None, "older shorthand, replaces source/path/images/n when set: scenes:N[:SEED], easy-vqa[:SPLIT[:LIMIT]], or a manifest/folder path (source manifest)")
     n_train: int | None = help_field(None, "older name of data.n")
     instruction: str = help_field(IMAGE_CAPTION_INSTRUCTION, "the caption request shown after the image")
     on_error: str | None = help_field(None, "older name of data.on_bad_image: raise (= error) or skip")
 
     def __post_init__(self) -> None:
+        if self.items is not None:  # first: it replaces source, path, images and n; n_train may then set n
+            apply_items_spec(self, self.items)
+            self.items = None
         if self.n_train is not None:
             if self.n_train < 1:
                 raise ConfigError("data.n_train", self.n_train, "must be >= 1 (or null for all)", "set data.n: 64")
@@ -79,17 +82,15 @@ class RubicapDataConfig(ImageDataConfig):
             if self.on_error not in ("raise", "skip"):
                 raise ConfigError("data.on_error", self.on_error, "unknown policy", "use data.on_bad_image: error or skip")
             self.on_bad_image, self.on_error = ("error" if self.on_error == "raise" else "skip"), None
-        if self.items is not None:
-            apply_items_spec(self, self.items)
-            self.items = None
         self.check_image_data()
         if not self.instruction.strip():
             raise ConfigError("data.instruction", self.instruction, "is empty", "ask for a caption, e.g. 'Describe this image in detail.'")
 
 
 def apply_items_spec(d: ImageDataConfig, spec: str) -> None:
-    """Map the older ``data.items`` string onto the shared fields."""
+    """Map the older ``data.items`` string onto the shared fields (it replaces source, path, images and n)."""
     head, *rest = str(spec).split(":")
+    d.path, d.images, d.n = "", None, None
     try:
         if head == "scenes":
             d.source, d.scene_count = "scenes", int(rest[0]) if rest else 8
