@@ -351,6 +351,18 @@ CASES: list[Case] = [
     Case("rubicap-config-type", lambda t: ["train", "rubicap", "train.max_steps=lots"], [r"max_steps", r"lots"]),
     Case("moco-config-typo", lambda t: ["train", "moco", "momentum.variantt=frozen"], [r"variantt", r"variant"]),
     Case("moco-config-type", lambda t: ["train", "moco", "train.max_steps=lots"], [r"max_steps", r"lots"]),
+    # ---- train rubicap / moco: image data (issue 15 item 2), named before any model loads
+    Case("moco-image-missing", lambda t: ["train", "moco", *images(t, {"id": "x", "image": "gone.png", "captions": ["a", "b"]})],
+         [r"images\.jsonl:2", r"missing image", r"on_bad_image"]),
+    Case("moco-image-corrupt", lambda t: ["train", "moco", *images(t, {"id": "x", "image": "half.png", "captions": ["a", "b"]})],
+         [r"images\.jsonl:2", r"corrupt image"]),
+    Case("moco-one-reference", lambda t: ["train", "moco", *images(t, {"id": "x", "image": "red.png", "captions": ["a"]})],
+         [r"images\.jsonl:2", r"missing references", r"min_references"]),
+    Case("rubicap-image-row-layout", lambda t: ["train", "rubicap", f"train.out_dir={t / 'run'}",
+                                                *images(t, {"id": "x", "captions": ["a"]})], [r"images\.jsonl:2", r"no image"]),
+    Case("rubicap-pixmocap-layout", lambda t: ["train", "rubicap", "data.source=pixmocap", f"data.path={_pixmo_wrong(t)}"],
+         [r"pixmo-?cap", r"caption"]),
+    Case("moco-too-many-images", lambda t: ["train", "moco", *images(t, None), "data.n=9"], [r"asks for 9", r"only 3"]),
     # ---- rubrics build: a JSONL image manifest
     Case("rubrics-missing", lambda t: ["rubrics", "build", out(t), f"items={t / 'caps.jsonl'}"], [r"caps\.jsonl", r"not found"]),
     *[Case(f"rubrics-{kind}", lambda t, kind=kind: ["rubrics", "build", out(t), f"items={manifest(t, kind)}", "--quiet"],
@@ -369,6 +381,26 @@ CASES: list[Case] = [
          [r"summary\.json", r"rows"]),
     Case("report-empty", lambda t: ["report", out(t), str(summary_dir(t, ""))], [r"summary\.json", r"json"]),
 ]
+
+
+def images(tmp: Path, bad: dict[str, object] | None) -> list[str]:
+    """Overrides pointing the image data at a manifest of 3 good PNG files (2 captions each) with ``bad`` as
+    line 2; ``half.png`` is a PNG cut in half (opens, does not decode)."""
+    from PIL import Image
+
+    Image.new("RGB", (8, 8), (200, 30, 30)).save(tmp / "red.png")
+    data = (tmp / "red.png").read_bytes()
+    (tmp / "half.png").write_bytes(data[: len(data) // 2])
+    rows = [{"id": f"ok{i}", "image": "red.png", "captions": ["a red square", "red on red"]} for i in range(3)]
+    lines = [json.dumps(r) for r in [rows[0], *([bad] if bad else []), *rows[1:]]]
+    (tmp / "images.jsonl").write_text("\n".join(lines) + "\n")
+    return ["data.source=manifest", f"data.path={tmp / 'images.jsonl'}", "data.n=null"]
+
+
+def _pixmo_wrong(tmp: Path) -> Path:
+    p = tmp / "pixmo.jsonl"
+    p.write_text(json.dumps({"image_url": "https://a.org/b.jpg", "text": "no caption column"}) + "\n")
+    return p
 
 
 def _yaml(tmp: Path, text: str) -> Path:
