@@ -94,7 +94,8 @@ class ImageLoadResult:
     items: list[ImageItem]
     skipped: list[dict[str, str]] = field(default_factory=list)  # {"where", "reason", "problem"}
     source: str = ""
-    read: int = 0  # rows looked at (items + skipped)
+    read: int = 0  # rows validated (items + skipped): all of them, or as many as the n-item sample needed
+    available: int = 0  # rows of the source (of this split)
 
     def counts(self) -> dict[str, int]:
         """Skipped images per reason (missing image, corrupt image, missing references, bad row)."""
@@ -102,7 +103,8 @@ class ImageLoadResult:
 
     def summary(self) -> dict[str, Any]:
         """What a run's ``result.json`` records about its images."""
-        return {"source": self.source, "loaded": len(self.items), "read": self.read, "skipped": len(self.skipped),
+        return {"source": self.source, "loaded": len(self.items), "read": self.read, "available": self.available,
+                "skipped": len(self.skipped),
                 "skipped_by_reason": self.counts(), "skipped_examples": self.skipped[:5]}
 
 
@@ -149,7 +151,7 @@ def load_image_items(cfg: ImageDataConfig, *, seed: int | None = None) -> ImageL
         print(f"images ({label}): skipped {len(skipped)} of {looked} ({dict(Counter(s['reason'] for s in skipped))}); "
               f"first: {skipped[0]['where']}: {skipped[0]['problem']}", file=sys.stderr)
     items = [rows[i].item for i in sorted(kept)]
-    return ImageLoadResult([it for it in items if it is not None], skipped, label, looked)
+    return ImageLoadResult([it for it in items if it is not None], skipped, label, looked, len(rows))
 
 
 def _rows(cfg: ImageDataConfig) -> list[Row]:
