@@ -146,6 +146,13 @@ def test_manifest_jsonl_csv_and_folder_take_any_number_of_references(tmp_path):
     got = load_image_items(cfg("manifest", tmp_path / "imgs"))
     assert {it.id: it.references for it in got.items} == {"a": ("sidecar one", "sidecar two"), "b": ("json one",)}
 
+    import datasets  # a datasets.save_to_disk folder with an Image column: embedded bytes, decoded once here
+
+    ds = datasets.Dataset.from_dict({"image": [str(tmp_path / "imgs" / "a.png")], "captions": [["x", "y"]]})
+    ds.cast_column("image", datasets.Image()).save_to_disk(str(tmp_path / "saved"))
+    got = load_image_items(cfg("manifest", tmp_path / "saved", min_references=2))
+    assert got.items[0].references == ("x", "y") and got.items[0].load().getpixel((10, 10)) == COLOURS[0]
+
 
 def test_scenes_and_seeded_sample(tmp_path):
     got = load_image_items(cfg("scenes", n=3, scene_count=10, image_size=96), seed=4)

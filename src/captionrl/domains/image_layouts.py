@@ -394,8 +394,12 @@ def read_manifest(path: Path, images: Path | None, split: str) -> Iterator[Row]:
     and any number of reference columns (``caption``, ``caption_2``, ``reference3``..., or one
     ``captions`` cell holding a JSON list). Rows with a ``split`` field other than ``data.split`` are left
     out (not counted as bad). A folder: each image with ``NAME.txt`` (a reference per line) or
-    ``NAME.json`` ({"captions": [...]}) next to it.
+    ``NAME.json`` ({"captions": [...]}) next to it; or a ``datasets`` ``save_to_disk`` folder with the
+    JSONL manifest's columns (an ``Image`` or path ``image`` column and caption columns).
     """
+    if path.is_dir() and ((path / "state.json").exists() or (path / "dataset_dict.json").exists()):
+        yield from _read_saved_dataset(path, images, split)
+        return
     if path.is_dir():
         yield from _read_folder(path)
         return
@@ -405,48 +409,71 @@ def read_manifest(path: Path, images: Path | None, split: str) -> Iterator[Row]:
     if path.suffix.lower() in (".csv", ".parquet"):
         require_columns(path, cols, need=(), any_of=(*MANIFEST_IMAGE_KEYS, "image_bytes"), layout="manifest")
     for i, rec in recs:
-        where = f"{path.name}:{i}"
-        if (r := not_object(where, rec)) is not None:
-            yield r
-            continue
-        if split and rec.get("split") not in (None, "", split):
-            continue
-        key = next((k for k in MANIFEST_IMAGE_KEYS if rec.get(k)), None)
-        if key is None and rec.get("image_bytes"):
-            import base64
+        row = manifest_row(f"{path.name}:{i}", rec, f"{path.stem}-{i}", folder, base, split, str(path))
+        if row is not None:
+            yield row
 
-            try:
-                image: Any = base64.b64decode(rec["image_bytes"], validate=True)
-            except (ValueError, TypeError):
-                yield bad(where, CORRUPT_IMAGE, str(rec["image_bytes"])[:40], "image_bytes is not base64",
-                          "encode the image file with base64")
-                continue
-        elif key is None:
-            yield bad(where, BAD_ROW, sorted(rec), "has no image", 'add "image": "path/to/file.png"')
-            continue
-        else:
-            image, problem = resolve_image(rec[key], folder, base)
-            if problem:
-                yield bad(where, MISSING_IMAGE, _short(rec[key]), problem,
-                          "fix the path (relative paths resolve against the manifest's folder or data.images), "
-                          "or set on_bad_image: skip")
-                continue
-        refs: tuple[str, ...] = ()
-        for col in sorted((c for c in rec if _REF_COLUMN.match(str(c))), key=_ref_order):
-            got = texts(rec[col])
-            if got is None:
-                yield bad(where, BAD_ROW, rec[col], f"{col} must be text or a list of text", "write captions as text")
-                break
-            refs += got
-        else:
-            qa, facts = rec.get("qa") or (), rec.get("facts") or ()
-            if isinstance(qa, str) or isinstance(facts, str) or not all(isinstance(x, Mapping) for x in (*qa, *facts)):
-                yield bad(where, BAD_ROW, {"qa": qa, "facts": facts}, "qa and facts must be lists of objects",
-                          'write e.g. "qa": [{"question": ..., "answer": ...}]')
-                continue
-            item_id = str(rec.get("id") or f"{path.stem}-{i}")
-            yield Row(where, ImageItem(item_id, image, refs, tuple(dict(q) for q in qa), tuple(dict(x) for x in facts),
-                                       source=str(path), meta={"row": where}))
+
+def manifest_row(where: str, rec: Any, default_id: str, folder: ImageFolder, base: Path, split: str,
+                 source: str) -> Row | None:
+    """One manifest record as a Row (None: a row of another split, not read)."""
+    if (r := not_object(where, rec)) is not None:
+        return r
+    if split and rec.get("split") not in (None, "", split):
+        return None
+    key = next((k for k in MANIFEST_IMAGE_KEYS if rec.get(k) is not None and rec.get(k) != ""), None)
+    if key is None and rec.get("image_bytes"):
+        import base64
+
+        try:
+            image: Any = base64.b64decode(rec["image_bytes"], validate=True)
+        except (ValueError, TypeError):
+            return bad(where, CORRUPT_IMAGE, str(rec["image_bytes"])[:40], "image_bytes is not base64",
+                       "encode the image file with base64")
+    elif key is None:
+        return bad(where, BAD_ROW, sorted(rec), "has no image", 'add "image": "path/to/file.png"')
+    elif hasattr(rec[key], "convert"):  # a decoded PIL image (datasets Image column)
+        image = rec[key]
+    else:
+        image, problem = resolve_image(rec[key], folder, base)
+        if problem:
+            return bad(where, MISSING_IMAGE, _short(rec[key]), problem,
+                       "fix the path (relative paths resolve against the manifest's folder or data.images), "
+                       "or set on_bad_image: skip")
+    refs: tuple[str, ...] = ()
+    for col in sorted((c for c in rec if _REF_COLUMN.match(str(c))), key=_ref_order):
+        got = texts(rec[col])
+        if got is None:
+            return bad(where, BAD_ROW, rec[col], f"{col} must be text or a list of text", "write captions as text")
+        refs += got
+    qa, facts = rec.get("qa") or (), rec.get("facts") or ()
+    if isinstance(qa, str) or isinstance(facts, str) or not all(isinstance(x, Mapping) for x in (*qa, *facts)):
+        return bad(where, BAD_ROW, {"qa": qa, "facts": facts}, "qa and facts must be lists of objects",
+                   'write e.g. "qa": [{"question": ..., "answer": ...}]')
+    item_id = str(rec.get("id") or default_id)
+    return Row(where, ImageItem(item_id, image, refs, tuple(dict(q) for q in qa), tuple(dict(x) for x in facts),
+                                source=source, meta={"row": where}))
+
+
+def _read_saved_dataset(root: Path, images: Path | None, split: str) -> Iterator[Row]:
+    """A ``datasets`` ``save_to_disk`` folder with manifest columns (``image`` + caption columns)."""
+    import datasets
+
+    ds: Any = datasets.load_from_disk(str(root))
+    if isinstance(ds, datasets.DatasetDict):
+        if split not in ds:
+            raise DataError("split", split, f"the saved dataset has splits {list(ds)}", "set data.split to one of them")
+        ds = ds[split]
+    cols = list(ds.column_names)
+    require_columns(root, cols, need=(), any_of=MANIFEST_IMAGE_KEYS, layout="manifest")
+    for key in MANIFEST_IMAGE_KEYS:
+        if key in cols and isinstance(ds.features[key], datasets.Image):
+            ds = ds.cast_column(key, datasets.Image(decode=False))  # decoded once, by the validator
+    folder = ImageFolder(images)
+    for i in range(len(ds)):
+        row = manifest_row(f"{root.name}[{i}]", ds[i], f"{root.name}-{i}", folder, images or root, "", str(root))
+        if row is not None:
+            yield row
 
 
 def _ref_order(col: str) -> tuple[int, str]:
