@@ -308,7 +308,7 @@ def records_path(out: Path, name: str = "rubrics") -> Path:
 
 # ---------------------------------------------------------------------- run: MoCo
 class MocoRecipe(Recipe):
-    """MoCo Rubric in the shared skeleton: scenes as data, the online rubric of the momentum
+    """MoCo Rubric in the shared skeleton: images (data.source) as data, the online rubric of the momentum
     Generator-Judge as reward; the momentum is built on the trainer's model and checkpointed with it."""
 
     curve_keys = CURVE_KEYS
