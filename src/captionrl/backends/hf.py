@@ -265,7 +265,7 @@ class HFBackend:
 
     # ------------------------------------------------------------------ scoring core
     def _suffix_logprobs(
-        self, prefix: list[int], suffixes: list[list[int]], extract: Callable[[int, Any], Any]
+        self, prefix: list[int], suffixes: list[list[int]], extract: Callable[[int, Any], Any], last_only: bool = False
     ) -> list[Any]:
         """Run ``suffixes`` on the once-computed cache of ``prefix``; return ``extract(i, rows)`` per suffix.
 
@@ -273,6 +273,11 @@ class HFBackend:
         suffix token j (row 0 comes from the prefix's last position), the last row the token after the
         suffix. Without a prefix, shape (len(suffix), vocab), row j predicting token j + 1. ``extract``
         runs per batch, so only what a caller keeps (one row, a few log-probs) outlives the batch.
+
+        ``last_only``: the caller reads only the last row (the next-token distribution, as ``choose``
+        does), so ``rows`` is that row alone, shape (1, vocab), and the model projects only each suffix's
+        last position onto the vocabulary (``logits_to_keep``) instead of every position: for a 49k-token
+        vocabulary that projection, and the float copy of its output, cost as much as the suffix itself.
         """
         import torch
 
@@ -281,7 +286,7 @@ class HFBackend:
         out: list[Any] = []
         with torch.inference_mode():
             if prefix:
-                pre = model(input_ids=torch.tensor([prefix], device=dev), use_cache=True)
+                pre = model(input_ids=torch.tensor([prefix], device=dev), use_cache=True, logits_to_keep=1)
                 pre_cache = pre.cache
                 pre_last = pre.logits[0, -1:].float()
             else:
@@ -298,8 +303,13 @@ class HFBackend:
                     ids[r, : len(s)] = torch.tensor(s, device=dev)
                     mask[r, len(prefix) : len(prefix) + len(s)] = 1
                 kw: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
+                if last_only:  # the distinct last positions of the chunk (right padding: one per length)
+                    keep = sorted({len(s) - 1 for s in chunk})
+                    kw["logits_to_keep"] = torch.tensor(keep, device=dev)
+                    column = {p: j for j, p in enumerate(keep)}
                 if pre_cache is not None:
-                    cache = copy.deepcopy(pre_cache)
+                    # The last chunk takes the prefix's cache itself: nothing runs on it afterwards.
+                    cache = pre_cache if start + self.batch_size >= len(suffixes) else copy.deepcopy(pre_cache)
                     cache.batch_repeat_interleave(n)
                     kw["cache"] = cache
                     kw["position_ids"] = (
@@ -307,6 +317,9 @@ class HFBackend:
                     )
                 logits = model(**kw, use_cache=pre_cache is not None).logits
                 for r, s in enumerate(chunk):
+                    if last_only:
+                        out.append(extract(start + r, logits[r, column[len(s) - 1]].float().unsqueeze(0)))
+                        continue
                     rows = logits[r, : len(s)].float()
                     if pre_last is not None:
                         rows = torch.cat([pre_last, rows], 0)
@@ -321,7 +334,8 @@ class HFBackend:
             run = seqs[start:end]
             if lcp < MIN_SHARED_PREFIX:  # no useful shared prefix: plain padded batches
                 lcp = 0
-            out.extend(self._suffix_logprobs(run[0][:lcp], [s[lcp:] for s in run], lambda _i, rows: rows[-1].softmax(-1)))
+            out.extend(self._suffix_logprobs(run[0][:lcp], [s[lcp:] for s in run], lambda _i, rows: rows[-1].softmax(-1),
+                                             last_only=True))
         return out
 
     # ------------------------------------------------------------------ choose
