@@ -284,9 +284,11 @@ class HFBackend:
         model = self.model
         dev = self.device
         out: list[Any] = []
+        keeps = _takes_logits_to_keep(model)  # remote-code models may lack it: they project every position
         with torch.inference_mode():
             if prefix:
-                pre = model(input_ids=torch.tensor([prefix], device=dev), use_cache=True, logits_to_keep=1)
+                pre = model(input_ids=torch.tensor([prefix], device=dev), use_cache=True,
+                            **({"logits_to_keep": 1} if keeps else {}))
                 pre_cache = pre.cache
                 pre_last = pre.logits[0, -1:].float()
             else:
@@ -303,8 +305,9 @@ class HFBackend:
                     ids[r, : len(s)] = torch.tensor(s, device=dev)
                     mask[r, len(prefix) : len(prefix) + len(s)] = 1
                 kw: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
-                if last_only:  # the distinct last positions of the chunk (right padding: one per length)
-                    keep = sorted({len(s) - 1 for s in chunk})
+                column = {len(s) - 1: len(s) - 1 for s in chunk}  # last position -> its column in logits
+                if last_only and keeps:  # the distinct last positions of the chunk (right padding: one per length)
+                    keep = sorted(column)
                     kw["logits_to_keep"] = torch.tensor(keep, device=dev)
                     column = {p: j for j, p in enumerate(keep)}
                 if pre_cache is not None:
@@ -439,6 +442,13 @@ class HFBackend:
 
 
 # ---------------------------------------------------------------------- helpers
+def _takes_logits_to_keep(model: Any) -> bool:
+    """Whether the model's forward accepts ``logits_to_keep`` (every transformers causal LM and VLM does)."""
+    import inspect
+
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
 def _common_prefix_len(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     for j in range(n):
