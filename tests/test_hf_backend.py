@@ -146,3 +146,37 @@ def test_model_failures_are_unscored_but_bugs_propagate(embedded_backend, monkey
     monkeypatch.setattr(embedded_backend, "_last_token_probs", bug)
     with pytest.raises(TypeError):
         embedded_backend.choose([[{"role": "user", "content": "A or B?"}]], ["A", "B"])
+
+
+def test_letter_scoring_fast_path_gives_the_probabilities_of_one_plain_forward_per_question(embedded_backend):
+    """The identification judge's letter questions (G captions of one candidate set, K rotations) through
+    ``choose``, which shares each rotation's candidate prefix and projects only the last positions onto
+    the vocabulary, give the letter probabilities of one plain forward per question (float32, 1e-4)."""
+    from captionrl.judges.identify import IdentificationJudge, IdentifyConfig
+
+    class Recorder:
+        name = "recorder"
+
+        def __init__(self) -> None:
+            self.prompts: list = []
+            self.results: list = []
+
+        def choose(self, prompts, options):
+            self.prompts, self.results = list(prompts), embedded_backend.choose(prompts, options)
+            return self.results
+
+    cands = [[1.0, 2.0, 3.5, 5.0, 4.0, 2.5], [6.0, 5.0, 3.0, 2.0, 2.5, 1.0]]
+    captions = ["It rises to 5 and falls.", "It falls from 6 to 1, with a small bump near the end of the series.", "Up."]
+    rec = Recorder()
+    IdentificationJudge(rec, IdentifyConfig(mode="letter", k=2, signal="soft")).judge(captions, {"candidates": [cands] * 3})
+    assert len(rec.prompts) == 6  # G=3 captions x K=2 rotations, all sharing a prefix per rotation
+    options = ["A", "B"]
+    ids = embedded_backend._option_token_ids(options)
+    for prompt, res in zip(rec.prompts, rec.results, strict=True):
+        seq = embedded_backend._encode(embedded_backend.render_chat(prompt))
+        with torch.inference_mode():
+            probs = embedded_backend.model(input_ids=torch.tensor([seq])).logits[0, -1].float().softmax(-1)
+        raw = {o: float(sum(probs[t] for t in ts)) for o, ts in ids.items()}
+        assert res.probs["A"] == pytest.approx(raw["A"] / (raw["A"] + raw["B"]), abs=1e-4)
+        assert res.mass == pytest.approx(raw["A"] + raw["B"], abs=1e-4)
+    assert len({round(r.probs["A"], 5) for r in rec.results}) > 2  # every caption and rotation was scored

@@ -265,7 +265,7 @@ class HFBackend:
 
     # ------------------------------------------------------------------ scoring core
     def _suffix_logprobs(
-        self, prefix: list[int], suffixes: list[list[int]], extract: Callable[[int, Any], Any]
+        self, prefix: list[int], suffixes: list[list[int]], extract: Callable[[int, Any], Any], last_only: bool = False
     ) -> list[Any]:
         """Run ``suffixes`` on the once-computed cache of ``prefix``; return ``extract(i, rows)`` per suffix.
 
@@ -273,15 +273,22 @@ class HFBackend:
         suffix token j (row 0 comes from the prefix's last position), the last row the token after the
         suffix. Without a prefix, shape (len(suffix), vocab), row j predicting token j + 1. ``extract``
         runs per batch, so only what a caller keeps (one row, a few log-probs) outlives the batch.
+
+        ``last_only``: the caller reads only the last row (the next-token distribution, as ``choose``
+        does), so ``rows`` is that row alone, shape (1, vocab), and the model projects only each suffix's
+        last position onto the vocabulary (``logits_to_keep``) instead of every position: for a 49k-token
+        vocabulary that projection, and the float copy of its output, cost as much as the suffix itself.
         """
         import torch
 
         model = self.model
         dev = self.device
         out: list[Any] = []
+        keeps = _takes_logits_to_keep(model)  # remote-code models may lack it: they project every position
         with torch.inference_mode():
             if prefix:
-                pre = model(input_ids=torch.tensor([prefix], device=dev), use_cache=True)
+                pre = model(input_ids=torch.tensor([prefix], device=dev), use_cache=True,
+                            **({"logits_to_keep": 1} if keeps else {}))
                 pre_cache = pre.cache
                 pre_last = pre.logits[0, -1:].float()
             else:
@@ -298,8 +305,14 @@ class HFBackend:
                     ids[r, : len(s)] = torch.tensor(s, device=dev)
                     mask[r, len(prefix) : len(prefix) + len(s)] = 1
                 kw: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
+                column = {len(s) - 1: len(s) - 1 for s in chunk}  # last position -> its column in logits
+                if last_only and keeps:  # the distinct last positions of the chunk (right padding: one per length)
+                    keep = sorted(column)
+                    kw["logits_to_keep"] = torch.tensor(keep, device=dev)
+                    column = {p: j for j, p in enumerate(keep)}
                 if pre_cache is not None:
-                    cache = copy.deepcopy(pre_cache)
+                    # The last chunk takes the prefix's cache itself: nothing runs on it afterwards.
+                    cache = pre_cache if start + self.batch_size >= len(suffixes) else copy.deepcopy(pre_cache)
                     cache.batch_repeat_interleave(n)
                     kw["cache"] = cache
                     kw["position_ids"] = (
@@ -307,6 +320,9 @@ class HFBackend:
                     )
                 logits = model(**kw, use_cache=pre_cache is not None).logits
                 for r, s in enumerate(chunk):
+                    if last_only:
+                        out.append(extract(start + r, logits[r, column[len(s) - 1]].float().unsqueeze(0)))
+                        continue
                     rows = logits[r, : len(s)].float()
                     if pre_last is not None:
                         rows = torch.cat([pre_last, rows], 0)
@@ -321,7 +337,8 @@ class HFBackend:
             run = seqs[start:end]
             if lcp < MIN_SHARED_PREFIX:  # no useful shared prefix: plain padded batches
                 lcp = 0
-            out.extend(self._suffix_logprobs(run[0][:lcp], [s[lcp:] for s in run], lambda _i, rows: rows[-1].softmax(-1)))
+            out.extend(self._suffix_logprobs(run[0][:lcp], [s[lcp:] for s in run], lambda _i, rows: rows[-1].softmax(-1),
+                                             last_only=True))
         return out
 
     # ------------------------------------------------------------------ choose
@@ -425,6 +442,13 @@ class HFBackend:
 
 
 # ---------------------------------------------------------------------- helpers
+def _takes_logits_to_keep(model: Any) -> bool:
+    """Whether the model's forward accepts ``logits_to_keep`` (every transformers causal LM and VLM does)."""
+    import inspect
+
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
 def _common_prefix_len(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     for j in range(n):

@@ -1,0 +1,138 @@
+"""The README main job's RLOO step (``configs/lineup-cpu.yaml``) with the old and the new defaults, side by
+side in one run on the machine at hand: seconds per step, their ratio and where a step goes (reward share).
+
+Old defaults (the config before issues 11 and 12): verifier ``dtype: bfloat16`` whatever the CPU,
+``max_completion_length: 48``, the default captioning instruction, no factuality or unfinished-sentence
+terms. New: the config as it is (``dtype: auto``, 128 tokens, the short-answer instruction, all terms).
+Both run ``train.max_steps`` steps with evaluation and the reward preflight off (they are not the step),
+one torch thread, no checkpoints; each run is its own process (``captionrl train lineup``) and the
+numbers come from its ``timing.json``.
+
+``--avx2`` adds the same two runs with torch and oneDNN held to AVX2 kernels (``ATEN_CPU_CAPABILITY=avx2``,
+``ONEDNN_MAX_CPU_ISA=AVX2``): the CPU then behaves like one without native bf16 (a laptop or a common
+cloud VM, as in issue 12), where ``dtype: auto`` picks float32 and the old bf16 verifier is emulated.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_main_job_step.py --steps 2 --avx2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _workload import ROOT, cpu_line
+
+OLD = ["verifier.dtype=bfloat16", "train.max_completion_length=48", "data.instruction=null",
+       "reward.factuality_penalty=0.0", "reward.unfinished_penalty=0.0"]
+"""The old defaults, as overrides of today's config (``git log -p configs/lineup-cpu.yaml``)."""
+NEW: list[str] = []
+AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+PARTS = ("generation", "reward", "verifier", "logprobs", "backward", "optimizer", "step")
+STEP_LINE = re.compile(r"step (\d+) time: generation ([\d.]+)s \| reward ([\d.]+)s \(verifier ([\d.]+)s\) \| "
+                       r"logprobs ([\d.]+)s \| forward/backward ([\d.]+)s \| optimizer ([\d.]+)s \| step ([\d.]+)s")
+"""The per-step console line of ``train.timing.format_breakdown``: read back from a run cut by the timeout."""
+
+
+def from_log(log: Path) -> dict:
+    """Mean per-part seconds of the steps a cut run finished (its console lines); no steps: empty."""
+    rows = [[float(x) for x in m.groups()[1:]] for m in STEP_LINE.finditer(log.read_text(errors="replace"))]
+    if not rows:
+        return {"steps": 0, "mean_seconds": {}, "share_of_step": {}, "dtypes": {}}
+    mean = {p: sum(r[i] for r in rows) / len(rows) for i, p in enumerate(PARTS)}
+    dtype = re.search(r"hf:embedded dtype: (\w+)", log.read_text(errors="replace"))
+    return {"steps": len(rows), "mean_seconds": mean, "share_of_step": {"reward": mean["reward"] / mean["step"]},
+            "dtypes": {"hf:embedded": {"dtype": dtype.group(1) if dtype else "?"}}}
+
+
+def run_job(name: str, config: str, overrides: list[str], steps: int, out: Path, env_extra: dict[str, str],
+            timeout: float | None) -> dict:
+    """One ``captionrl train lineup`` run; its timing.json plus the process's wall time. A run cut by
+    ``timeout`` reports the steps its console lines show (``cut`` true)."""
+    run_dir = out / name
+    common = [f"train.max_steps={steps}", "eval.enabled=false", "train.preflight_items=0", "train.threads=1",
+              "train.report_to=[]", "train.save_steps=100000", f"train.out_dir={run_dir}"]
+    cmd = [sys.executable, "-m", "captionrl.cli", "train", "lineup", "--config", config, *common, *overrides]
+    env = {**os.environ, **env_extra, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / f"{name}.log"
+    t0 = time.perf_counter()
+    with log.open("w") as fh:
+        try:
+            rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, check=False,
+                                timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            return {"name": name, "wall_s": time.perf_counter() - t0, "cut": True, **from_log(log)}
+    wall = time.perf_counter() - t0
+    timing = run_dir / "timing.json"
+    if rc != 0 or not timing.exists():
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
+        raise SystemExit(f"{name}: exit {rc}, no timing.json; last lines of {log}:\n{tail}")
+    return {"name": name, "wall_s": wall, "cut": False, **json.loads(timing.read_text())}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default=str(ROOT / "configs" / "lineup-cpu.yaml"))
+    ap.add_argument("--steps", type=int, default=2, help="training steps per run (train.max_steps)")
+    ap.add_argument("--avx2", action="store_true", help="also run both with AVX2 kernels only (no native bf16)")
+    ap.add_argument("--avx2_timeout", type=float, default=300.0,
+                    help="seconds an AVX2-only run may take (the emulated bf16 verifier can be very slow)")
+    ap.add_argument("--out", default=None, help="keep the runs here (default: a temporary folder)")
+    args = ap.parse_args()
+
+    print(cpu_line())
+    print(f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(unset)')}; {args.steps} steps per run; "
+          f"old overrides: {' '.join(OLD)}")
+    setups = [("old", OLD, {}), ("new", NEW, {})]
+    if args.avx2:
+        setups += [("new-avx2", NEW, AVX2_ENV), ("old-avx2", OLD, AVX2_ENV)]
+    with tempfile.TemporaryDirectory(prefix="bench-main-job-") as tmp:
+        out = Path(args.out) if args.out else Path(tmp)
+        results = []
+        for name, overrides, env_extra in setups:
+            res = run_job(name, args.config, overrides, args.steps, out, env_extra, args.avx2_timeout if env_extra else None)
+            results.append(res)
+            cut = f" (cut at {res['wall_s']:.0f} s)" if res["cut"] else ""
+            if res["steps"]:
+                print(f"{name}: {res['mean_seconds']['step']:.1f} s/step over {res['steps']} steps, "
+                      f"process {res['wall_s']:.0f} s{cut}", flush=True)
+            else:
+                print(f"{name}: no step finished{cut}", flush=True)
+
+    print()
+    head = f"{'run':<9} {'verifier':<9} " + " ".join(f"{p:>10}" for p in PARTS) + f" {'reward share':>13}"
+    print("mean seconds per step (timing.json of each run)")
+    print(head)
+    for res in results:
+        m = res["mean_seconds"]
+        if not res["steps"]:
+            print(f"{res['name']:<9} no step finished in {res['wall_s']:.0f} s (model load included)")
+            continue
+        dtype = next((v["dtype"] for k, v in res["dtypes"].items() if "verifier" in k or k.startswith("hf:")), "?")
+        share = res["share_of_step"].get("reward", float("nan"))
+        print(f"{res['name']:<9} {dtype:<9} " + " ".join(f"{m[p]:>10.2f}" for p in PARTS) + f" {share:>13.3f}")
+    by = {r["name"]: r["mean_seconds"]["step"] for r in results if r["steps"]}
+    print()
+    print(f"ratio old/new, this CPU: {by['old'] / by['new']:.2f}x (new takes {by['new'] / by['old']:.2f}x the old step time)")
+    if args.avx2 and "old-avx2" in by:
+        print(f"ratio old/new, AVX2 kernels only: {by['old-avx2'] / by['new-avx2']:.2f}x "
+              f"(new takes {by['new-avx2'] / by['old-avx2']:.2f}x the old step time)")
+    elif args.avx2:
+        cut = next(r for r in results if r["name"] == "old-avx2")
+        print(f"ratio old/new, AVX2 kernels only: > {cut['wall_s'] / by['new-avx2']:.1f}x (the old run finished no "
+              f"step in {cut['wall_s']:.0f} s; new: {by['new-avx2']:.1f} s/step)")
+    for res in results:
+        print(f"{res['name']}: dtypes {json.dumps(res['dtypes'])}")
+
+
+if __name__ == "__main__":
+    main()
