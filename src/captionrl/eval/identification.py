@@ -105,7 +105,7 @@ def controls_for(system: CaptionSet, item_ids: Sequence[str], seed: int) -> list
             perm[i], perm[j] = perm[j], perm[i]
     shuffled = {ids[i]: system.captions[ids[perm[i]]] for i in range(len(ids))}
     return [
-        CaptionSet(f"{system.name}/empty", {i: "" for i in ids}, control=True),
+        CaptionSet(f"{system.name}/empty", dict.fromkeys([*ids, *system.captions], ""), control=True),
         CaptionSet(f"{system.name}/shuffled", shuffled, control=True, meta={"seed": seed}),
     ]
 
