@@ -127,3 +127,59 @@ def test_uncaptioned_distractors_are_counted_not_skipped(tmp_path, embedded_back
                              tmp_path / "ident")
     assert res.rows[0]["s2c_uncaptioned"] == 1
     assert any("1 item(s) of sys not judged" in n for n in res.notes)
+
+
+SWEEP_TINY = [
+    "data.window=8", "data.n_train=4", "data.n_test=2", "data.series=[nile,sunspots]", "reward.signal=soft",
+    "train.algorithm=rloo", "train.num_generations=2", "train.per_device_train_batch_size=4",
+    "train.max_completion_length=8", "train.max_steps=1", "train.save_steps=1", "train.learning_rate=1.0e-5",
+    "train.beta=0.0", "train.report_to=[]", "train.threads=1", "train.preflight_items=0",
+    "eval.compare_initial=false", "eval.bottleneck=false", "eval.final_checks=false",
+]
+SWEEP_EVAL = {"verifiers": ["hf:embedded"], "k": 2, "identify": {"modes": ["likelihood"], "directions": ["c2s"], "controls": False},
+              "entail": {"enabled": False}, "reward": {"enabled": False}, "bottleneck": {"enabled": False}}
+
+
+def test_sweep_config_errors_before_training(tmp_path, monkeypatch):
+    from captionrl.errors import ConfigError
+    from captionrl.eval.sweep import SweepConfig, settings_of
+
+    monkeypatch.setenv("CAPTIONRL_FORBID_MODEL_CALLS", "1")
+    with pytest.raises(ConfigError, match="no knob"):
+        SweepConfig(out=str(tmp_path))
+    with pytest.raises(ConfigError, match="rules"):
+        SweepConfig(out=str(tmp_path), rules=["farthest"])
+    with pytest.raises(ConfigError, match=r"eval\.k"):
+        SweepConfig(out=str(tmp_path), ks=[2], eval={"k": "four"})
+    plan = settings_of(SweepConfig(out=str(tmp_path), ks=[4, 6], rules=["nearest", "random"], eval=SWEEP_EVAL))
+    assert [s.name for s in plan["k"]] == ["verifier=base,k=4,rule=nearest", "verifier=base,k=6,rule=nearest"]
+    assert [s.name for s in plan["rule"]] == ["verifier=base,k=4,rule=nearest", "verifier=base,k=4,rule=random"]
+
+
+@pytest.mark.slow
+def test_sweep_trains_evaluates_and_resumes(tmp_path, embedded_backend, monkeypatch):
+    from captionrl.eval import sweep
+
+    cfg = sweep.SweepConfig(lineup=str(ROOT / "configs" / "lineup-cpu.yaml"), overrides=SWEEP_TINY, out=str(tmp_path / "sweep"),
+                            ks=[2], rules=["nearest", "random"], eval=SWEEP_EVAL)
+    result = sweep.run(cfg, backends={"hf:embedded": embedded_backend})
+    out = Path(cfg.out)
+    assert sorted(result["settings"]) == ["verifier=base,k=2,rule=nearest", "verifier=base,k=2,rule=random"]
+    for name, rec in result["settings"].items():
+        run_dir = out / "settings" / name / "run"
+        assert rec["rule"] == name.rsplit("=", 1)[1] and rec["k"] == 2
+        assert (run_dir / "metrics.jsonl").is_file()
+        ident = rec["tables"]["identification"]["rows"][0]
+        assert ident["system"] == "trained" and "c2s[train]" in ident and ident["c2s"] == ident["c2s[hf:embedded]"]
+    table = result["tables"]["rule"]
+    assert [r["system"] for r in table.rows] == ["rule=nearest (base)", "rule=random"]
+    assert table.rows[1]["c2s"] == result["settings"]["verifier=base,k=2,rule=random"]["tables"]["identification"]["rows"][0]["c2s"]
+    assert (out / "figure3-rule.png").stat().st_size > 0 and (out / "figure3-reward.png").stat().st_size > 0
+    assert json.loads((out / "table-rule" / "summary.json").read_text())["protocol"] == "sweep-rule"
+
+    # resumable: a finished setting is read back, never retrained
+    from captionrl.train import lineup
+
+    monkeypatch.setattr(lineup, "run", lambda *a, **k: pytest.fail("a finished setting was trained again"))
+    again = sweep.run(cfg, backends={"hf:embedded": embedded_backend})
+    assert again["tables"]["rule"].rows == table.rows
