@@ -183,3 +183,18 @@ def test_sweep_trains_evaluates_and_resumes(tmp_path, embedded_backend, monkeypa
     monkeypatch.setattr(lineup, "run", lambda *a, **k: pytest.fail("a finished setting was trained again"))
     again = sweep.run(cfg, backends={"hf:embedded": embedded_backend})
     assert again["tables"]["rule"].rows == table.rows
+
+
+def test_shipped_paper_eval_and_sweep_configs_load(monkeypatch):
+    """configs/paper-eval.yaml and configs/paper-sweep.yaml validate without any model or server."""
+    from captionrl.config import load_config
+    from captionrl.eval.paper import PaperEvalConfig, verifier_names
+    from captionrl.eval.sweep import SweepConfig, settings_of
+
+    monkeypatch.setenv("CAPTIONRL_FORBID_MODEL_CALLS", "1")
+    monkeypatch.chdir(ROOT)
+    paper = load_config(PaperEvalConfig, ROOT / "configs" / "paper-eval.yaml")
+    assert [n for n, _ in verifier_names(paper.verifiers)] == ["glm", "phi"] and paper.train_verifier
+    sweep = load_config(SweepConfig, ROOT / "configs" / "paper-sweep.yaml")
+    plan = settings_of(sweep)
+    assert {k: len(v) for k, v in plan.items()} == {"verifier": 3, "k": 3, "rule": 2}
