@@ -159,6 +159,7 @@ def test_sweep_config_errors_before_training(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_sweep_trains_evaluates_and_resumes(tmp_path, embedded_backend, monkeypatch):
     from captionrl.eval import sweep
+    from captionrl.train.curves import load_metrics
 
     cfg = sweep.SweepConfig(lineup=str(ROOT / "configs" / "lineup-cpu.yaml"), overrides=SWEEP_TINY, out=str(tmp_path / "sweep"),
                             ks=[2], rules=["nearest", "random"], eval=SWEEP_EVAL)
@@ -168,7 +169,8 @@ def test_sweep_trains_evaluates_and_resumes(tmp_path, embedded_backend, monkeypa
     for name, rec in result["settings"].items():
         run_dir = out / "settings" / name / "run"
         assert rec["rule"] == name.rsplit("=", 1)[1] and rec["k"] == 2
-        assert (run_dir / "metrics.jsonl").is_file()
+        logged = [m["identification/hard"] for m in load_metrics(run_dir / "metrics.jsonl")]
+        assert rec["reward"]["reward_above_chance"] == pytest.approx((np.mean(logged) - 0.5) / 0.5, abs=1e-3)
         ident = rec["tables"]["identification"]["rows"][0]
         assert ident["system"] == "trained" and "c2s[train]" in ident and ident["c2s"] == ident["c2s[hf:embedded]"]
     table = result["tables"]["rule"]
