@@ -162,7 +162,7 @@ def test_identify_honours_max_items_with_caption_files(tmp_path, monkeypatch):
 
     seen = {}
 
-    def fake_run(items, systems, distractors, pool, verifiers, cfg, out_dir):
+    def fake_run(items, systems, distractors, pool, verifiers, cfg, out_dir, **_kw):
         seen.update(items=[it.id for it in items], pool=set(pool), distractors=distractors)
         return "result"
 

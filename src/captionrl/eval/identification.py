@@ -41,7 +41,8 @@ class IdentifyEvalConfig:
     pool: str | None = help_field(None, "distractor pool: 'embedded' or a corpus path (default: the files' own series)")
     prepared: str | None = help_field(None, "a folder written by 'captionrl data prepare': its lineups and pool (and, without captions files, its items to caption)")
     split: str = help_field("test", "split of the prepared folder to evaluate")
-    verifiers: list[str] = help_field(["hf:embedded"], "verifier backend specs (hf:embedded, openai:http://127.0.0.1:8000/v1#MODEL, ...)", flags=("--verifier",))
+    verifiers: list[str] = help_field(["hf:embedded"], "evaluation verifier backend specs (hf:embedded, openai:http://127.0.0.1:8000/v1#MODEL, ...); their mean is the c2s/s2c column", flags=("--verifier",))
+    train_verifier: str | None = help_field(None, "backend spec of the verifier that produced the captioner's training reward: scored in its own column (c2s[train]) and never in the mean")
     modes: list[str] = help_field(["likelihood"], "verifier modes: likelihood and/or letter", flags=("--mode",))
     directions: list[str] = help_field(["c2s", "s2c"], "c2s (caption -> series) and/or s2c (series -> caption)", flags=("--direction",))
     ks: list[int] = help_field([4], "candidate-set sizes K; distractors of a smaller K are a prefix of a larger K's", flags=("--k",))
@@ -72,6 +73,8 @@ class IdentifyEvalConfig:
             raise ConfigError("verifiers", [], "needs at least one verifier", "use e.g. --verifier hf:embedded")
         for v in self.verifiers:
             check_spec("verifiers", v)
+        if self.train_verifier:
+            check_spec("train_verifier", self.train_verifier)
         if self.captioner != "none":
             check_spec("captioner", self.captioner)
         if self.max_items is not None and self.max_items < 1:
@@ -102,7 +105,7 @@ def controls_for(system: CaptionSet, item_ids: Sequence[str], seed: int) -> list
             perm[i], perm[j] = perm[j], perm[i]
     shuffled = {ids[i]: system.captions[ids[perm[i]]] for i in range(len(ids))}
     return [
-        CaptionSet(f"{system.name}/empty", {i: "" for i in ids}, control=True),
+        CaptionSet(f"{system.name}/empty", dict.fromkeys([*ids, *system.captions], ""), control=True),
         CaptionSet(f"{system.name}/shuffled", shuffled, control=True, meta={"seed": seed}),
     ]
 
@@ -120,10 +123,16 @@ def run_identification(
     verifiers: Mapping[str, Backend],
     cfg: IdentifyEvalConfig,
     out_dir: str | Path,
+    *,
+    train_verifier: str | None = None,
 ) -> EvalResult:
     """Judge every (system, verifier, mode, direction, K, item); resumable; writes and returns the result.
 
-    ``distractors[item_id]`` lists at least max(K)-1 pool ids, nearest first.
+    ``distractors[item_id]`` lists at least max(K)-1 pool ids, nearest first. ``train_verifier`` names the
+    entry of ``verifiers`` that produced the captioners' training reward: it is scored and reported in its
+    own column but never averaged into the held-out mean (a run must not grade itself). s->c items whose
+    distractors have no caption from the system are counted per system (``s2c_uncaptioned``) and named
+    in the notes, never dropped silently.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -136,6 +145,7 @@ def run_identification(
     combos = [(v, m, d, int(k)) for v in verifiers for m in cfg.modes for d in cfg.directions for k in cfg.ks]
     total = len(combos) * len(all_systems) * len(items)
     bar = tqdm(total=total, desc="identify", unit="judgment")
+    uncaptioned: dict[str, set[str]] = {}
     for vname, mode, direction, k in combos:
         judge = IdentificationJudge(verifiers[vname], IdentifyConfig(mode=mode, direction=direction, k=k, precision=cfg.precision))
         # Item-major order: the captions of every system for one item sit together, so the verifier sees
@@ -147,6 +157,7 @@ def run_identification(
                     skipped += 1
                 elif direction == "s2c" and any(d not in system.captions for d in distractors[it.id][: k - 1]):
                     skipped += 1  # distractors from an external pool have no captions: s2c is undefined
+                    uncaptioned.setdefault(system.name, set()).add(it.id)
                 else:
                     todo.append((system, it))
         bar.update(skipped)
@@ -174,7 +185,8 @@ def run_identification(
             bar.update(len(chunk))
     bar.close()
     writer.close()
-    result = summarise(writer.records(), [s.name for s in all_systems], list(verifiers), cfg)
+    result = summarise(writer.records(), [s.name for s in all_systems], list(verifiers), cfg,
+                       train_verifier=train_verifier, uncaptioned={k: len(v) for k, v in uncaptioned.items()})
     return write_result(replace(result, records=str(out / "records.jsonl")), out)
 
 
@@ -183,8 +195,12 @@ def _key(system: str, verifier: str, mode: str, direction: str, k: int, item: st
 
 
 def summarise(records: Sequence[Mapping[str, Any]], systems: Sequence[str], verifiers: Sequence[str],
-              cfg: IdentifyEvalConfig) -> EvalResult:
-    """Rows per (system, mode, K): each verifier's c->s / s->c accuracy, their mean, above-chance, length."""
+              cfg: IdentifyEvalConfig, *, train_verifier: str | None = None,
+              uncaptioned: Mapping[str, int] | None = None) -> EvalResult:
+    """Rows per (system, mode, K): each verifier's c->s / s->c accuracy, the mean over the held-out
+    verifiers (every verifier but ``train_verifier``), above-chance, length, and the count of s->c items
+    left unjudged because their distractors were not captioned (``uncaptioned``: system -> items)."""
+    uncaptioned = dict(uncaptioned or {})
     rows: list[dict[str, Any]] = []
     columns: list[str] = []
     for system in systems:
@@ -203,11 +219,14 @@ def summarise(records: Sequence[Mapping[str, Any]], systems: Sequence[str], veri
                         acc = float(np.mean([r["hard"] for r in sel]))
                         row[f"{d}[{v}]"] = round(acc, 4)
                         row[f"{d}_soft[{v}]"] = round(float(np.mean([r["soft"] for r in sel])), 4)
-                        means.append(acc)
+                        if v != train_verifier:
+                            means.append(acc)
                     if means:
                         row[d] = round(float(np.mean(means)), 4)
                         row[f"{d}_above_chance"] = round(above_chance(float(np.mean(means)), int(k)), 4)
                 row["unscored"] = sum(r.get("score") is None for r in recs)
+                if "s2c" in cfg.directions:
+                    row["s2c_uncaptioned"] = uncaptioned.get(system, 0)
                 caps = {r["item_id"]: r["caption"] for r in recs}
                 row["length_chars"] = round(float(np.mean([len(c) for c in caps.values()])), 1) if caps else 0.0
                 rows.append(row)
@@ -215,13 +234,21 @@ def summarise(records: Sequence[Mapping[str, Any]], systems: Sequence[str], veri
                     if key not in columns and key != "system":
                         columns.append(key)
     better: dict[str, str | None] = {c: "higher" for c in columns if c.startswith(("c2s", "s2c"))}
-    better.update(unscored="lower", length_chars=None)
+    better.update(unscored="lower", length_chars=None, s2c_uncaptioned="lower")
     chance = {str(k): 1.0 / int(k) for k in cfg.ks}
+    held_out = [v for v in verifiers if v != train_verifier]
     notes = ["accuracy is hard identification accuracy averaged over items (chance "
              + ", ".join(f"K={k}: {v:.3f}" for k, v in chance.items())
              + "); *_above_chance is (acc - 1/K) / (1 - 1/K); *_soft is the mean probability of the truth"]
+    if train_verifier is not None:
+        notes.append(f"c2s/s2c: mean over the held-out verifiers {held_out or '(none)'}; {train_verifier} produced the "
+                     f"training reward and is reported only in its own column (c2s[{train_verifier}])")
+    for name, n in sorted(uncaptioned.items()):
+        notes.append(f"s2c: {n} item(s) of {name} not judged: their distractors have no caption from {name} "
+                     "(caption the distractor series too, e.g. eval paper's distractor_captioners)")
     return EvalResult("identification", rows, columns, better=better, labels=["mode", "K"],
-                      config={**asdict(cfg), "verifier_names": list(verifiers)}, notes=notes, extra={"chance": chance})
+                      config={**asdict(cfg), "verifier_names": list(verifiers), "train_verifier_name": train_verifier},
+                      notes=notes, extra={"chance": chance, "held_out_verifiers": held_out})
 
 
 # ---------------------------------------------------------------------- the protocol
@@ -272,6 +299,8 @@ def run(cfg: IdentifyEvalConfig, *, verifiers: Mapping[str, Backend] | None = No
     if verifiers is None:  # an unreachable server is a named error now, not a table of unscored judgments
         for v in cfg.verifiers:
             probe_server(parse_backend_spec(v), field="verifiers")
+        if cfg.train_verifier:
+            probe_server(parse_backend_spec(cfg.train_verifier), field="train_verifier")
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     prepared = None
@@ -306,10 +335,8 @@ def run(cfg: IdentifyEvalConfig, *, verifiers: Mapping[str, Backend] | None = No
         if unknown:
             raise DataError("captions", unknown[:3], f"{len(unknown)} captioned item(s) are not in {cfg.prepared}",
                             "caption the prepared items (captionrl caption prepared=...)")
-        if verifiers is None:
-            verifiers = {_verifier_name(parse_backend_spec(v)): backend_from_spec(v) for v in cfg.verifiers}
         return run_identification(items, systems, {it.id: by_item[it.id] for it in items}, prepared.pool,
-                                  verifiers, cfg, out)
+                                  _verifiers(cfg, verifiers), cfg, out, train_verifier=_train_name(cfg))
     if cfg.pool:
         from captionrl.domains.datasets import split_windows
 
@@ -318,15 +345,34 @@ def run(cfg: IdentifyEvalConfig, *, verifiers: Mapping[str, Backend] | None = No
         pool_items = all_items
     sets = mine_candidates(items, pool_items, k=max(cfg.ks), rule=cfg.rule, seed=cfg.seed)
     distractors = {cs.item_id: list(cs.distractor_ids) for cs in sets}
-    if verifiers is None:
-        verifiers = {_verifier_name(parse_backend_spec(v)): backend_from_spec(v) for v in cfg.verifiers}
-    return run_identification(items, systems, distractors, {p.id: p for p in pool_items}, verifiers, cfg, out)
+    return run_identification(items, systems, distractors, {p.id: p for p in pool_items}, _verifiers(cfg, verifiers),
+                              cfg, out, train_verifier=_train_name(cfg))
 
 
 def run_command(cfg: IdentifyEvalConfig) -> int:
     result = run(cfg)
     print_result(result, cfg.out)
     return 0 if result.rows else 1
+
+
+TRAIN = "train"
+"""The training verifier's name in tables: its columns are ``c2s[train]`` / ``s2c[train]``."""
+
+
+def _verifiers(cfg: IdentifyEvalConfig, given: Mapping[str, Backend] | None) -> dict[str, Backend]:
+    """The evaluation verifiers by name, plus the training verifier as ``train`` when one is configured."""
+    from captionrl.backends import parse_backend_spec
+
+    if given is not None:
+        return dict(given)
+    out = {_verifier_name(parse_backend_spec(v)): backend_from_spec(v) for v in cfg.verifiers}
+    if cfg.train_verifier:
+        out[TRAIN] = backend_from_spec(cfg.train_verifier)
+    return out
+
+
+def _train_name(cfg: IdentifyEvalConfig) -> str | None:
+    return TRAIN if cfg.train_verifier else None
 
 
 def _verifier_name(cfg: Any) -> str:

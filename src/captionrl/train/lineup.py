@@ -355,7 +355,9 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
         verifiers[name] = make_backend(_backend_config(vcfg, f"eval.verifiers.{name}"))
     ecfg = IdentifyEvalConfig(modes=list(cfg.eval.modes or [cfg.reward.mode]), directions=list(cfg.eval.directions),
                               ks=[cfg.reward.k], seed=cfg.seed, precision=cfg.data.precision)
-    summary = run_identification(items, systems, distractors, data.pool, verifiers, ecfg, out_dir)
+    # the training verifier keeps its own column and stays out of the held-out mean (issue 14)
+    summary = run_identification(items, systems, distractors, data.pool, verifiers, ecfg, out_dir,
+                                 train_verifier="train-verifier")
     result = {"table": str(out_dir / "table.md"), "summary": str(out_dir / "summary.json"),
               "rows": summary.rows, "captions": {s.name: s.captions for s in systems}}
     if cfg.eval.final_checks:
