@@ -30,7 +30,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("eval", "spans"): ("captionrl.eval.spans", "span audit: green/blue/red/gray claims of captions"),
     ("eval", "pairwise"): ("captionrl.eval.pairwise", "pairwise win rate, both orders"),
     ("eval", "rank"): ("captionrl.eval.ranking", "blind ranking of five captions"),
-    ("eval", "qa"): ("captionrl.eval.qa", "caption-based multiple-choice QA"),
+    ("eval", "qa"): ("captionrl.eval.qa", "caption-based QA (multiple choice and open-ended)"),
     ("eval", "agreement"): ("captionrl.eval.agreement", "judge-human agreement (accuracy, Cohen's kappa)"),
     ("eval", "hacking"): ("captionrl.eval.hacking", "reward-hacking probes for every reward"),
     ("train", "lineup"): ("captionrl.train.lineup", "LineupRL: RLOO/GRPO with the identification reward"),
