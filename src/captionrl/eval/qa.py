@@ -157,6 +157,7 @@ class QAEvalConfig:
     format: str = help_field("auto", "auto (as each file gives its questions), choice (multiple choice only) or open (written answers; multiple-choice questions asked open, exact match on the correct option)")
     qa_images: list[str] = help_field([], "image folders NAME=DIR for benchmark JSON files (default: where the benchmark keeps them beside its JSON)")
     max_new_tokens: int = help_field(MAX_NEW_TOKENS, "longest written answer (tokens) for open-ended questions (greedy)")
+    few_shot: bool = help_field(True, "open-ended: show the answerer two fixed worked examples first (teaches a small model to reply with a bare answer)")
 
     def __post_init__(self) -> None:
         if self.batch < 1:
@@ -221,7 +222,7 @@ def run(cfg: QAEvalConfig, *, answerer: CaptionAnswerer | None = None, open_answ
             answerer = CaptionAnswerer(backend)
         if todo_open and open_answerer is None:
             backend = backend or (answerer.backend if answerer is not None else backend_from_spec(cfg.answerer))
-            open_answerer = OpenAnswerer(backend, cfg.max_new_tokens)
+            open_answerer = OpenAnswerer(backend, cfg.max_new_tokens, cfg.few_shot)
         if todo_mc:
             _answer_choice(todo_mc, answerer, writer, cfg.batch)  # type: ignore[arg-type]
         if todo_open:

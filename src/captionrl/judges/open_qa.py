@@ -19,14 +19,23 @@ from captionrl.errors import DataError
 from captionrl.judges.answer_metrics import all_scores, check_metric, score_answer
 
 OPEN_PROMPT = (
-    "Question about an image: {question}\n\n"
-    "You cannot see the image. All you know about it is this description:\n\"{caption}\"\n\n"
-    "Answer the question using only the description. Reply with the answer only: a single word, number "
-    "or short phrase."
+    "Description of an image: \"{caption}\"\n"
+    "Question: {question}\n"
+    "Answer with a single word or phrase."
 )
+SHOTS = (
+    ("A blue kite flies over a sandy beach.", "What colour is the kite?", "blue"),
+    ("A shop window with the word SALE painted in large letters.", "What word is on the window?", "SALE"),
+)
+"""Worked examples shown as earlier chat turns (``few_shot``): the same for every system and question, so
+they bias no system, and they teach a small answerer the reply form (a bare answer, not a sentence that
+exact-match scoring would reject). Measured with the embedded SmolLM2-135M on six questions whose answers
+the captions state: 2/6 exact matches without them, 5/6 with them (0/6 either way from captions that do
+not state the answers)."""
 MAX_NEW_TOKENS = 16
 
 _PREFIX = re.compile(r"^\s*(?:the\s+)?(?:final\s+)?answer\s*(?:is)?\s*[:\-]?\s*", re.IGNORECASE)
+_QUOTED = re.compile(r'"([^"]+)"')
 
 
 @dataclass(frozen=True)
@@ -62,15 +71,25 @@ def to_open_question(rec: Mapping[str, Any] | OpenQuestion, where: str = "questi
     return OpenQuestion(q.strip(), answers, metric, qid)
 
 
-def render_open_prompt(question: OpenQuestion, caption: str) -> list[dict[str, Any]]:
+def render_open_prompt(question: OpenQuestion, caption: str, few_shot: bool = True) -> list[dict[str, Any]]:
+    """The answerer's chat: optional worked examples (``SHOTS``) as earlier turns, then the question."""
+    messages: list[dict[str, Any]] = []
+    for cap, q, a in SHOTS if few_shot else ():
+        messages += [{"role": "user", "content": OPEN_PROMPT.format(question=q, caption=cap)},
+                     {"role": "assistant", "content": a}]
     body = OPEN_PROMPT.format(question=question.question, caption=caption.strip() or "(no description)")
-    return [{"role": "user", "content": body}]
+    return [*messages, {"role": "user", "content": body}]
 
 
 def clean_answer(text: str) -> str:
-    """The answer part of a reply: its first non-empty line, without an "Answer:" lead or a final period."""
+    """The answer part of a reply: its first non-empty line, without an "Answer:" lead, the one quoted span
+    of a sentence that quotes its answer (``The answer is "exit".``), and without a final period."""
     line = next((ln for ln in text.strip().splitlines() if ln.strip()), "")
-    line = _PREFIX.sub("", line).strip().strip('"').strip()
+    line = _PREFIX.sub("", line).strip()
+    quoted = _QUOTED.findall(line)
+    if len(quoted) == 1:
+        line = quoted[0]
+    line = line.strip().strip('"').strip()
     return line[:-1].rstrip() if line.endswith(".") else line
 
 
@@ -88,15 +107,16 @@ class OpenAnswer:
 class OpenAnswerer:
     """The fixed text-only answerer for open-ended questions: greedy, short generations."""
 
-    def __init__(self, backend: Backend, max_new_tokens: int = MAX_NEW_TOKENS) -> None:
+    def __init__(self, backend: Backend, max_new_tokens: int = MAX_NEW_TOKENS, few_shot: bool = True) -> None:
         self.backend = backend
         self.max_new_tokens = max_new_tokens
+        self.few_shot = few_shot
 
     def answer(self, captions: Sequence[str], questions: Sequence[OpenQuestion]) -> list[OpenAnswer]:
         """Answer ``questions[i]`` from ``captions[i]`` in one batched generate call."""
         if len(captions) != len(questions):
             raise DataError("questions", len(questions), f"{len(captions)} captions", "pass one question per caption")
-        requests = [ChatRequest(render_open_prompt(q, c), max_new_tokens=self.max_new_tokens, temperature=0.0)
+        requests = [ChatRequest(render_open_prompt(q, c, self.few_shot), max_new_tokens=self.max_new_tokens, temperature=0.0)
                     for c, q in zip(captions, questions, strict=True)]
         out = []
         for q, gen in zip(questions, self.backend.generate(requests), strict=True):
