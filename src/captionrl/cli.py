@@ -30,7 +30,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("eval", "spans"): ("captionrl.eval.spans", "span audit: green/blue/red/gray claims of captions"),
     ("eval", "pairwise"): ("captionrl.eval.pairwise", "pairwise win rate, both orders"),
     ("eval", "rank"): ("captionrl.eval.ranking", "blind ranking of five captions"),
-    ("eval", "qa"): ("captionrl.eval.qa", "caption-based multiple-choice QA"),
+    ("eval", "qa"): ("captionrl.eval.qa", "caption-based QA (multiple choice and open-ended)"),
     ("eval", "agreement"): ("captionrl.eval.agreement", "judge-human agreement (accuracy, Cohen's kappa)"),
     ("eval", "paper"): ("captionrl.eval.paper", "the paper's evaluation of caption files: identification, entailment, Table 3, bottleneck + p-values"),
     ("eval", "sweep"): ("captionrl.eval.sweep", "reward-knob sweep (verifier, K, distractor rule): train + evaluate each setting, Tables 10-15, Figure 3"),
