@@ -27,7 +27,7 @@ from captionrl.config import help_field
 from captionrl.errors import ConfigError, DataError
 from captionrl.eval.common import backend_from_spec, check_spec, split_spec
 from captionrl.eval.result import EvalResult, print_result, write_result
-from captionrl.judges.identify import IdentificationJudge, IdentifyConfig
+from captionrl.judges.identify import IdentifyConfig, identification_judge
 from captionrl.records import RecordWriter
 from captionrl.types import Series
 
@@ -41,7 +41,7 @@ class IdentifyEvalConfig:
     pool: str | None = help_field(None, "distractor pool: 'embedded' or a corpus path (default: the files' own series)")
     prepared: str | None = help_field(None, "a folder written by 'captionrl data prepare': its lineups and pool (and, without captions files, its items to caption)")
     split: str = help_field("test", "split of the prepared folder to evaluate")
-    verifiers: list[str] = help_field(["hf:embedded"], "verifier backend specs (hf:embedded, openai:http://127.0.0.1:8000/v1#MODEL, ...)", flags=("--verifier",))
+    verifiers: list[str] = help_field(["hf:embedded"], "verifier specs: model backends (hf:embedded, openai:http://127.0.0.1:8000/v1#MODEL, ...) or claims:rules (code-checked claims, offline, no model)", flags=("--verifier",))
     modes: list[str] = help_field(["likelihood"], "verifier modes: likelihood and/or letter", flags=("--mode",))
     directions: list[str] = help_field(["c2s", "s2c"], "c2s (caption -> series) and/or s2c (series -> caption)", flags=("--direction",))
     ks: list[int] = help_field([4], "candidate-set sizes K; distractors of a smaller K are a prefix of a larger K's", flags=("--k",))
@@ -71,7 +71,7 @@ class IdentifyEvalConfig:
         if not self.verifiers:
             raise ConfigError("verifiers", [], "needs at least one verifier", "use e.g. --verifier hf:embedded")
         for v in self.verifiers:
-            check_spec("verifiers", v)
+            check_spec("verifiers", v, claims=True)
         if self.captioner != "none":
             check_spec("captioner", self.captioner)
         if self.max_items is not None and self.max_items < 1:
@@ -137,7 +137,8 @@ def run_identification(
     total = len(combos) * len(all_systems) * len(items)
     bar = tqdm(total=total, desc="identify", unit="judgment")
     for vname, mode, direction, k in combos:
-        judge = IdentificationJudge(verifiers[vname], IdentifyConfig(mode=mode, direction=direction, k=k, precision=cfg.precision))
+        judge = identification_judge(verifiers[vname], IdentifyConfig(mode=mode, direction=direction, k=k,
+                                                                      precision=cfg.precision))
         # Item-major order: the captions of every system for one item sit together, so the verifier sees
         # each candidate context once per batch and the backend shares it (prefix cache, dedup).
         todo, skipped = [], 0
@@ -268,10 +269,12 @@ def run(cfg: IdentifyEvalConfig, *, verifiers: Mapping[str, Backend] | None = No
     from captionrl.backends.openai_http import probe_server
     from captionrl.domains.candidates import mine_candidates
     from captionrl.domains.captioning import DESCRIBER, caption_series
+    from captionrl.judges.claims_verifier import is_claims_spec
 
     if verifiers is None:  # an unreachable server is a named error now, not a table of unscored judgments
         for v in cfg.verifiers:
-            probe_server(parse_backend_spec(v), field="verifiers")
+            if not is_claims_spec(v):
+                probe_server(parse_backend_spec(v), field="verifiers")
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     prepared = None
@@ -307,7 +310,7 @@ def run(cfg: IdentifyEvalConfig, *, verifiers: Mapping[str, Backend] | None = No
             raise DataError("captions", unknown[:3], f"{len(unknown)} captioned item(s) are not in {cfg.prepared}",
                             "caption the prepared items (captionrl caption prepared=...)")
         if verifiers is None:
-            verifiers = {_verifier_name(parse_backend_spec(v)): backend_from_spec(v) for v in cfg.verifiers}
+            verifiers = {_verifier_name(v): backend_from_spec(v) for v in cfg.verifiers}
         return run_identification(items, systems, {it.id: by_item[it.id] for it in items}, prepared.pool,
                                   verifiers, cfg, out)
     if cfg.pool:
@@ -319,7 +322,7 @@ def run(cfg: IdentifyEvalConfig, *, verifiers: Mapping[str, Backend] | None = No
     sets = mine_candidates(items, pool_items, k=max(cfg.ks), rule=cfg.rule, seed=cfg.seed)
     distractors = {cs.item_id: list(cs.distractor_ids) for cs in sets}
     if verifiers is None:
-        verifiers = {_verifier_name(parse_backend_spec(v)): backend_from_spec(v) for v in cfg.verifiers}
+        verifiers = {_verifier_name(v): backend_from_spec(v) for v in cfg.verifiers}
     return run_identification(items, systems, distractors, {p.id: p for p in pool_items}, verifiers, cfg, out)
 
 
@@ -329,5 +332,12 @@ def run_command(cfg: IdentifyEvalConfig) -> int:
     return 0 if result.rows else 1
 
 
-def _verifier_name(cfg: Any) -> str:
+def _verifier_name(spec: str) -> str:
+    """The table's name of a verifier spec: ``hf:embedded``, ``openai:MODEL``, ``claims:rules``."""
+    from captionrl.backends import parse_backend_spec
+    from captionrl.judges.claims_verifier import is_claims_spec, parse_claims_spec
+
+    if is_claims_spec(spec):
+        return parse_claims_spec(spec).spec
+    cfg = parse_backend_spec(spec)
     return f"{cfg.kind}:{Path(cfg.model).name}"
