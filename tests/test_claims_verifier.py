@@ -80,6 +80,10 @@ def test_training_verifier_stays_out_of_the_eval_mean(lineups, tmp_path):
     verifiers = {"train-verifier": ClaimsVerifier(tolerance=10.0), "claims": ClaimsVerifier()}
     cfg = IdentifyEvalConfig(modes=["likelihood"], directions=["c2s"], ks=[K], verifiers=["claims:rules"])
     summary = run_identification(items, systems, distractors, pool, verifiers, cfg, tmp_path)
+    ident = {r["system"]: r for r in summary.rows}
+    assert ident["dump"]["transcription"] == pytest.approx(1.0) and ident["dump"]["run_frac"] == 1.0
+    assert ident["trained"]["transcription"] < 0.3 and ident["trained"]["run_frac"] == 0.0
+    assert "transcription" in (tmp_path / "table.md").read_text()
     checks = run_final_checks({s.name: s.captions for s in systems}, {it.id: it.values for it in items}, tmp_path,
                               identification=summary.summary())
     rows = {r["system"]: r for r in checks["rows"]}

@@ -175,7 +175,8 @@ def run_identification(
             bar.update(len(chunk))
     bar.close()
     writer.close()
-    result = summarise(writer.records(), [s.name for s in all_systems], list(verifiers), cfg)
+    result = summarise(writer.records(), [s.name for s in all_systems], list(verifiers), cfg,
+                       series={it.id: it.values for it in items})
     return write_result(replace(result, records=str(out / "records.jsonl")), out)
 
 
@@ -184,8 +185,10 @@ def _key(system: str, verifier: str, mode: str, direction: str, k: int, item: st
 
 
 def summarise(records: Sequence[Mapping[str, Any]], systems: Sequence[str], verifiers: Sequence[str],
-              cfg: IdentifyEvalConfig) -> EvalResult:
-    """Rows per (system, mode, K): each verifier's c->s / s->c accuracy, their mean, above-chance, length."""
+              cfg: IdentifyEvalConfig, series: Mapping[str, Any] | None = None) -> EvalResult:
+    """Rows per (system, mode, K): each verifier's c->s / s->c accuracy, their mean, above-chance, length, and
+    (given each item's ``series``) the transcription guard's columns: a caption that copies the numbers wins
+    a likelihood verifier, so its accuracy is read next to how much it copied."""
     rows: list[dict[str, Any]] = []
     columns: list[str] = []
     for system in systems:
@@ -211,18 +214,35 @@ def summarise(records: Sequence[Mapping[str, Any]], systems: Sequence[str], veri
                 row["unscored"] = sum(r.get("score") is None for r in recs)
                 caps = {r["item_id"]: r["caption"] for r in recs}
                 row["length_chars"] = round(float(np.mean([len(c) for c in caps.values()])), 1) if caps else 0.0
+                if series is not None:
+                    row.update(transcription_columns(caps, series))
                 rows.append(row)
                 for key in row:
                     if key not in columns and key != "system":
                         columns.append(key)
     better: dict[str, str | None] = {c: "higher" for c in columns if c.startswith(("c2s", "s2c"))}
-    better.update(unscored="lower", length_chars=None)
+    better.update(unscored="lower", length_chars=None, transcription="lower", copied_values="lower", run_frac="lower")
     chance = {str(k): 1.0 / int(k) for k in cfg.ks}
     notes = ["accuracy is hard identification accuracy averaged over items (chance "
              + ", ".join(f"K={k}: {v:.3f}" for k, v in chance.items())
-             + "); *_above_chance is (acc - 1/K) / (1 - 1/K); *_soft is the mean probability of the truth"]
+             + "); *_above_chance is (acc - 1/K) / (1 - 1/K); *_soft is the mean probability of the truth",
+             "transcription: share of the series' values the captions copy (the training guard's rule, "
+             "judges.transcription); copied_values: copied numbers per caption; run_frac: captions with a run "
+             "of consecutive series values"]
     return EvalResult("identification", rows, columns, better=better, labels=["mode", "K"],
                       config={**asdict(cfg), "verifier_names": list(verifiers)}, notes=notes, extra={"chance": chance})
+
+
+def transcription_columns(captions: Mapping[str, str], series: Mapping[str, Any]) -> dict[str, float]:
+    """The transcription guard's measurement of one system's captions (item id -> caption), by its own rule."""
+    from captionrl.judges.transcription import transcription
+
+    found = [transcription(c, series[i]) for i, c in captions.items() if i in series]
+    if not found:
+        return {}
+    return {"transcription": round(float(np.mean([t.share for t in found])), 4),
+            "copied_values": round(float(np.mean([t.copied for t in found])), 2),
+            "run_frac": round(float(np.mean([t.has_run for t in found])), 4)}
 
 
 # ---------------------------------------------------------------------- the protocol
