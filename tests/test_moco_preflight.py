@@ -24,7 +24,7 @@ SMALL = ["data.n_train=2", "train.max_completion_length=12", "rubric.max_new_tok
 
 
 @pytest.mark.slow
-def test_moco_preflight_passes_the_cpu_config_and_refuses_a_judge_that_cannot_discriminate(tmp_path):
+def test_moco_preflight_passes_the_cpu_config_refuses_a_judge_that_cannot_discriminate_and_final_checks(tmp_path):
     out = tmp_path / "run"
     cfg = load_config(MocoConfig, ROOT / "configs" / "moco-cpu.yaml", [*SMALL, f"train.out_dir={out}"])
     recipe = MocoRecipe(cfg)
@@ -44,3 +44,11 @@ def test_moco_preflight_passes_the_cpu_config_and_refuses_a_judge_that_cannot_di
         recipe.preflight(run)
     md = (out / "preflight.md").read_text()
     assert md.startswith("# Reward preflight: FAILED\n") and "| self_praise |" in md and "YES" in md
+
+    # the end of a MoCo run: a check that did not produce its reward (CIDEr-D against the two references)
+    checks = recipe.final_evaluation(run)["final_checks"]
+    rows = {r["system"]: r for r in checks["rows"]}
+    assert rows["trained"]["cider_d"] is not None and rows["trained"]["n"] == 2
+    assert rows["reference (first vs the others)"]["cider_d"] > 0  # the yardstick: one reference vs the other
+    md = (out / "eval" / "final_checks.md").read_text()
+    assert "cider_d" in md and "did not produce" in md
