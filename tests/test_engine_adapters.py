@@ -80,3 +80,33 @@ def test_failures_raise_or_become_nan_never_zero(monkeypatch):
 def test_bad_label_is_named():
     with pytest.raises(DataError, match="candidates"):
         engine.decode_label('{"series": [1, 2]}')
+
+
+@pytest.mark.slow
+def test_a_number_dump_gets_the_same_shaped_score_through_the_adapters_as_through_the_trl_reward(embedded_judge):
+    """One guard everywhere: the verl / OpenRLHF plug-ins and TRL's reward callable (``ShapedReward`` built by
+    ``train lineup`` from its default ``reward.*`` keys) give a dump of the numbers the same shaped score."""
+    from captionrl.adapters.openrlhf import reward_func
+    from captionrl.adapters.verl import compute_score
+    from captionrl.domains.timeseries import render_numbers
+    from captionrl.rewards import JudgeReward
+    from captionrl.rewards.shaping import ShapedReward
+    from captionrl.train.lineup import LineupRewardConfig, shaping_config
+
+    engine.shaped_reward.cache_clear()
+    text = render_numbers(WAVE)[0]
+    label = engine.encode_label([WAVE, RISING, FALLING], series_text=text)
+    trl = ShapedReward(JudgeReward(embedded_judge), shaping_config(LineupRewardConfig(k=3, signal="soft")))
+    for caption in ("Values: " + text, describe_series(WAVE)):
+        via_trl = trl(prompts=["p"], completions=[[{"role": "assistant", "content": caption}]],
+                      candidates=[[WAVE.tolist(), RISING.tolist(), FALLING.tolist()]], series=[WAVE.tolist()],
+                      series_text=[text])[0]
+        via_verl = compute_score("lineup", caption, label)
+        via_openrlhf = float(reward_func(["p" + caption], ["p"], [label])["rewards"][0])
+        assert via_verl["score"] == pytest.approx(via_trl, abs=1e-5)
+        assert via_openrlhf == pytest.approx(via_trl, abs=1e-5)
+        if caption.startswith("Values"):  # the dump: every value copied, in a run: the guard took it down
+            assert via_verl["copied_values"] == 16 and via_verl["transcription_penalty"] == pytest.approx(1.0 + 0.1 * 12)
+            dump_score = via_trl
+        else:
+            assert via_trl > dump_score

@@ -70,3 +70,18 @@ def test_letter_verifier_scores_injected_answer_at_chance(tmp_path, embedded_bac
     recs = [json.loads(x) for x in (tmp_path / "records.jsonl").read_text().splitlines()]
     assert {r["probe"] for r in recs} == {"honest", "injected_answer"}
     assert all(r["method"] == "logits" for r in recs)
+
+
+def test_series_table_has_the_transcription_guard_columns(tmp_path):
+    summary = run(HackingEvalConfig(rewards=["ngram", "identify-claims"], domains=["series"], out=str(tmp_path),
+                                    n=3, length=12))
+    rows = {r["system"]: r for r in summary.rows}
+    guard = rows["transcription guard (series)"]
+    assert guard["dump"] == pytest.approx(1.0)  # the dump copies every value of the series
+    assert guard["honest"] <= 4 / 12 and guard["empty"] == 0.0
+    assert "exploitable_guarded" in summary.columns
+    claims = rows["identify-claims (series)"]
+    # the code-checked verifier: the honest caption identifies its series, a dump scores exactly chance
+    assert claims["honest"] > claims["dump"] == pytest.approx(1 / 4)
+    assert claims["exploitable"] == claims["exploitable_guarded"] == "-"
+    assert "transcription guard (series)" in (tmp_path / "table.md").read_text()

@@ -328,7 +328,7 @@ def test_rubicap_paper_config_dry_run_with_tiny_qwen2_5_vl(tmp_path, embedded_ba
 @pytest.mark.slow
 def test_moco_grpo_steps_with_tiny_qwen2_5_vl_policy(tmp_path, vision_calls):
     """MoCo Rubric's CPU config with the tiny Qwen2.5-VL policy: the policy's momentum copy (a second LoRA
-    adapter) writes rubrics and judges in choose mode. The random Generator writes no valid rubric, so every
+    adapter) writes rubrics and judges (the config's mode). The random Generator writes no valid rubric, so every
     group falls back to fact rubrics, counted."""
     from captionrl.train import moco
     from captionrl.train.curves import load_metrics
@@ -338,8 +338,10 @@ def test_moco_grpo_steps_with_tiny_qwen2_5_vl_policy(tmp_path, vision_calls):
         "policy.model=tiny-qwen2.5-vl", "data.n_train=2", "train.num_generations=2",
         "train.per_device_train_batch_size=2", "train.max_completion_length=8", "rubric.max_new_tokens=16",
         "train.max_steps=2", "train.save_steps=2", "train.threads=1", f"train.out_dir={out}",
+        "train.force_preflight=true",  # a random-weight momentum Judge cannot tell the facts from the probes
     ])
     moco.run(cfg)
+    assert (out / "preflight.md").read_text().startswith("# Reward preflight")  # it ran before step 1
     metrics = [m for m in load_metrics(out / "metrics.jsonl") if "reward" in m]
     assert [m["step"] for m in metrics] == [1, 2]
     assert all(m["rubric/fallback_frac"] == 1.0 and m["rubric/generator_valid_frac"] == 0.0 for m in metrics)

@@ -118,7 +118,8 @@ def score_probes(reward: Callable[..., Sequence[Any]], rows: Sequence[Mapping[st
 
 def run_preflight(reward: Callable[..., Sequence[Any]], rows: Sequence[Mapping[str, Any]], honest: Sequence[str],
                   dumps: Sequence[str], *, keys: Sequence[str] = (), force: bool = False,
-                  out_dir: str | Path | None = None, echo: bool = True) -> PreflightResult:
+                  out_dir: str | Path | None = None, echo: bool = True,
+                  hint: str = "switch the transcription guard on, raise its penalties") -> PreflightResult:
     """Score the probes on ``rows`` (already sampled), save the table, refuse when a probe wins.
 
     Args:
@@ -128,6 +129,7 @@ def run_preflight(reward: Callable[..., Sequence[Any]], rows: Sequence[Mapping[s
         keys: config keys that change the outcome (printed in the refusal).
         force: start anyway (``train.force_preflight=true``): the table is still saved and printed.
         out_dir: run folder for ``preflight.md`` / ``preflight.json`` (None: not saved).
+        hint: an example of a change that helps, for the refusal's fix (the recipe knows its reward).
     Raises:
         PreflightError: a probe's mean is >= the honest mean, or the honest reference is never scored.
     """
@@ -163,7 +165,7 @@ def run_preflight(reward: Callable[..., Sequence[Any]], rows: Sequence[Mapping[s
         raise PreflightError(
             "reward", ", ".join(keys) or "the reward", f"{why}: a policy can earn this reward without describing.\n"
             f"{result.table()}",
-            f"change one of {list(keys)} (e.g. switch the transcription guard on, raise its penalties), or start "
+            f"change one of {list(keys)} (e.g. {hint}), or start "
             f"anyway with {FORCE_KEY}=true",
         )
     if not passed:

@@ -7,7 +7,9 @@ verifier). The reward is shaped exactly as in training (``captionrl.rewards.shap
 guard is on by default (4 free copied values, 0.1 per further value, 1.0 for a run of 3 consecutive
 values), measured against the true series (index 0 of the candidates); the factuality term when
 ``shaping.factuality_penalty`` > 0. The candidate set travels in the
-sample's label / ground truth as JSON: ``{"candidates": [[true series...], [distractor...], ...]}``.
+sample's label / ground truth as JSON: ``{"candidates": [[true series...], [distractor...], ...]}``, with
+``"series_text"`` (the numbers as the prompt printed them, e.g. normalised) when the prompt's numbers differ
+from the series: the guard then counts copies of either, as training does.
 
 Neither engine can skip a sample, so a verifier failure cannot become ``None`` there. It must not become
 a silent 0 either: by default it raises (the run stops with the cause); ``CAPTIONRL_ON_FAILURE=nan``
@@ -32,17 +34,28 @@ from captionrl.types import Judgment
 
 CONFIG_ENV = "CAPTIONRL_REWARD_CONFIG"
 SHAPING_KEYS = {"max_caption_chars": None, "length_penalty": 0.0, "max_copied_values": 4, "transcription_penalty": 0.1,
-                "transcription_run": 3, "run_penalty": 1.0, "factuality_penalty": 0.0, "factuality_tolerance": 0.35}
+                "transcription_run": 3, "run_penalty": 1.0, "factuality_penalty": 0.0, "factuality_tolerance": 0.35,
+                "unfinished_penalty": 0.0}
+"""The ``reward.*`` shaping keys of ``train lineup`` the adapters apply, with the same defaults (the
+numbers-masked pass, ``masked_weight``, needs a second verifier call per sample and is not offered here)."""
 FAILURE_ENV = "CAPTIONRL_ON_FAILURE"
 
 
-def encode_label(candidates: Sequence[Sequence[float]]) -> str:
-    """The ground-truth string to store in an engine's dataset (index 0 is the true series)."""
-    return json.dumps({"candidates": [[float(v) for v in c] for c in candidates]})
+def encode_label(candidates: Sequence[Sequence[float]], series_text: str | None = None) -> str:
+    """The ground-truth string to store in an engine's dataset (index 0 is the true series; ``series_text``:
+    the true series as the prompt printed it, when that differs from the values)."""
+    data: dict[str, Any] = {"candidates": [[float(v) for v in c] for c in candidates]}
+    if series_text is not None:
+        data["series_text"] = series_text
+    return json.dumps(data)
+
+
+def _label(label: Any) -> dict[str, Any]:
+    return json.loads(label) if isinstance(label, (str, bytes)) else label
 
 
 def decode_label(label: Any) -> list[list[float]]:
-    data = json.loads(label) if isinstance(label, (str, bytes)) else label
+    data = _label(label)
     if not isinstance(data, dict) or "candidates" not in data:
         raise DataError("ground_truth", str(label)[:80], "has no 'candidates'",
                         "store captionrl.adapters.engine.encode_label(candidates) as the sample's label")
@@ -74,6 +87,7 @@ def shaping_config(data: dict[str, Any] | None = None) -> ShapingConfig:
         guard = TranscriptionConfig(max_copied_values=int(c["max_copied_values"]), min_run=int(c["transcription_run"]),
                                     value_penalty=float(c["transcription_penalty"]), run_penalty=float(c["run_penalty"]))
     return ShapingConfig(max_caption_chars=c["max_caption_chars"], length_penalty=float(c["length_penalty"]),
+                         unfinished_penalty=float(c["unfinished_penalty"]),
                          transcription=guard, factuality=FactualityTerm(weight=float(c["factuality_penalty"]),
                                                                         tolerance=float(c["factuality_tolerance"])))
 
@@ -107,8 +121,9 @@ def shaped_scores(captions: Sequence[str], labels: Sequence[Any]) -> list[tuple[
     """Judge, then shape exactly as training does (guard and factuality against the true series)."""
     cands = [decode_label(lab) for lab in labels]
     judgments = identification_judge().judge(list(captions), {"candidates": cands})
+    texts = [_label(lab).get("series_text") for lab in labels]
     shaped = shaped_reward().shape(list(captions), [j.score if j.scored else None for j in judgments],
-                                   series=[c[0] for c in cands])
+                                   series=[c[0] for c in cands], series_text=texts if any(texts) else None)
     return list(zip(judgments, shaped, strict=True))
 
 

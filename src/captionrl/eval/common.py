@@ -175,15 +175,26 @@ def systems_for(caption_files: Sequence[str], demo_items: int, seed: int) -> Sys
 
 # ---------------------------------------------------------------------- backends
 def backend_from_spec(spec: str) -> Any:
-    """The backend a spec string names (``hf:embedded``, ``openai:URL#MODEL``, ``hf:x,dtype=bfloat16``)."""
+    """The backend a spec string names (``hf:embedded``, ``openai:URL#MODEL``, ``hf:x,dtype=bfloat16``); an
+    identification verifier may also be ``claims:rules`` (code-checked claims, no model)."""
+    from captionrl.judges.claims_verifier import is_claims_spec, parse_claims_spec
+
+    if is_claims_spec(spec):
+        return parse_claims_spec(spec)
     from captionrl.backends import backend_from_spec as build
 
     return build(spec)
 
 
-def check_spec(field: str, spec: str) -> None:
-    """Validate a backend spec when a config is built (milliseconds, before any model loads)."""
+def check_spec(field: str, spec: str, *, claims: bool = False) -> None:
+    """Validate a backend spec when a config is built (milliseconds, before any model loads); ``claims``:
+    the field names an identification verifier, which may also be ``claims:rules``."""
     from captionrl.backends import parse_backend_spec
+    from captionrl.judges.claims_verifier import is_claims_spec, parse_claims_spec
+
+    if claims and is_claims_spec(spec):
+        parse_claims_spec(spec, field)
+        return
 
     try:
         parse_backend_spec(spec)

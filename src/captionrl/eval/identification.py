@@ -27,7 +27,7 @@ from captionrl.config import help_field
 from captionrl.errors import ConfigError, DataError
 from captionrl.eval.common import backend_from_spec, check_spec, split_spec
 from captionrl.eval.result import EvalResult, print_result, write_result
-from captionrl.judges.identify import IdentificationJudge, IdentifyConfig
+from captionrl.judges.identify import IdentifyConfig, identification_judge
 from captionrl.records import RecordWriter
 from captionrl.types import Series
 
@@ -41,7 +41,7 @@ class IdentifyEvalConfig:
     pool: str | None = help_field(None, "distractor pool: 'embedded' or a corpus path (default: the files' own series)")
     prepared: str | None = help_field(None, "a folder written by 'captionrl data prepare': its lineups and pool (and, without captions files, its items to caption)")
     split: str = help_field("test", "split of the prepared folder to evaluate")
-    verifiers: list[str] = help_field(["hf:embedded"], "evaluation verifier backend specs (hf:embedded, openai:http://127.0.0.1:8000/v1#MODEL, ...); their mean is the c2s/s2c column", flags=("--verifier",))
+    verifiers: list[str] = help_field(["hf:embedded"], "evaluation verifier specs: model backends (hf:embedded, openai:http://127.0.0.1:8000/v1#MODEL, ...) or claims:rules (code-checked claims, offline, no model); their mean is the c2s/s2c column", flags=("--verifier",))
     train_verifier: str | None = help_field(None, "backend spec of the verifier that produced the captioner's training reward: scored in its own column (c2s[train]) and never in the mean")
     modes: list[str] = help_field(["likelihood"], "verifier modes: likelihood and/or letter", flags=("--mode",))
     directions: list[str] = help_field(["c2s", "s2c"], "c2s (caption -> series) and/or s2c (series -> caption)", flags=("--direction",))
@@ -72,7 +72,7 @@ class IdentifyEvalConfig:
         if not self.verifiers:
             raise ConfigError("verifiers", [], "needs at least one verifier", "use e.g. --verifier hf:embedded")
         for v in self.verifiers:
-            check_spec("verifiers", v)
+            check_spec("verifiers", v, claims=True)
         if self.train_verifier:
             check_spec("train_verifier", self.train_verifier)
         if self.captioner != "none":
@@ -147,7 +147,8 @@ def run_identification(
     bar = tqdm(total=total, desc="identify", unit="judgment")
     uncaptioned: dict[str, set[str]] = {}
     for vname, mode, direction, k in combos:
-        judge = IdentificationJudge(verifiers[vname], IdentifyConfig(mode=mode, direction=direction, k=k, precision=cfg.precision))
+        judge = identification_judge(verifiers[vname], IdentifyConfig(mode=mode, direction=direction, k=k,
+                                                                      precision=cfg.precision))
         # Item-major order: the captions of every system for one item sit together, so the verifier sees
         # each candidate context once per batch and the backend shares it (prefix cache, dedup).
         todo, skipped = [], 0
@@ -186,7 +187,8 @@ def run_identification(
     bar.close()
     writer.close()
     result = summarise(writer.records(), [s.name for s in all_systems], list(verifiers), cfg,
-                       train_verifier=train_verifier, uncaptioned={k: len(v) for k, v in uncaptioned.items()})
+                       train_verifier=train_verifier, uncaptioned={k: len(v) for k, v in uncaptioned.items()},
+                       series={it.id: it.values for it in items})
     return write_result(replace(result, records=str(out / "records.jsonl")), out)
 
 
@@ -196,10 +198,12 @@ def _key(system: str, verifier: str, mode: str, direction: str, k: int, item: st
 
 def summarise(records: Sequence[Mapping[str, Any]], systems: Sequence[str], verifiers: Sequence[str],
               cfg: IdentifyEvalConfig, *, train_verifier: str | None = None,
-              uncaptioned: Mapping[str, int] | None = None) -> EvalResult:
+              uncaptioned: Mapping[str, int] | None = None, series: Mapping[str, Any] | None = None) -> EvalResult:
     """Rows per (system, mode, K): each verifier's c->s / s->c accuracy, the mean over the held-out
-    verifiers (every verifier but ``train_verifier``), above-chance, length, and the count of s->c items
-    left unjudged because their distractors were not captioned (``uncaptioned``: system -> items)."""
+    verifiers (every verifier but ``train_verifier``), above-chance, length, the count of s->c items left
+    unjudged because their distractors were not captioned (``uncaptioned``: system -> items), and (given each
+    item's ``series``) the transcription guard's columns: a caption that copies the numbers wins a
+    likelihood verifier, so its accuracy is read next to how much it copied."""
     uncaptioned = dict(uncaptioned or {})
     rows: list[dict[str, Any]] = []
     columns: list[str] = []
@@ -229,17 +233,23 @@ def summarise(records: Sequence[Mapping[str, Any]], systems: Sequence[str], veri
                     row["s2c_uncaptioned"] = uncaptioned.get(system, 0)
                 caps = {r["item_id"]: r["caption"] for r in recs}
                 row["length_chars"] = round(float(np.mean([len(c) for c in caps.values()])), 1) if caps else 0.0
+                if series is not None:
+                    row.update(transcription_columns(caps, series))
                 rows.append(row)
                 for key in row:
                     if key not in columns and key != "system":
                         columns.append(key)
     better: dict[str, str | None] = {c: "higher" for c in columns if c.startswith(("c2s", "s2c"))}
-    better.update(unscored="lower", length_chars=None, s2c_uncaptioned="lower")
+    better.update(unscored="lower", length_chars=None, s2c_uncaptioned="lower", transcription="lower",
+                  copied_values="lower", run_frac="lower")
     chance = {str(k): 1.0 / int(k) for k in cfg.ks}
     held_out = [v for v in verifiers if v != train_verifier]
     notes = ["accuracy is hard identification accuracy averaged over items (chance "
              + ", ".join(f"K={k}: {v:.3f}" for k, v in chance.items())
-             + "); *_above_chance is (acc - 1/K) / (1 - 1/K); *_soft is the mean probability of the truth"]
+             + "); *_above_chance is (acc - 1/K) / (1 - 1/K); *_soft is the mean probability of the truth",
+             "transcription: share of the series' values the captions copy (the training guard's rule, "
+             "judges.transcription); copied_values: copied numbers per caption; run_frac: captions with a run "
+             "of consecutive series values"]
     if train_verifier is not None:
         notes.append(f"c2s/s2c: mean over the held-out verifiers {held_out or '(none)'}; {train_verifier} produced the "
                      f"training reward and is reported only in its own column (c2s[{train_verifier}])")
@@ -249,6 +259,18 @@ def summarise(records: Sequence[Mapping[str, Any]], systems: Sequence[str], veri
     return EvalResult("identification", rows, columns, better=better, labels=["mode", "K"],
                       config={**asdict(cfg), "verifier_names": list(verifiers), "train_verifier_name": train_verifier},
                       notes=notes, extra={"chance": chance, "held_out_verifiers": held_out})
+
+
+def transcription_columns(captions: Mapping[str, str], series: Mapping[str, Any]) -> dict[str, float]:
+    """The transcription guard's measurement of one system's captions (item id -> caption), by its own rule."""
+    from captionrl.judges.transcription import transcription
+
+    found = [transcription(c, series[i]) for i, c in captions.items() if i in series]
+    if not found:
+        return {}
+    return {"transcription": round(float(np.mean([t.share for t in found])), 4),
+            "copied_values": round(float(np.mean([t.copied for t in found])), 2),
+            "run_frac": round(float(np.mean([t.has_run for t in found])), 4)}
 
 
 # ---------------------------------------------------------------------- the protocol
@@ -295,11 +317,13 @@ def run(cfg: IdentifyEvalConfig, *, verifiers: Mapping[str, Backend] | None = No
     from captionrl.backends.openai_http import probe_server
     from captionrl.domains.candidates import mine_candidates
     from captionrl.domains.captioning import DESCRIBER, caption_series
+    from captionrl.judges.claims_verifier import is_claims_spec
 
     if verifiers is None:  # an unreachable server is a named error now, not a table of unscored judgments
         for v in cfg.verifiers:
-            probe_server(parse_backend_spec(v), field="verifiers")
-        if cfg.train_verifier:
+            if not is_claims_spec(v):
+                probe_server(parse_backend_spec(v), field="verifiers")
+        if cfg.train_verifier and not is_claims_spec(cfg.train_verifier):
             probe_server(parse_backend_spec(cfg.train_verifier), field="train_verifier")
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -361,11 +385,9 @@ TRAIN = "train"
 
 def _verifiers(cfg: IdentifyEvalConfig, given: Mapping[str, Backend] | None) -> dict[str, Backend]:
     """The evaluation verifiers by name, plus the training verifier as ``train`` when one is configured."""
-    from captionrl.backends import parse_backend_spec
-
     if given is not None:
         return dict(given)
-    out = {_verifier_name(parse_backend_spec(v)): backend_from_spec(v) for v in cfg.verifiers}
+    out = {_verifier_name(v): backend_from_spec(v) for v in cfg.verifiers}
     if cfg.train_verifier:
         out[TRAIN] = backend_from_spec(cfg.train_verifier)
     return out
@@ -375,5 +397,12 @@ def _train_name(cfg: IdentifyEvalConfig) -> str | None:
     return TRAIN if cfg.train_verifier else None
 
 
-def _verifier_name(cfg: Any) -> str:
+def _verifier_name(spec: str) -> str:
+    """The table's name of a verifier spec: ``hf:embedded``, ``openai:MODEL``, ``claims:rules``."""
+    from captionrl.backends import parse_backend_spec
+    from captionrl.judges.claims_verifier import is_claims_spec, parse_claims_spec
+
+    if is_claims_spec(spec):
+        return parse_claims_spec(spec).spec
+    cfg = parse_backend_spec(spec)
     return f"{cfg.kind}:{Path(cfg.model).name}"

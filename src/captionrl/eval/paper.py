@@ -124,7 +124,7 @@ class PaperEvalConfig:
             raise ConfigError("verifiers", [], "needs at least one evaluation verifier",
                               "list held-out verifiers (the training verifier goes in train_verifier)")
         for spec in self.verifiers:
-            check_spec("verifiers", verifier_spec(spec)[1])
+            check_spec("verifiers", verifier_spec(spec)[1], claims=True)
         if self.train_verifier:
             check_spec("train_verifier", self.train_verifier)
         for r in self.reward.rules:
@@ -172,7 +172,7 @@ def verifier_names(specs: Sequence[str]) -> list[tuple[str, str]]:
 # ---------------------------------------------------------------------- stages
 def _backends(cfg: PaperEvalConfig, given: Mapping[str, Any] | None) -> dict[str, Any]:
     """Table name -> backend: the evaluation verifiers, then ``train`` (``given`` maps specs to backends)."""
-    from captionrl.backends import backend_from_spec
+    from captionrl.eval.common import backend_from_spec  # claims:rules too
 
     given = dict(given or {})
 

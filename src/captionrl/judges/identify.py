@@ -118,6 +118,13 @@ def argmax_credit(scores: Sequence[float], true_index: int = 0) -> float:
     return 1.0 / len(best) if true_index in best else 0.0
 
 
+def identification_judge(verifier: Any, cfg: IdentifyConfig) -> Any:
+    """The identification judge of one verifier: a model backend is read by ``IdentificationJudge``; a code
+    verifier (``judges.claims_verifier.ClaimsVerifier``) brings its own judge through ``identification_judge``."""
+    factory = getattr(verifier, "identification_judge", None)
+    return factory(cfg) if callable(factory) else IdentificationJudge(verifier, cfg)
+
+
 class IdentificationJudge:
     """Scores captions by identification; implements the ``Judge`` protocol.
 

@@ -1,7 +1,9 @@
 """Reward preflight and end-of-run checks for the image recipes (RubiCap, MoCo Rubric).
 
-- ``rubicap_preflight``: the item's reference caption (for synthetic scenes: the exact-facts caption) must
-  out-score every hacking probe under the run's rubric reward (``captionrl.preflight``).
+- ``image_preflight``: the item's reference caption (for synthetic scenes: the exact-facts caption) must
+  out-score every hacking probe under the run's own reward (``captionrl.preflight``): RubiCap's rubric
+  reward (``rubicap_preflight``) and MoCo's online rubric of the momentum Generator-Judge
+  (``moco_preflight``).
 - ``image_final_checks``: greedy captions of the trained policy on a seeded sample of the training images,
   scored by checks that did not produce the reward: CIDEr-D against the references (the rubric or the
   online rubric produced the reward, not n-gram overlap), and the share of captions ending with a full
@@ -17,6 +19,9 @@ from typing import Any
 import numpy as np
 
 PREFLIGHT_KEYS = ("reward.mode", "reward.decision", "reward.threshold", "rubrics.source", "judge")
+MOCO_PREFLIGHT_KEYS = ("judge.mode", "judge.decision", "judge.threshold", "rubric.fallback", "rubric.max_attempts",
+                       "momentum.variant", "policy.model")
+"""MoCo config keys that change what the preflight finds (its Generator and Judge are the momentum Policy)."""
 
 
 def references_of(items: Sequence[Any]) -> dict[str, list[str]]:
@@ -26,6 +31,32 @@ def references_of(items: Sequence[Any]) -> dict[str, list[str]]:
 
 def rubicap_preflight(cfg: Any, rows: Sequence[Mapping[str, Any]], reward: Any, out: Path,
                       references: Mapping[str, Sequence[str]]) -> Any:
+    """RubiCap's preflight: the rubric reward, refusals naming RubiCap's keys."""
+    return image_preflight(cfg, rows, reward, out, references, PREFLIGHT_KEYS)
+
+
+def moco_preflight(cfg: Any, rows: Sequence[Mapping[str, Any]], reward: Any, out: Path, state: Any) -> Any:
+    """MoCo's preflight through its own reward path: for each probe caption the momentum Generator writes a
+    rubric for that item (from its two references and the caption; the facts fallback where configured) and
+    the momentum Judge scores it. The honest reference is the scene's exact-facts caption (``references[0]``).
+    The probe groups are not training groups: they stay out of ``rubrics.rank*.jsonl``. ``state`` is the
+    trainer's state before step 1 (the reward seeds its caption subsets with the step, as in training)."""
+    from functools import partial
+
+    refs = {str(r["item_id"]): list(r["references"]) for r in rows if r.get("references")}
+    judge = getattr(reward, "judge", None)
+    saved = getattr(judge, "records", None)
+    if saved is not None:
+        judge.records = None  # type: ignore[union-attr]
+    try:
+        return image_preflight(cfg, rows, partial(reward, trainer_state=state), out, refs, MOCO_PREFLIGHT_KEYS)
+    finally:
+        if saved is not None:
+            judge.records = saved  # type: ignore[union-attr]
+
+
+def image_preflight(cfg: Any, rows: Sequence[Mapping[str, Any]], reward: Any, out: Path,
+                    references: Mapping[str, Sequence[str]], keys: Sequence[str]) -> Any:
     """The honest reference of each sampled row (its first reference caption) against the probes."""
     import os
 
@@ -41,8 +72,9 @@ def rubicap_preflight(cfg: Any, rows: Sequence[Mapping[str, Any]], reward: Any, 
     chosen = sample_rows(usable, cfg.train.preflight_items, cfg.seed)
     honest = [references[str(r["item_id"])][0] for r in chosen]
     main = int(os.environ.get("RANK", "0")) == 0
-    return run_preflight(reward, chosen, honest, [GENERIC_WORDS] * len(chosen), keys=PREFLIGHT_KEYS,
-                         force=cfg.train.force_preflight, out_dir=out if main else None, echo=main)
+    return run_preflight(reward, chosen, honest, [GENERIC_WORDS] * len(chosen), keys=keys,
+                         force=cfg.train.force_preflight, out_dir=out if main else None, echo=main,
+                         hint="a judge model that can read the captions, a stricter threshold or decision: hard")
 
 
 def greedy_captions(model: Any, processing: Any, rows: Sequence[Mapping[str, Any]], max_new_tokens: int,

@@ -90,9 +90,13 @@ class LineupEvalConfig:
     directions: list[str] = help_field(["c2s"], "identification directions: c2s and/or s2c")
     modes: list[str] | None = help_field(None, "verifier modes (null = the training reward's mode)")
     compare_initial: bool = help_field(True, "also caption the test items with the untrained policy, as a baseline row")
-    verifiers: dict[str, Any] = help_field({}, "name -> backend config of evaluation verifiers (empty = the training verifier)")
+    verifiers: dict[str, Any] = help_field({}, "name -> evaluation verifier that took no part in training: claims:rules (code-checked claims, offline, no model), a backend spec (openai:URL#MODEL) or a backend config mapping; the training verifier is always scored too, in its own column and never in the mean")
     final_checks: bool = help_field(True, "checks the captioner was not trained on: span audit, transcription, full stops, clipped ratio, identification apart from the training verifier")
     bottleneck: bool = help_field(False, "also the caption-only reconstruction bottleneck against the initial model and controls (loads a text encoder)")
+
+    def __post_init__(self) -> None:
+        for name, value in self.verifiers.items():  # validated now, before any model loads
+            eval_verifier(value, f"eval.verifiers.{name}")
 
 
 @dataclass
@@ -119,6 +123,34 @@ class LineupConfig:
         """The training reward's judge settings: the reward's scoring, c2s, series printed as the data says."""
         scoring = {f.name: getattr(self.reward, f.name) for f in dataclasses.fields(IdentifyScoring)}
         return IdentifyConfig(**scoring, direction="c2s", precision=self.data.precision, normalise=self.data.normalise)
+
+
+def eval_verifier(value: Any, field: str) -> Any:
+    """One ``eval.verifiers`` entry: a ``ClaimsVerifier`` for ``claims:...``, else a ``BackendConfig`` (from a
+    spec string such as ``openai:URL#MODEL`` or a mapping)."""
+    from captionrl.judges.claims_verifier import is_claims_spec, parse_claims_spec
+
+    if is_claims_spec(value):
+        return parse_claims_spec(value, field)
+    if isinstance(value, str):
+        from captionrl.backends import parse_backend_spec
+
+        try:
+            return parse_backend_spec(value)
+        except ConfigError as exc:
+            raise ConfigError(field, value, f"is not a verifier spec ({exc.problem})",
+                              "write claims:rules, openai:http://HOST:PORT/v1#MODEL or a backend mapping") from exc
+    return _backend_config(value, field)
+
+
+def _eval_backends(cfg: LineupConfig) -> list[tuple[BackendConfig, str]]:
+    """The evaluation verifiers that are model backends (servers to probe before anything loads)."""
+    out = []
+    for name, value in cfg.eval.verifiers.items():
+        v = eval_verifier(value, f"eval.verifiers.{name}")
+        if isinstance(v, BackendConfig):
+            out.append((v, f"eval.verifiers.{name}"))
+    return out
 
 
 # ---------------------------------------------------------------------- reward shaping
@@ -180,8 +212,7 @@ class LineupRecipe(Recipe):
 
     def servers(self) -> list[tuple[Any, str]]:
         cfg = self.cfg
-        return [(cfg.verifier, "verifier"),
-                *[(_backend_config(v, f"eval.verifiers.{n}"), f"eval.verifiers.{n}") for n, v in cfg.eval.verifiers.items()]]
+        return [(cfg.verifier, "verifier"), *_eval_backends(cfg)]
 
     def dataset(self, run: Run) -> LineupData:
         return build_lineup_data(self.cfg.data, self.cfg.reward.k, self.cfg.seed)
@@ -351,8 +382,9 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
     verifiers = {"train-verifier": verifier}
     from captionrl.backends import make_backend
 
-    for name, vcfg in cfg.eval.verifiers.items():
-        verifiers[name] = make_backend(_backend_config(vcfg, f"eval.verifiers.{name}"))
+    for name, value in cfg.eval.verifiers.items():
+        v = eval_verifier(value, f"eval.verifiers.{name}")
+        verifiers[name] = make_backend(v) if isinstance(v, BackendConfig) else v
     ecfg = IdentifyEvalConfig(modes=list(cfg.eval.modes or [cfg.reward.mode]), directions=list(cfg.eval.directions),
                               ks=[cfg.reward.k], seed=cfg.seed, precision=cfg.data.precision)
     # the training verifier keeps its own column and stays out of the held-out mean (issue 14)

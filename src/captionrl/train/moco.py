@@ -319,6 +319,7 @@ class MocoRecipe(Recipe):
         self.box: dict[str, Any] = {}
         self.records: Any = None
         self.images: ImageLoadResult | None = None
+        self.reward: Any = None
         m = cfg.momentum
         self.title = f"MoCo Rubric ({m.variant}, m={m.m}, H={m.interval})"
 
@@ -342,7 +343,8 @@ class MocoRecipe(Recipe):
         self.records = RecordWriter(records_path(run.out))
         judge = OnlineRubricJudge(momentum_roles(self.box, run.processing), cfg.rubric, judge_factory=cfg.judge.factory,
                                   records=self.records)
-        return [MocoReward(judge, name="moco_rubric", log_fields=())]
+        self.reward = MocoReward(judge, name="moco_rubric", log_fields=())
+        return [self.reward]
 
     def build_trainer(self, run: Run) -> Any:
         from captionrl.momentum import build_momentum
@@ -353,6 +355,13 @@ class MocoRecipe(Recipe):
                                               self.cfg.momentum.implementation)
         MomentumCallback(self.box["momentum"], resume_dir=run.resume_from).attach(trainer)
         return trainer
+
+    def preflight(self, run: Run) -> None:
+        """Before step 1 (the momentum exists now): the exact-facts reference caption must beat every hacking
+        probe under the online rubric of the momentum Generator-Judge (``train.image_checks.moco_preflight``)."""
+        from captionrl.train.image_checks import moco_preflight
+
+        moco_preflight(self.cfg, run.data, self.reward, run.out, run.trainer.state)
 
     def close(self, run: Run) -> None:
         if self.records is not None:
