@@ -166,3 +166,48 @@ def test_judge_family_trains_on_grades_of_the_caption(tmp_path, embedded_backend
     prompt = judge.messages("x", None, "choose", rows[samples[0]["item_id"]]["series_text"])[0]["content"]
     assert rows[samples[0]["item_id"]]["series_text"] in prompt  # the judge saw the values it grades against
     assert json.loads((out / "preflight.json").read_text())["rows"]  # the preflight table was written
+
+
+# ---------------------------------------------------------------------- SFT on a teacher's chart captions
+def test_sft_series_rows_ask_what_lineup_asks():
+    """A series record becomes LineupRL's prompt: the chart (placeholder + image column) for a VLM policy,
+    the printed numbers for a language-only one; with the configured instruction."""
+    from captionrl.domains.lineup_data import add_charts
+    from captionrl.domains.timeseries import render_chart
+    from captionrl.train.sft import build_distill_rows
+
+    values = [1.0, 2.5, 2.0, 4.0, 3.5, 5.0]
+    rec = {"id": "a", "series": values, "caption": "It climbs to 5."}
+    chart, = build_distill_rows([rec], with_images=True, chart=True, instruction="Be brief.")
+    want = add_charts([{"series": values}], "Be brief.")[0]["prompt"][0]["content"]
+    assert chart["prompt"][0]["content"] == [{"type": "image"}, {"type": "text", "text": want}]
+    assert np.array_equal(np.asarray(chart["images"][0]), np.asarray(render_chart(np.asarray(values))))
+    numbers, = build_distill_rows([rec], with_images=True, chart=False, instruction="Be brief.")
+    assert numbers["images"] == [] and "1.00, 2.50, 2.00" in numbers["prompt"][0]["content"]
+    from captionrl.errors import DataError
+
+    with pytest.raises(DataError, match=r"data\[0\]\.series"):
+        build_distill_rows([{"series": [1.0, float("nan"), 2.0], "caption": "c"}])
+
+
+@pytest.mark.slow
+def test_sft_on_chart_captions_trains_a_vlm_policy(tmp_path):
+    """``train sft`` with the tiny Qwen2.5-VL policy on series records: the rows it trained on carry the chart."""
+    from captionrl.records import read_jsonl
+    from captionrl.train.sft import SFTRunConfig, run
+
+    data = tmp_path / "teacher.jsonl"
+    data.write_text("".join(json.dumps({"id": f"s{i}", "series": list(np.sin(np.arange(16) / (2 + i))),
+                                        "caption": f"A wave, item {i}."}) + "\n" for i in range(2)))
+    cfg = load_config(SFTRunConfig, None, [
+        "recipe=sft", f"data.path={data}", "policy.model=tiny-qwen2.5-vl", "data.instruction=Be brief.",
+        f"train.out_dir={tmp_path / 'sft'}", "train.max_steps=1", "train.per_device_train_batch_size=2",
+        "train.max_length=256", "train.report_to=[]", "train.save_steps=1"])
+    result = run(cfg)
+    assert result["steps"] == 1 and result["train_loss"] > 0
+    rows = list(read_jsonl(tmp_path / "sft" / "data.jsonl"))
+    assert len(rows) == 2 and all(r["prompt"][0]["content"][0] == {"type": "image"} for r in rows)
+    assert all(r["prompt"][0]["content"][1]["text"].endswith("Be brief.") for r in rows)
+    with pytest.raises(ConfigError, match="language-only"):
+        run(load_config(SFTRunConfig, None, ["recipe=sft", f"data.path={data}", "policy.input=chart",
+                                             f"train.out_dir={tmp_path / 'llm'}", "train.max_steps=1"]))

@@ -102,20 +102,11 @@ def load_captioner(cfg: CaptionConfig) -> Captioner:
     if run is not None:
         return _load_run_weights(cfg, run)
     from captionrl.backends import backend_from_spec, parse_backend_spec
+    from captionrl.backends.hf import model_is_vlm
 
     bcfg = parse_backend_spec(cfg.captioner)
     backend = backend_from_spec(cfg.captioner, field="captioner")
-    return Captioner(backend, _is_vlm(bcfg.model) if bcfg.kind == "hf" else None, None, cfg.captioner)
-
-
-def _is_vlm(model: str) -> bool:
-    """Whether an HF model is a vision-language one, from its config alone (no weights load)."""
-    from transformers import AutoConfig
-
-    from captionrl.backends.hf import resolve_model_path
-
-    path, gguf = resolve_model_path(model)
-    return hasattr(AutoConfig.from_pretrained(path, **({"gguf_file": gguf} if gguf else {})), "vision_config")
+    return Captioner(backend, model_is_vlm(bcfg.model) if bcfg.kind == "hf" else None, None, cfg.captioner)
 
 
 def _load_run_weights(cfg: CaptionConfig, run: Path) -> Captioner:

@@ -531,13 +531,17 @@ class SFTRecipe(Recipe):
 
     def load_policy(self, run: Run) -> None:
         model, processing = self.given
+        pol = self.cfg.policy
+        if pol.input == "chart" and model is None:  # from the config alone: fail before the weights load
+            from captionrl.backends.hf import model_is_vlm
+
+            if not model_is_vlm(pol.model, pol.trust_remote_code):
+                raise ConfigError("policy.input", "chart", f"{pol.model} is a language-only model",
+                                  "set policy.input: numbers, or fine-tune a VLM policy on the charts")
         if model is None:
             super().load_policy(run)
         else:
             run.model, run.processing, run.is_vlm = model, processing, hasattr(processing, "image_processor")
-        if self.cfg.policy.input == "chart" and not run.is_vlm:
-            raise ConfigError("policy.input", "chart", f"{self.cfg.policy.model} is a language-only model",
-                              "set policy.input: numbers, or fine-tune a VLM policy on the charts")
 
     def build_trainer(self, run: Run) -> Any:
         from datasets import Dataset
