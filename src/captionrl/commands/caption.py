@@ -154,7 +154,7 @@ def load_items(cfg: CaptionConfig, run: dict[str, Any] | None) -> list[Any]:
     from captionrl.domains.datasets import eval_windows, sample
 
     data = (run or {}).get("data") or {}
-    prepared = cfg.prepared or data.get("prepared")
+    prepared = cfg.prepared or (None if cfg.corpus else data.get("prepared"))  # an explicit corpus wins over the run's
     if prepared:
         from captionrl.domains.prepare import load_prepared
 
