@@ -65,6 +65,16 @@ def resolve_model_path(model: str) -> tuple[str, str | None]:
     return (str(p) if p.exists() else model), None
 
 
+def model_is_vlm(model: str, trust_remote_code: bool = False) -> bool:
+    """Whether an HF model spec names a vision-language model, from its config alone (no weights load), so
+    a chart input given to a language-only model fails before anything loads."""
+    from transformers import AutoConfig
+
+    path, gguf = resolve_model_path(model)
+    kw: dict[str, Any] = {"trust_remote_code": trust_remote_code, **({"gguf_file": gguf} if gguf else {})}
+    return hasattr(AutoConfig.from_pretrained(path, **kw), "vision_config")
+
+
 class HFBackend:
     """transformers model in this process.
 

@@ -53,6 +53,22 @@ def image_caption_messages(instruction: str = IMAGE_CAPTION_INSTRUCTION) -> list
 DESCRIBER = "describer"
 
 
+def series_caption_messages(values: Any, *, chart: bool = False, precision: int = 2, normalise: str | None = None,
+                            instruction: str | None = None) -> list[Message]:
+    """The prompt a captioner trained by LineupRL saw for one series: the rendered chart for a VLM policy
+    (``policy.input: chart``, as ``lineup_data.add_charts`` builds it), the printed numbers otherwise (as
+    ``lineup_data.lineup_row`` builds it); one function so ``captionrl caption`` asks what training asked."""
+    import numpy as np
+
+    from captionrl.domains.timeseries import render_chart, render_numbers
+
+    arr = np.asarray(values, dtype=float)
+    if chart:
+        return caption_messages("", len(arr), image=render_chart(arr), instruction=instruction)
+    text, _ = render_numbers(arr, precision=precision, normalise=normalise)  # type: ignore[arg-type]
+    return caption_messages(text, len(arr), instruction=instruction)
+
+
 def caption_series(
     items: Sequence[Series],
     captioner: Backend | str,
@@ -63,12 +79,18 @@ def caption_series(
     temperature: float = 0.0,
     seed: int = 0,
     batch: int = 8,
+    chart: bool = False,
+    normalise: str | None = None,
+    instruction: str | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, str]:
-    """Caption ``items`` (resumable JSONL at ``out_path``); ``captioner="describer"`` needs no model."""
+    """Caption ``items`` (resumable JSONL at ``out_path``: ids already there are skipped, failures are
+    retried on the next run); ``captioner="describer"`` needs no model. ``chart``/``normalise``/
+    ``instruction`` choose the prompt (``series_caption_messages``); ``extra`` fields go into every record
+    (which captioner, which input), so a file says how it was made."""
     from tqdm.auto import tqdm
 
     from captionrl.domains.describe import describe_series
-    from captionrl.domains.timeseries import render_numbers
 
     writer = RecordWriter(out_path, key_field="id")
     todo = [it for it in items if not writer.has(it.id)]
@@ -81,8 +103,9 @@ def caption_series(
             else:
                 assert not isinstance(captioner, str)
                 reqs = [
-                    ChatRequest(caption_messages(render_numbers(it, precision)[0], len(it)), max_new_tokens=max_new_tokens,
-                                temperature=temperature, seed=seed)
+                    ChatRequest(series_caption_messages(it.values, chart=chart, precision=precision, normalise=normalise,
+                                                        instruction=instruction),
+                                max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
                     for it in chunk
                 ]
                 gens = captioner.generate(reqs)
@@ -92,9 +115,9 @@ def caption_series(
                     tqdm.write(f"caption failed for {it.id}: {err}")
                     continue
                 rec = {"id": it.id, "series": it.values.tolist(), "caption": text.strip(), "domain": it.domain}
-                if "next" in it.meta:
-                    rec["next"] = it.meta["next"]
-                writer.write(rec)
+                if it.meta.get("next") is not None:
+                    rec["next"] = [float(v) for v in it.meta["next"]]
+                writer.write({**rec, **(extra or {})})
             bar.update(len(chunk))
     writer.close()
     return {r["id"]: r["caption"] for r in writer.records()}

@@ -31,8 +31,8 @@ from captionrl.types import Judgment
 CANNOT_ANSWER = "Cannot be answered from the description"
 
 PROMPT = (
-    "Question about an image: {question}\nOptions:\n{options}\n\n"
-    "You cannot see the image. All you know about it is this description:\n\"{caption}\"\n\n"
+    "Question about {a_subject}: {question}\nOptions:\n{options}\n\n"
+    "You cannot see the {subject}. All you know about it is this description:\n\"{caption}\"\n\n"
     "Answer the question using only the description. Answer with the letter of the correct option only."
 )
 
@@ -91,10 +91,13 @@ def _answer_index(ans: Any, options: tuple[str, ...]) -> int | None:
     return None
 
 
-def render_prompt(question: MCQuestion, caption: str) -> list[dict[str, Any]]:
+def render_prompt(question: MCQuestion, caption: str, subject: str = "image") -> list[dict[str, Any]]:
+    """The answerer's prompt; ``subject`` names what was described (image; time series for LineupRL)."""
     labels = option_letters(len(question.options))
     options = "\n".join(f"{lab}. {o}" for lab, o in zip(labels, question.options, strict=True))
-    body = PROMPT.format(question=question.question, options=options, caption=caption.strip() or "(no description)")
+    article = "an" if subject[:1].lower() in "aeiou" else "a"
+    body = PROMPT.format(question=question.question, options=options, caption=caption.strip() or "(no description)",
+                         subject=subject, a_subject=f"{article} {subject}")
     return [{"role": "user", "content": body}]
 
 
@@ -112,8 +115,9 @@ class Answer:
 class CaptionAnswerer:
     """The fixed text-only answerer: letter scoring over each question's options."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, subject: str = "image") -> None:
         self.backend = backend
+        self.subject = subject
 
     def answer(self, captions: Sequence[str], questions: Sequence[MCQuestion]) -> list[Answer]:
         """Answer ``questions[i]`` from ``captions[i]``; questions with the same option count share a call."""
@@ -126,7 +130,7 @@ class CaptionAnswerer:
         for k, idx in by_k.items():
             labels = option_letters(k)
             results: list[ChoiceResult] = self.backend.choose(
-                [render_prompt(questions[i], captions[i]) for i in idx], labels
+                [render_prompt(questions[i], captions[i], self.subject) for i in idx], labels
             )
             for i, r in zip(idx, results, strict=True):
                 if r.probs is None:
@@ -145,6 +149,7 @@ class QAConfig:
     seed: int = help_field(0, "seed of the question draws and option shuffles (combined with the item id)")
     cannot_answer: bool = help_field(True, "add a 'cannot be answered from the description' option to every question")
     shuffle_options: bool = help_field(True, "shuffle the options of every drawn question")
+    subject: str = help_field("image", "what the captions describe, as the answerer's prompt names it (image, time series)")
 
     def __post_init__(self) -> None:
         if self.n_questions < 1:
@@ -162,7 +167,7 @@ class QAJudge:
 
     def __init__(self, backend: Backend, cfg: QAConfig | None = None) -> None:
         self.cfg = cfg or QAConfig()
-        self.answerer = CaptionAnswerer(backend)
+        self.answerer = CaptionAnswerer(backend, self.cfg.subject)
 
     def draws(self, questions: Sequence[MCQuestion], item_key: str) -> tuple[list[MCQuestion], list[dict[str, Any]], str]:
         """The seeded sample of questions (shuffled options, extra option) for one item, and its record."""

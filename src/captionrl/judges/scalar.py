@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from captionrl.backends.base import Backend, ChatRequest, Message
 from captionrl.config import help_field
-from captionrl.errors import BackendError, ConfigError
+from captionrl.errors import BackendError, ConfigError, DataError
 from captionrl.judges.base import Columns, unscored
 from captionrl.types import Judgment
 
@@ -27,7 +27,7 @@ DIGITS = tuple(str(i) for i in range(1, 10))
 
 PROMPT = (
     "Grade the quality of a caption of {subject}: how accurately and completely it describes it.\n"
-    "{reference}Caption to grade:\n\"{caption}\"\n\n"
+    "{context}{reference}Caption to grade:\n\"{caption}\"\n\n"
     "Give a grade from {lo} (useless or wrong) to {hi} (accurate and complete). {answer}"
 )
 
@@ -40,6 +40,7 @@ class ScalarConfig:
     use_reference: bool = help_field(True, "show the item's reference caption (column 'reference') when present")
     max_new_tokens: int = help_field(8, "generate: tokens for the grade")
     subject: str = help_field("an image", "what the captions describe, as the prompt names it (an image, a time series)")
+    context_column: str | None = help_field(None, "a column shown to the judge before the caption as what was described (LineupRL's judge baseline: series_text, the values); null = none")
 
     def __post_init__(self) -> None:
         if self.mode not in ("choose", "generate"):
@@ -67,25 +68,32 @@ class ScalarJudge:
         self.cfg = cfg or ScalarConfig()
         self.fallbacks = 0
 
-    def messages(self, caption: str, reference: str | None, mode: str) -> list[Message]:
+    def messages(self, caption: str, reference: str | None, mode: str, context: str | None = None) -> list[Message]:
+        ctx = f"What the caption describes:\n{context.strip()}\n\n" if context else ""
         ref = f"Reference for {self.cfg.subject}:\n\"{reference.strip()}\"\n\n" if reference else ""
         hi = 9 if mode == "choose" else 10
         answer = "Answer with the digit only." if mode == "choose" else "Reply with the number only."
-        body = PROMPT.format(subject=self.cfg.subject, reference=ref, caption=caption.strip() or "(empty)", lo=1, hi=hi, answer=answer)
+        body = PROMPT.format(subject=self.cfg.subject, context=ctx, reference=ref, caption=caption.strip() or "(empty)", lo=1, hi=hi, answer=answer)
         return [{"role": "user", "content": body}]
 
     def judge(self, captions: Sequence[str], columns: Columns) -> list[Judgment]:
         refs: list[str | None] = [None] * len(captions)
         if self.cfg.use_reference and "reference" in columns:
             refs = [str(r) if r else None for r in columns["reference"]]
+        ctxs: list[str | None] = [None] * len(captions)
+        if self.cfg.context_column:
+            if self.cfg.context_column not in columns:
+                raise DataError(f"columns.{self.cfg.context_column}", sorted(columns), "the judge's context column is missing",
+                                f"give every row a {self.cfg.context_column!r} column, or set scalar.context_column: null")
+            ctxs = [str(x) if x else None for x in columns[self.cfg.context_column]]
         if self.cfg.mode == "choose":
-            prompts = [self.messages(c, r, "choose") for c, r in zip(captions, refs, strict=True)]
+            prompts = [self.messages(c, r, "choose", x) for c, r, x in zip(captions, refs, ctxs, strict=True)]
             try:
                 results = self.backend.choose(prompts, DIGITS)
             except BackendError as exc:
                 # A tokenizer whose digits cannot be read as single first tokens: generate instead, and say so.
                 self.fallbacks += 1
-                return self._generate(captions, refs, note=f"choose unavailable ({exc}); generated")
+                return self._generate(captions, refs, ctxs, note=f"choose unavailable ({exc}); generated")
             out = []
             for r in results:
                 if r.probs is None:
@@ -95,11 +103,12 @@ class ScalarJudge:
                 out.append(Judgment(score=(expected - 1) / 8, decision=r.choice, method=r.method,
                                     extra={"expected_grade": expected, "mass": r.mass}))
             return out
-        return self._generate(captions, refs)
+        return self._generate(captions, refs, ctxs)
 
-    def _generate(self, captions: Sequence[str], refs: Sequence[str | None], note: str = "") -> list[Judgment]:
-        reqs = [ChatRequest(self.messages(c, r, "generate"), max_new_tokens=self.cfg.max_new_tokens)
-                for c, r in zip(captions, refs, strict=True)]
+    def _generate(self, captions: Sequence[str], refs: Sequence[str | None], ctxs: Sequence[str | None],
+                  note: str = "") -> list[Judgment]:
+        reqs = [ChatRequest(self.messages(c, r, "generate", x), max_new_tokens=self.cfg.max_new_tokens)
+                for c, r, x in zip(captions, refs, ctxs, strict=True)]
         out = []
         for g in self.backend.generate(reqs):
             if g.text is None:

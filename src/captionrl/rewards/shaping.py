@@ -97,11 +97,14 @@ class ShapedReward:
         cfg: the shaping terms.
         samples: optional ``SampleLog``-like object with ``write(step, rows)``.
         name: the reward's name in TRL's logs.
+        family: which judge gives the base score (identification, answerability, judge), written in every
+            sample record; only the identification family's base is also written as ``identification``.
     """
 
     def __init__(self, base: Callable[..., Sequence[float | None]], cfg: ShapingConfig | None = None,
-                 samples: Any = None, name: str = "shaped") -> None:
+                 samples: Any = None, name: str = "shaped", family: str = "identification") -> None:
         self.base = base
+        self.family = family
         self.cfg = cfg or ShapingConfig()
         self.samples = samples
         self.__name__ = name
@@ -187,8 +190,11 @@ class ShapedReward:
         for i, (cap, s) in enumerate(zip(captions, shaped, strict=True)):
             j = judgments[i] if i < len(judgments) else None
             t = s.transcription
+            extras = {k: v for k, v in (j.extra.items() if j is not None else ())
+                      if k not in ("hard", "soft") and isinstance(v, (int, float)) and not isinstance(v, bool)}
+            base = {"identification": s.base} if self.family == "identification" else {}
             rows.append({
-                "item_id": ids[i], "caption": cap, "identification": s.base,
+                **extras, "item_id": ids[i], "caption": cap, "family": self.family, "base": s.base, **base,
                 "masked": s.masked, "length_penalty": s.length_penalty,
                 "transcription_penalty": s.transcription_penalty,
                 "transcription_frac": t.share if t else 0.0, "copied_values": t.copied if t else 0,

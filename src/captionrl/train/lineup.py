@@ -31,6 +31,7 @@ from captionrl.config import help_field
 from captionrl.domains.lineup_data import LineupData, LineupDataConfig, add_charts, build_lineup_data
 from captionrl.errors import ConfigError
 from captionrl.judges.identify import IdentifyConfig, IdentifyScoring
+from captionrl.judges.series_qa import SeriesQuestionsConfig
 from captionrl.rewards.shaping import ShapedReward, ShapingConfig
 from captionrl.train import common
 from captionrl.train.common import (
@@ -42,14 +43,50 @@ from captionrl.train.common import (
 from captionrl.train.common import backend_config as _backend_config  # the name evaluate() uses
 from captionrl.train.skeleton import Recipe, Run, train
 
-
 # ---------------------------------------------------------------------- config
+FAMILIES = ("identification", "answerability", "judge")
+"""Reward families ``train lineup`` trains with: LineupRL's own, and Table 4's two RL baselines."""
+
+
+@dataclass
+class AnswerabilityConfig(SeriesQuestionsConfig):
+    """The answerability baseline (Table 4, after CapRL): questions written and verified per series
+    (``judges.series_qa``), then the frozen answerer's accuracy on them from the caption alone."""
+
+    n_questions: int = help_field(4, "questions drawn per caption (with replacement) from the series' verified ones")
+    cannot_answer: bool = help_field(True, "add a 'cannot be answered from the description' option to every question")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.n_questions < 1:
+            raise ConfigError("reward.answerability.n_questions", self.n_questions, "must be >= 1", "set n_questions: 4")
+
+
+@dataclass
+class JudgeFamilyConfig:
+    """The LLM-as-judge baseline (Table 4): the frozen model grades each caption 1-10."""
+
+    mode: str = help_field("generate", "generate (parse an integer grade 1-10, the paper's) or choose (expected grade over the digits 1-9 from the logits; never unparseable)")
+    show_series: bool = help_field(True, "show the judge the series' values (as the verifier prints them) before the caption; false: it grades the caption alone")
+    max_new_tokens: int = help_field(8, "generate: tokens for the grade")
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("generate", "choose"):
+            raise ConfigError("reward.judge.mode", self.mode, "unknown mode", "use generate or choose")
+
+
 @dataclass
 class LineupRewardConfig(IdentifyScoring):
-    """The identification reward (``IdentifyScoring``'s mode, k, signal and lam) and its shaping."""
+    """The reward family (identification, or a Table 4 baseline), its settings and the shaping around it.
+
+    ``IdentifyScoring``'s mode, k, signal and lam set the identification reward; k also sets the lineups the
+    held-out identification evaluation uses under every family."""
 
     FIELD_PREFIX: ClassVar[str] = "reward"
 
+    family: str = help_field("identification", "identification (LineupRL: find the series among K from the caption), answerability (Table 4 baseline: accuracy on the series' verified questions answered from the caption), or judge (Table 4 baseline: a 1-10 grade of the caption); the verifier is the frozen model of each")
+    answerability: AnswerabilityConfig = field(default_factory=AnswerabilityConfig, metadata={"help": "family answerability: question writing, verification and drawing"})
+    judge: JudgeFamilyConfig = field(default_factory=JudgeFamilyConfig, metadata={"help": "family judge: how the grade is asked and read"})
     max_caption_chars: int | None = help_field(None, "captions longer than this are penalised (null = no length shaping)")
     length_penalty: float = help_field(0.0, "penalty per 100 characters above max_caption_chars")
     max_copied_values: int = help_field(4, "series values a caption may copy for free, counted in values (start, end, max, min are key values), never a fraction of the series")
@@ -65,6 +102,10 @@ class LineupRewardConfig(IdentifyScoring):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.family not in FAMILIES:
+            from captionrl.registry import suggest
+
+            raise ConfigError("reward.family", self.family, "unknown reward family", suggest(self.family, list(FAMILIES)))
         if min(self.length_penalty, self.transcription_penalty, self.run_penalty, self.factuality_penalty,
                self.unfinished_penalty) < 0:
             raise ConfigError("reward.*_penalty", (self.length_penalty, self.transcription_penalty, self.run_penalty,
@@ -180,6 +221,18 @@ PREFLIGHT_KEYS = ("reward.transcription_penalty", "reward.run_penalty", "reward.
 """Config keys that change what the reward preflight finds (printed when it refuses a run)."""
 
 
+FAMILY_KEYS = {"identification": ("reward.mode", "reward.signal"),
+               "answerability": ("reward.answerability.generator", "reward.answerability.blind_check",
+                                 "reward.answerability.n_questions"),
+               "judge": ("reward.judge.mode", "reward.judge.show_series")}
+"""The family's own keys that change what the preflight finds (with the shaping keys and the verifier)."""
+
+
+def preflight_keys(reward: LineupRewardConfig) -> tuple[str, ...]:
+    shaping = tuple(k for k in PREFLIGHT_KEYS if k not in ("reward.mode", "reward.signal"))
+    return ("reward.family", *FAMILY_KEYS[reward.family], *shaping)
+
+
 def preflight(cfg: LineupConfig, rows: Sequence[Mapping[str, Any]], reward: Any, out: Path) -> Any:
     """Issue 11's reward preflight on a seeded sample of training rows: the describer's caption must beat
     every hacking probe under ``reward`` (the trainer's own callable); raises ``PreflightError`` otherwise."""
@@ -192,7 +245,9 @@ def preflight(cfg: LineupConfig, rows: Sequence[Mapping[str, Any]], reward: Any,
     chosen = sample_rows(rows, cfg.train.preflight_items, cfg.seed)
     honest, dumps = series_references(chosen, cfg.data.precision)
     main = int(os.environ.get("RANK", "0")) == 0
-    return run_preflight(reward, chosen, honest, dumps, keys=PREFLIGHT_KEYS, force=cfg.train.force_preflight,
+    if main:
+        print(f"reward preflight under the {cfg.reward.family} reward")
+    return run_preflight(reward, chosen, honest, dumps, keys=preflight_keys(cfg.reward), force=cfg.train.force_preflight,
                          out_dir=out if main else None, echo=main)
 
 
@@ -209,6 +264,7 @@ class LineupRecipe(Recipe):
         self.use_chart = False
         self.reward: ShapedReward | None = None
         self.samples: Any = None
+        self.questions: dict[str, Any] | None = None
 
     def servers(self) -> list[tuple[Any, str]]:
         cfg = self.cfg
@@ -227,6 +283,8 @@ class LineupRecipe(Recipe):
         if self.use_chart and not run.is_vlm:
             raise ConfigError("policy.input", "chart", f"{cfg.policy.model} is a language-only model",
                               "set policy.input: numbers, or use a VLM policy")
+        if cfg.reward.family == "answerability":
+            self.questions = attach_questions(cfg, run.data, self.verifier, run.out)
 
     def train_dataset(self, run: Run) -> Any:
         from datasets import Dataset
@@ -235,13 +293,18 @@ class LineupRecipe(Recipe):
         return Dataset.from_list(add_charts(rows, self.cfg.data.instruction) if self.use_chart else rows)
 
     def reward_functions(self, run: Run) -> list[Any]:
-        from captionrl.rewards import make_identification_reward
         from captionrl.train.logging import SampleLog
 
         self.samples = SampleLog(run.out)
-        self.reward = ShapedReward(make_identification_reward(self.verifier, self.cfg.identify_config()),
-                                   shaping_config(self.cfg.reward), self.samples, name="lineup")
+        self.reward = ShapedReward(family_reward(self.cfg, self.verifier), shaping_config(self.cfg.reward), self.samples,
+                                   name="lineup", family=self.cfg.reward.family)
         return [self.reward]
+
+    def summary(self, run: Run) -> dict[str, Any]:
+        out: dict[str, Any] = {"reward_family": self.cfg.reward.family}
+        if self.questions is not None:
+            out["questions"] = self.questions
+        return out
 
     def preflight(self, run: Run) -> None:
         """The describer's caption must beat every hacking probe under the trainer's own reward callable."""
@@ -267,6 +330,71 @@ class LineupRecipe(Recipe):
             policy = load_checkpoint_policy(cfg, Path(best)) if best else common.unwrap_for_inference(run.trainer)
             result["eval"] = evaluate(cfg, data, policy, run.processing, self.verifier, out / "eval", self.use_chart)
         return result
+
+
+def family_reward(cfg: LineupConfig, verifier: Any) -> Any:
+    """The base reward of ``cfg.reward.family`` (a ``JudgeReward``: ``None`` where its judge could not score),
+    named after the family in TRL's logs (``<family>/unscored_frac``, ``<family>/<field>``)."""
+    from captionrl.rewards import JudgeReward, make_identification_reward
+
+    family = cfg.reward.family
+    if family == "identification":
+        return make_identification_reward(verifier, cfg.identify_config())
+    if family == "answerability":
+        from captionrl.judges.qa import QAConfig, QAJudge
+
+        a = cfg.reward.answerability
+        qa = QAConfig(n_questions=a.n_questions, seed=cfg.seed, cannot_answer=a.cannot_answer, subject="time series")
+        return JudgeReward(QAJudge(verifier, qa), name="answerability", log_fields=("accuracy", "cannot_answer_rate"))
+    from captionrl.judges.scalar import ScalarConfig, ScalarJudge
+
+    j = cfg.reward.judge
+    scalar = ScalarConfig(mode=j.mode, use_reference=False, max_new_tokens=j.max_new_tokens, subject="a time series",
+                          context_column="series_text" if j.show_series else None)
+    return JudgeReward(ScalarJudge(verifier, scalar), name="judge", log_fields=("expected_grade", "grade"))
+
+
+def attach_questions(cfg: LineupConfig, data: LineupData, backend: Any, out: Path, batch: int = 16) -> dict[str, Any]:
+    """The answerability family's data: verified questions for every train and val series (``questions``
+    column); series with fewer than ``min_verified`` leave their split. Written to ``questions.jsonl``
+    (resumable: a rerun reuses every item's questions) with the counts in ``questions_summary.json``."""
+    from captionrl.errors import DataError
+    from captionrl.judges.series_qa import SeriesQuestionMaker, question_record
+    from captionrl.records import RecordWriter, write_json
+
+    a = cfg.reward.answerability
+    maker = SeriesQuestionMaker(backend, a, seed=cfg.seed, precision=cfg.data.precision)
+    stats: dict[str, Any] = {"generator": a.generator, "verify": a.verify, "blind_check": a.blind_check,
+                             "min_verified": a.min_verified}
+    with RecordWriter(out / "questions.jsonl", key_field="item_id") as writer:
+        for split in ("train", "val"):
+            rows = data.rows.get(split) or []
+            todo = [r for r in rows if not writer.has(r["item_id"])]
+            for start in range(0, len(todo), batch):
+                chunk = todo[start: start + batch]
+                made = maker.generate(chunk)
+                checks = maker.verify(chunk, [qs for qs, _ in made])
+                for r, (qs, bad), ch in zip(chunk, made, checks, strict=True):
+                    writer.write({"item_id": r["item_id"], "split": split, "generated": [question_record(q) for q in qs],
+                                  "malformed": bad, "checks": ch,
+                                  "verified": [question_record(q) for q, c in zip(qs, ch, strict=True) if c["kept"]]})
+            recs = {rec["item_id"]: rec for rec in writer.records()}
+            kept = [{**r, "questions": recs[r["item_id"]]["verified"]} for r in rows
+                    if len(recs[r["item_id"]]["verified"]) >= a.min_verified]
+            stats[split] = {"series": len(rows), "kept": len(kept),
+                            "generated": sum(len(recs[r["item_id"]]["generated"]) for r in rows),
+                            "verified": sum(len(recs[r["item_id"]]["verified"]) for r in rows),
+                            "malformed": sum(recs[r["item_id"]]["malformed"] for r in rows)}
+            data.rows[split] = kept
+    write_json(out / "questions_summary.json", stats)
+    print(f"answerability questions: train {stats['train']['kept']}/{stats['train']['series']} series kept "
+          f"({stats['train']['verified']}/{stats['train']['generated']} questions verified)")
+    if not data.rows["train"]:
+        raise DataError("reward.answerability.min_verified", a.min_verified,
+                        f"no training series has {a.min_verified} verified questions ({stats['train']})",
+                        "lower reward.answerability.min_verified, raise n_generated, set blind_check: false, or use a "
+                        "stronger verifier (see questions.jsonl in the run folder)")
+    return stats
 
 
 def run(cfg: LineupConfig, verifier: Any = None) -> dict[str, Any]:
@@ -316,7 +444,8 @@ def select_checkpoint(cfg: LineupConfig, data: LineupData, processing: Any, rewa
                 model = load_checkpoint_policy(cfg, ckpt)
                 caps = generate_captions(model, processing, todo, cfg.train.max_completion_length, use_chart, ckpt.name)
                 del model
-                cols = {k: [r[k] for r in todo] for k in ("item_id", "series", "series_text", "candidates")}
+                cols = {k: [r[k] for r in todo] for k in ("item_id", "series", "series_text", "candidates", "questions")
+                        if k in todo[0]}
                 got = reward(prompts=[r["prompt"] for r in todo], completions=[caps[r["item_id"]] for r in todo], **cols)
                 for r, g in zip(todo, got, strict=True):
                     writer.write({"key": f"{ckpt.name}|{r['item_id']}", "checkpoint": ckpt.name,

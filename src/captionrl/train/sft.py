@@ -241,8 +241,12 @@ def _row(role: str, key: str, prompt: list[dict[str, Any]], completion: str, ima
 
 
 def build_distill_rows(records: Sequence[Mapping[str, Any]], *, with_images: bool = False,
-                       precision: int = 2) -> list[dict[str, Any]]:
-    """Rows of SFT distillation: ``prompt`` (text or chat messages), ``series`` (numbers) or ``image``."""
+                       precision: int = 2, chart: bool = False, instruction: str | None = None) -> list[dict[str, Any]]:
+    """Rows of SFT distillation: ``prompt`` (text or chat messages), ``series`` or ``image``.
+
+    A series record is asked as LineupRL asks its policy (``domains.captioning.series_caption_messages``):
+    the rendered chart when ``chart`` (a VLM policy: the SFT baseline on a teacher's chart captions), the
+    printed numbers otherwise; ``instruction`` (or the record's own) is the captioning instruction."""
     rows = []
     for i, rec in enumerate(records):
         where = f"data[{i}]"
@@ -253,13 +257,16 @@ def build_distill_rows(records: Sequence[Mapping[str, Any]], *, with_images: boo
             p = rec["prompt"]
             prompt = [{"role": "user", "content": p}] if isinstance(p, str) else list(p)
         elif rec.get("series") is not None:
-            from captionrl.domains.captioning import caption_messages
-            from captionrl.domains.timeseries import render_numbers
-            from captionrl.types import Series
+            from captionrl.domains.captioning import series_caption_messages
 
-            s = Series(id=key, values=rec["series"])
-            text, _ = render_numbers(s, precision=precision)
-            prompt = caption_messages(text, len(s))
+            values = _series_values(rec["series"], f"{where}.series")
+            prompt = series_caption_messages(values, chart=chart and with_images, precision=precision,
+                                             instruction=rec.get("instruction") or instruction)
+            if chart and with_images:  # TRL's VLM collator: an image placeholder in the turn, the image in a column
+                parts = prompt[0]["content"]
+                images = [p["image"] for p in parts if p.get("type") == "image"]
+                prompt = [{"role": "user", "content": [{"type": "image"} if p.get("type") == "image" else p
+                                                       for p in parts]}]
         elif rec.get("image") is not None:
             if not with_images:
                 raise DataError(f"{where}.image", rec["image"], "a language-only model cannot read images",
@@ -271,6 +278,20 @@ def build_distill_rows(records: Sequence[Mapping[str, Any]], *, with_images: boo
                             "give each record 'prompt' (text or chat messages), 'series' (numbers) or 'image' (path)")
         rows.append(_row("policy", f"sft:{key}", prompt, str(rec["caption"]), images))
     return rows
+
+
+def _series_values(values: Any, where: str) -> list[float]:
+    """A record's series as floats: one-dimensional, finite, at least 2 values (else a named DataError)."""
+    import numpy as np
+
+    try:
+        arr = np.asarray(values, dtype=float)
+    except (TypeError, ValueError):
+        raise DataError(where, values, "is not a list of numbers", "write the series as a JSON list of numbers") from None
+    if arr.ndim != 1 or arr.size < 2 or not np.isfinite(arr).all():
+        raise DataError(where, list(np.ravel(arr))[:6], "must be a finite series of at least 2 values",
+                        "clean the record (no NaN, no nesting) or drop it")
+    return arr.tolist()
 
 
 def demo_records(n_images: int = 6, seed: int = 0) -> RoleRecords:
@@ -341,6 +362,7 @@ class SFTDataConfig:
     n_candidates: int = help_field(4, "candidate captions drawn per rubric record that lists none (paper: 4)")
     max_rows: int | None = help_field(None, "use at most this many rows (a seeded sample; null = all)")
     precision: int = help_field(2, "sft with series: decimals when printing values")
+    instruction: str | None = help_field(None, "sft with series: the captioning instruction (null = the default of captionrl.domains.captioning; use LineupRL's data.instruction to ask what RL asks)")
 
     def __post_init__(self) -> None:
         bad = [r for r in self.roles if r not in ROLES]
@@ -423,7 +445,8 @@ def build_rows(cfg: SFTRunConfig, with_images: bool) -> list[dict[str, Any]]:
         p = Path(str(d.path))
         if not p.is_file():
             raise DataError("data.path", str(p), "file not found", "give the JSONL of teacher captions")
-        rows = build_distill_rows(list(read_jsonl(p)), with_images=with_images, precision=d.precision)
+        rows = build_distill_rows(list(read_jsonl(p)), with_images=with_images, precision=d.precision,
+                                  chart=cfg.policy.input != "numbers", instruction=d.instruction)
     if not rows:
         raise DataError("data", cfg.recipe, "no rows to train on", "check the record files and data.roles")
     rng = random.Random(cfg.seed)
@@ -508,6 +531,13 @@ class SFTRecipe(Recipe):
 
     def load_policy(self, run: Run) -> None:
         model, processing = self.given
+        pol = self.cfg.policy
+        if pol.input == "chart" and model is None:  # from the config alone: fail before the weights load
+            from captionrl.backends.hf import model_is_vlm
+
+            if not model_is_vlm(pol.model, pol.trust_remote_code):
+                raise ConfigError("policy.input", "chart", f"{pol.model} is a language-only model",
+                                  "set policy.input: numbers, or fine-tune a VLM policy on the charts")
         if model is None:
             super().load_policy(run)
         else:
