@@ -246,7 +246,10 @@ def load_jsonl(path: str | Path, *, fill: Fill = "error", domain: str | None = N
         if "series" not in rec:
             raise DataError(f"{p}:line {n}", sorted(rec), "has no 'series' field", 'write {"id": ..., "series": [...]}')
         sid = str(rec.get("id", f"{p.stem}_{n - 1}"))
-        meta: dict[str, Any] = {"captions": _captions(rec.get("caption", rec.get("captions")))}
+        # An explicit "caption": "" is a captioner's (empty) output, which evaluations must score, not a
+        # missing caption; CSV cells cannot tell the two apart, so only JSONL keeps it.
+        given = rec.get("caption", rec.get("captions"))
+        meta: dict[str, Any] = {"captions": [""] if given == "" else _captions(given)}
         if "next" in rec:
             meta["next"] = make_series(rec["next"], id=f"{sid}.next").values.tolist()
         extra = {k: v for k, v in rec.items() if k not in ("id", "series", "caption", "captions", "next")}

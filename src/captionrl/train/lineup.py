@@ -267,8 +267,8 @@ class LineupRecipe(Recipe):
         self.questions: dict[str, Any] | None = None
 
     def servers(self) -> list[tuple[Any, str]]:
-        cfg = self.cfg
-        return [(cfg.verifier, "verifier"), *_eval_backends(cfg)]
+        cfg = self.cfg  # the evaluation verifiers are only needed (and probed) when the run evaluates
+        return [(cfg.verifier, "verifier"), *(_eval_backends(cfg) if cfg.eval.enabled else [])]
 
     def dataset(self, run: Run) -> LineupData:
         return build_lineup_data(self.cfg.data, self.cfg.reward.k, self.cfg.seed)
