@@ -130,3 +130,27 @@ def test_lora_momentum_separate_init_from_a_saved_adapter(tmp_path) -> None:
     for n, p in got.items():
         torch.testing.assert_close(p, saved[n])
     assert mom.distance() > 0.1 and mom.diagnostics()["momentum/momentum_to_initial"] == 0.0
+
+
+def test_full_copy_of_a_lora_policy_takes_a_whole_separate_model() -> None:
+    """momentum.implementation full_copy + a full model folder: the copy's base weights become the other
+    model's (PEFT names mapped to plain ones), its fresh LoRA factors are kept, the Policy is untouched."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    policy = get_peft_model(LlamaForCausalLM(cfg), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"]))
+    before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    torch.manual_seed(5)
+    other = LlamaForCausalLM(cfg)
+    mom = FullCopyMomentum(policy, MomentumSettings(m=0.9))
+    mom.load_initial(dict(other.named_parameters()))
+    copy = dict(mom.copies["ema"].named_parameters())
+    q = "base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"
+    torch.testing.assert_close(copy[q], dict(other.named_parameters())["model.layers.0.self_attn.q_proj.weight"])
+    lora = [n for n in copy if "lora_" in n]
+    assert lora and all(torch.equal(copy[n], before[n]) for n in lora)
+    assert all(torch.equal(p, before[n]) for n, p in policy.named_parameters())
+    assert mom.distance() > 0.1
