@@ -18,6 +18,20 @@ variant            Generator             Judge
 ``frozen``         frozen initial        frozen initial
 =================  ====================  ====================
 
+Initialisation (Table 3): ``shared`` (the paper's method) starts the momentum from the Policy itself (the
+shared multi-role SFT checkpoint); ``separate`` starts every momentum slot from another checkpoint of the
+same architecture (:meth:`Momentum.load_initial`: separately trained role models, e.g. a caption-only SFT
+Policy and a rubric/judgment SFT Generator-Judge). The paper reports that EMA helps the shared
+initialisation and hurts the separate one (the EMA pulls the separately trained roles toward a Policy
+they were never aligned with).
+
+Distance to the initial weights (Figure 4) is logged by every run: ``momentum/policy_to_initial``
+``||theta - theta_0|| / ||theta_0||`` and ``momentum/momentum_to_initial`` ``||phi - phi_0|| / ||phi_0||``
+(with ``_l2`` twins holding the absolute L2 norms), next to the Policy-momentum distance. ``theta_0``
+and ``phi_0`` are read from the frozen slot when the variant keeps one (no extra memory); otherwise they
+are snapshots of the paired parameters taken at construction (one more copy of what the EMA covers: the
+adapter for :class:`LoraAdapterMomentum`) and travel with the momentum checkpoint.
+
 Two implementations hold the extra parameters:
 
 * :class:`FullCopyMomentum`: a deep copy of the whole Policy per slot (any model; doubles memory).
@@ -42,7 +56,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -202,6 +216,10 @@ class Momentum:
         self.gather = gather
         self.updates = 0
         self.last_update_step: int | None = None
+        self.init = "shared"
+        self._theta0: dict[str, torch.Tensor] = {}  # the Policy's initial weights (Figure 4)
+        self._phi0: dict[str, torch.Tensor] = {}  # the momentum's initial weights (theta_0 when shared)
+        self._snapshots: set[str] = set()  # which of the two are our own copies (saved with the checkpoint)
 
     # -- to implement
     def _pairs(self, slot: str) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
@@ -259,12 +277,105 @@ class Momentum:
                 ref2 += float(t.pow(2).sum())
         return math.sqrt(diff2) / math.sqrt(ref2) if ref2 > 0 else math.sqrt(diff2)
 
+    # -- initial weights: distance to them (Figure 4) and separate initialisation (Table 3)
+    @torch.no_grad()
+    def snapshot_initial(self) -> None:
+        """Record ``theta_0`` and ``phi_0`` from the current parameters (subclasses call it once built).
+
+        With shared initialisation a frozen slot already holds ``theta_0 = phi_0``; a separately
+        initialised momentum keeps the frozen slot as ``phi_0`` and snapshots ``theta_0``.
+        """
+        slot = self.settings.slots[0]
+        frozen = {n: phi for n, _t, phi in self._pairs(FROZEN)} if FROZEN in self.settings.slots else None
+        self._snapshots = set()
+        if frozen is not None and self.init == "shared":
+            self._theta0 = frozen
+        else:
+            self._theta0 = self._clone((n, theta) for n, theta, _p in self._pairs(slot))
+            self._snapshots.add("theta0")
+        if self.init == "shared":
+            self._phi0 = self._theta0
+        elif frozen is not None:
+            self._phi0 = frozen
+        else:
+            self._phi0 = self._clone((n, phi) for n, _t, phi in self._pairs(slot))
+            self._snapshots.add("phi0")
+
+    def _clone(self, named: Any) -> dict[str, torch.Tensor]:
+        out = {}
+        for name, t in named:
+            with gathered([t], self.gather):
+                out[name] = _full(t).detach().clone()
+        return out
+
+    def _state_keys(self, name: str) -> list[str]:
+        """Names a pair's parameter may have in an outside checkpoint (PEFT wrapping stripped)."""
+        plain = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+        return list(dict.fromkeys([name, plain]))
+
+    @torch.no_grad()
+    def load_initial(self, state: Mapping[str, torch.Tensor], source: str = "momentum.init_from") -> int:
+        """Separate initialisation: every momentum slot starts from ``state`` (another checkpoint of the
+        Policy's architecture) instead of the Policy. Parameters absent from ``state`` are allowed only
+        for LoRA factors (fresh adapters on a separately trained base); returns how many were loaded."""
+        loaded, missing = 0, []
+        for slot in self.settings.slots:
+            for name, _theta, phi in self._pairs(slot):
+                key = next((k for k in self._state_keys(name) if k in state), None)
+                if key is None:
+                    missing.append(name)
+                    continue
+                value = state[key]
+                with gathered([phi], self.gather):
+                    target = _full(phi)
+                    if tuple(value.shape) != tuple(target.shape):
+                        raise ConfigError(source, f"{key}: {tuple(value.shape)}",
+                                          f"does not match the Policy's {tuple(target.shape)}",
+                                          "give a checkpoint of the Policy's architecture (same model family and size)")
+                    phi.copy_(value.to(phi.device, phi.dtype))
+                loaded += 1
+        bad = [n for n in missing if "lora_" not in n]
+        if not loaded or bad:
+            raise ConfigError(source, (bad or missing)[:3], f"has no weights for {len(bad or missing)} parameter(s) of the momentum",
+                              "give a checkpoint of the Policy's architecture: a model folder, or a LoRA adapter folder "
+                              "of the same LoRA configuration for a LoRA momentum")
+        self.init = "separate"
+        self.snapshot_initial()
+        return loaded
+
+    @torch.no_grad()
+    def _distance_to(self, current: Sequence[tuple[str, torch.Tensor]], initial: Mapping[str, torch.Tensor]) -> tuple[float, float]:
+        """(``||x - x_0||``, ``||x - x_0|| / ||x_0||``) over the named tensors."""
+        diff2 = ref2 = 0.0
+        for name, x in current:
+            x0 = initial[name]
+            with gathered([x, x0], self.gather):
+                a, b = _full(x).double(), _full(x0).to(x.device).double()
+                diff2 += float((a - b).pow(2).sum())
+                ref2 += float(b.pow(2).sum())
+        l2 = math.sqrt(diff2)
+        return l2, (l2 / math.sqrt(ref2) if ref2 > 0 else l2)
+
+    def initial_distances(self) -> dict[str, float]:
+        """Distance of the Policy (and of the moving momentum) to their initial weights (Figure 4)."""
+        if not self._theta0:
+            return {}
+        pairs = self._pairs(self.settings.slots[0])
+        out: dict[str, float] = {}
+        out["momentum/policy_to_initial_l2"], out["momentum/policy_to_initial"] = self._distance_to(
+            [(n, t) for n, t, _p in pairs], self._theta0)
+        if self.momentum_slot is not None:
+            ema = [(n, phi) for n, _t, phi in self._pairs(self.momentum_slot)]
+            out["momentum/momentum_to_initial_l2"], out["momentum/momentum_to_initial"] = self._distance_to(ema, self._phi0)
+        return out
+
     def diagnostics(self) -> dict[str, float]:
-        """Values to log: distance to each slot, number of EMA updates."""
+        """Values to log: distance to each slot, to the initial weights, number of EMA updates."""
         out: dict[str, float] = {"momentum/updates": float(self.updates)}
         for slot in self.settings.slots:
             key = "momentum/distance" if slot == (self.momentum_slot or FROZEN) else f"momentum/distance_{slot}"
             out[key] = self.distance(slot)
+        out.update(self.initial_distances())
         return out
 
     def num_momentum_parameters(self) -> int:
@@ -283,8 +394,10 @@ class Momentum:
             for name, theta, phi in self._pairs(slot):
                 with gathered([theta, phi], self.gather):
                     slots[slot][name] = _full(phi).detach().to("cpu", copy=True)
+        initial = {k: {n: t.detach().to("cpu", copy=True) for n, t in getattr(self, f"_{k}").items()}
+                   for k in sorted(self._snapshots)}
         return {"settings": asdict(self.settings), "updates": self.updates,
-                "last_update_step": self.last_update_step, "slots": slots}
+                "last_update_step": self.last_update_step, "slots": slots, "init": self.init, "initial": initial}
 
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -303,6 +416,15 @@ class Momentum:
                     phi.copy_(saved[name].to(phi.device, phi.dtype))
         self.updates = int(state.get("updates", 0))
         self.last_update_step = state.get("last_update_step")
+        saved_init = state.get("init", "shared")
+        if saved_init != self.init:
+            raise ConfigError("momentum.init", self.init, f"the checkpoint's momentum was initialised {saved_init!r}",
+                              f"resume with momentum.init: {saved_init} (the run's own setting)")
+        for k, tensors in (state.get("initial") or {}).items():  # the initial weights of the original run
+            mine = getattr(self, f"_{k}", {}) if k in self._snapshots else {}
+            for n, t in tensors.items():
+                if n in mine:
+                    mine[n].copy_(t.to(mine[n].device, mine[n].dtype))
 
 
 def _freeze(module: nn.Module) -> nn.Module:
@@ -346,6 +468,7 @@ class FullCopyMomentum(Momentum):
                     )
                 model = copy.deepcopy(policy)
             self.copies[slot] = _freeze(model)
+        self.snapshot_initial()
 
     def _pairs_of(self, model: nn.Module) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
         theta = dict(self.policy.named_parameters())
@@ -416,6 +539,7 @@ class LoraAdapterMomentum(Momentum):
                 for _n, theta, phi in pairs:
                     with gathered([theta, phi], self.gather):
                         phi.copy_(theta)
+        self.snapshot_initial()
 
     def _pairs(self, slot: str) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
         target = _ADAPTER_OF_SLOT[slot]
@@ -435,6 +559,10 @@ class LoraAdapterMomentum(Momentum):
     @property
     def policy_module(self) -> nn.Module:
         return self.model
+
+    def _state_keys(self, name: str) -> list[str]:
+        """A saved PEFT adapter (``load_peft_weights``) names its factors without the adapter name."""
+        return list(dict.fromkeys([name, ".".join(x for x in name.split(".") if x != self.policy_adapter)]))
 
     def adapter_for(self, role: str) -> str:
         return _ADAPTER_OF_SLOT[self.settings.slot_for(role)]

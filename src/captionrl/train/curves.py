@@ -2,7 +2,7 @@
 
 A run's metrics are TRL's log entries (reward, its std, the fraction of groups whose rewards are all
 equal, completion lengths, loss, KL) plus what reward functions and callbacks add (``identification/*``,
-``shaping/*``, ``rubric/*``, ``momentum/distance``). ``MetricsLog`` (``train.logging``) keeps them in
+``shaping/*``, ``rubric/*``, ``momentum/distance``, ``momentum/*_to_initial``). ``MetricsLog`` (``train.logging``) keeps them in
 ``metrics.jsonl``; ``load_metrics`` reads that file (or a ``trainer_state.json``, or entries already in
 memory) and ``plot_curves`` draws one panel per metric: the logged trace plus a centred moving average.
 """
@@ -28,6 +28,7 @@ WATCHED = (
     ("shaping/transcription_frac", "transcribed"),
     ("unscored_frac", "unscored"),
     ("momentum/distance", "momentum distance"),
+    ("_to_initial", "distance to initial"),
     ("rubric/size", "rubric size"),
 )
 """(substring of a metric name, label) pairs shown on the console line and plotted by default."""

@@ -7,7 +7,9 @@
 - ``image_final_checks``: greedy captions of the trained policy on a seeded sample of the training images,
   scored by checks that did not produce the reward: CIDEr-D against the references (the rubric or the
   online rubric produced the reward, not n-gram overlap), and the share of captions ending with a full
-  stop, the clipped ratio and the length. Written as ``final_checks.md`` / ``final_checks.json``.
+  stop, the clipped ratio and the length. Written as ``final_checks.md`` / ``final_checks.json``. A run
+  whose reward was CIDEr-D itself (RubiCap's ``reward.family: cider`` baseline) passes further ``judges``
+  (the rubric judge), whose mean score joins every row: the check that run did not train on.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-PREFLIGHT_KEYS = ("reward.mode", "reward.decision", "reward.threshold", "rubrics.source", "judge")
+PREFLIGHT_KEYS = ("reward.family", "reward.mode", "reward.decision", "reward.threshold", "rubrics.source", "judge")
 MOCO_PREFLIGHT_KEYS = ("judge.mode", "judge.decision", "judge.threshold", "rubric.fallback", "rubric.max_attempts",
                        "momentum.variant", "policy.model")
 """MoCo config keys that change what the preflight finds (its Generator and Judge are the momentum Policy)."""
@@ -103,8 +105,11 @@ def greedy_captions(model: Any, processing: Any, rows: Sequence[Mapping[str, Any
 
 def image_final_checks(model: Any, processing: Any, rows: Sequence[Mapping[str, Any]],
                        references: Mapping[str, Sequence[str]], out_dir: Path, max_new_tokens: int,
-                       n_items: int = 8, seed: int = 0) -> dict[str, Any]:
-    """CIDEr-D against references and caption form of the trained policy's greedy captions."""
+                       n_items: int = 8, seed: int = 0, judges: Mapping[str, Any] | None = None,
+                       reward_family: str = "rubric") -> dict[str, Any]:
+    """CIDEr-D against references and caption form of the trained policy's greedy captions; each of
+    ``judges`` (name -> a ``Judge``) adds the mean of its scores, from the rows' own columns (unscored
+    captions left out of the mean, never counted as 0)."""
     from captionrl.eval.final_checks import markdown
     from captionrl.judges.ngram import CiderD
     from captionrl.preflight import sample_rows
@@ -123,18 +128,29 @@ def image_final_checks(model: Any, processing: Any, rows: Sequence[Mapping[str, 
         systems = {"trained": caps}
         if all(len(references[i]) >= 2 for i in ids):  # a yardstick: one reference scored against the others
             systems["reference (first vs the others)"] = {i: references[i][0] for i in ids}
+        by_id = {str(r["item_id"]): r for r in chosen}
         for name, c in systems.items():
             refs = {i: [x for x in references[i] if x != c[i]] or list(references[i]) for i in ids}
+            judged = {}
+            for jname, judge in (judges or {}).items():
+                cols = {k: [by_id[i][k] for i in ids] for k in by_id[ids[0]] if k not in ("prompt", "image")}
+                got = [j.score for j in judge.judge([c[i] for i in ids], cols) if j.scored]
+                judged[jname] = round(float(np.mean(got)), 4) if got else None
             summary["rows"].append({
                 "system": name, "n": len(ids),
                 "cider_d": round(float(np.mean([cider.score(c[i], refs[i]) for i in ids])), 4),
                 "ends_with_stop": round(float(np.mean([c[i].rstrip().endswith((".", "!", "?")) for i in ids])), 4),
                 "clipped_ratio": round(float(np.mean([clipped[i] for i in ids])), 4) if name == "trained" else None,
                 "length_chars": round(float(np.mean([len(c[i]) for i in ids])), 1),
+                **judged,
             })
         summary["examples"] = {i: caps[i] for i in ids[:3]}
-        summary["notes"].append("CIDEr-D against the reference captions: a check the rubric reward did not produce")
-        summary["columns"] = ["n", "cider_d", "ends_with_stop", "clipped_ratio", "length_chars"]
+        held_out = [n for n in ("cider_d", *(judges or {})) if n != {"cider": "cider_d"}.get(reward_family, reward_family)]
+        summary["reward_family"] = reward_family
+        summary["held_out"] = held_out
+        summary["notes"].append(f"the reward was {reward_family}; checks it did not produce: {', '.join(held_out)}"
+                                + (" (CIDEr-D against the reference captions)" if "cider_d" in held_out else ""))
+        summary["columns"] = ["n", "cider_d", *(judges or {}), "ends_with_stop", "clipped_ratio", "length_chars"]
     write_json(out_dir / "final_checks.json", summary)
     (out_dir / "final_checks.md").write_text(markdown(summary))
     return summary

@@ -8,8 +8,11 @@ served by the *momentum* model, an EMA of the Policy (``captionrl.momentum``): w
 runs the paper's ablations (joint, generator_only, judge_only, full_sync, frozen); ``momentum.m`` and
 ``momentum.interval`` (H) are checked against TRL's reward interval, so the momentum never changes
 inside a generation batch whose rewards were already computed. ``MomentumCallback`` applies the EMA
-after optimizer steps, logs the Policy-momentum relative L2 distance (Figure 4) and checkpoints the
-momentum with every trainer checkpoint (resume keeps the lagged Generator-Judge).
+after optimizer steps, logs the Policy-momentum relative L2 distance and the Policy's and the momentum's
+distance to their initial weights (Figure 4: ``momentum/policy_to_initial``, ``momentum/momentum_to_initial``
+and their ``_l2`` twins) and checkpoints the momentum with every trainer checkpoint (resume keeps the
+lagged Generator-Judge). ``momentum.init: separate`` (Table 3) starts the momentum from another checkpoint
+(``momentum.init_from``) instead of the Policy.
 
 Logged every step (``metrics.jsonl``, TensorBoard) and drawn into ``curves.png`` at the end: mean reward,
 TRL's fraction of zero-std groups, momentum distance, rubric size, the rubric weight mix, and how groups
@@ -72,7 +75,9 @@ from captionrl.train.common import (
 from captionrl.train.skeleton import Recipe, Run, prepare, train
 
 METHODS = ("moco", "evolm")
-CURVE_KEYS = ("reward", "frac_reward_zero_std", "momentum/distance", "rubric/size", "rubric/weight1_frac",
+INITS = ("shared", "separate")
+CURVE_KEYS = ("reward", "frac_reward_zero_std", "momentum/distance", "momentum/policy_to_initial",
+              "momentum/momentum_to_initial", "rubric/size", "rubric/weight1_frac",
               "rubric/weight2_frac", "rubric/weight3_frac", "rubric/unscored_groups_frac", "rubric/fallback_frac",
               "rubric/generator_valid_frac")
 EVOLM_KEYS = ("reward", "frac_reward_zero_std", "rubric/size", "rubric/unscored_groups_frac",
@@ -121,11 +126,22 @@ class MocoMomentumConfig:
     interval: int = help_field(1, "H: EMA every H optimizer steps; must be a multiple of TRL's reward interval")
     variant: str = help_field("joint", "joint | generator_only | judge_only | full_sync | frozen")
     implementation: str = help_field("auto", "auto (LoRA adapter for a LoRA Policy, full copy otherwise), lora_adapter or full_copy")
+    init: str = help_field("shared", "shared (the paper: the momentum starts as the Policy, the shared multi-role SFT checkpoint) or separate (Table 3 ablation: the momentum starts from momentum.init_from, e.g. a Generator-Judge SFT trained apart from a caption-only SFT Policy)")
+    init_from: str | None = help_field(None, "init separate: the momentum's starting checkpoint, same architecture as the Policy: a model folder (momentum.implementation: full_copy when the Policy is LoRA) or a LoRA adapter folder (adapter_config.json) for a LoRA momentum")
 
     def __post_init__(self) -> None:
         if self.implementation not in ("auto", "lora_adapter", "full_copy"):
             raise ConfigError("momentum.implementation", self.implementation, "unknown implementation",
                               "use auto, lora_adapter or full_copy")
+        if self.init not in INITS:
+            raise ConfigError("momentum.init", self.init, f"unknown initialisation (choices: {', '.join(INITS)})",
+                              "use momentum.init: shared (the paper) or separate with momentum.init_from: PATH")
+        if self.init == "separate" and not self.init_from:
+            raise ConfigError("momentum.init_from", self.init_from, "momentum.init: separate needs the momentum's starting checkpoint",
+                              "set momentum.init_from: a model or LoRA adapter folder of the Policy's architecture")
+        if self.init == "shared" and self.init_from:
+            raise ConfigError("momentum.init_from", self.init_from, "is only read with momentum.init: separate",
+                              "set momentum.init: separate, or remove momentum.init_from")
 
     def settings(self, reward_interval: int | None) -> MomentumSettings:
         return MomentumSettings(m=self.m, interval=self.interval, variant=self.variant, reward_interval=reward_interval)
@@ -188,9 +204,27 @@ class MocoConfig:
             if self.momentum.variant not in VARIANTS:
                 self.momentum.settings(None)  # raises with close matches
             self.momentum.settings(self.reward_interval())  # validates H against the reward interval
+        if self.method == "moco" and self.momentum.init == "separate":
+            self._check_init_from()
         if self.method == "evolm" and self.train.max_steps < 1:
             raise ConfigError("train.max_steps", self.train.max_steps, "EvoLM counts Policy updates",
                               "set train.max_steps (e.g. 600 = 12 phases of 50)")
+
+    def _check_init_from(self) -> None:
+        """The separate checkpoint must fit the momentum's implementation (before any model loads)."""
+        path = Path(str(self.momentum.init_from))
+        if not path.exists():
+            raise ConfigError("momentum.init_from", str(path), "not found",
+                              "give a local model folder or LoRA adapter folder (e.g. a 'train moco-sft' model/ folder)")
+        adapter = (path / "adapter_config.json").is_file()
+        impl = self.momentum.implementation
+        lora_momentum = impl == "lora_adapter" or (impl == "auto" and self.policy.lora)
+        if adapter and not lora_momentum:
+            raise ConfigError("momentum.init_from", str(path), "is a LoRA adapter, but the momentum is a full model copy",
+                              "use a LoRA Policy (policy.lora: true) with momentum.implementation auto, or give a full model folder")
+        if not adapter and lora_momentum:
+            raise ConfigError("momentum.init_from", str(path), "is a full model, but the momentum is a LoRA adapter on the Policy's own base weights",
+                              "set momentum.implementation: full_copy (the separate model's own weights), or give a LoRA adapter folder")
 
     def reward_interval(self) -> int:
         t = self.train
@@ -321,7 +355,7 @@ class MocoRecipe(Recipe):
         self.images: ImageLoadResult | None = None
         self.reward: Any = None
         m = cfg.momentum
-        self.title = f"MoCo Rubric ({m.variant}, m={m.m}, H={m.interval})"
+        self.title = f"MoCo Rubric ({m.variant}, m={m.m}, H={m.interval}{', separate init' if m.init == 'separate' else ''})"
 
     def dataset(self, run: Run) -> list[dict[str, Any]]:
         self.images = load_items(self.cfg)
@@ -353,6 +387,9 @@ class MocoRecipe(Recipe):
         trainer = super().build_trainer(run)
         self.box["momentum"] = build_momentum(trainer.model, self.cfg.momentum.settings(self.cfg.reward_interval()),
                                               self.cfg.momentum.implementation)
+        if self.cfg.momentum.init == "separate":
+            n = self.box["momentum"].load_initial(separate_state(self.cfg))
+            print(f"momentum: separate initialisation from {self.cfg.momentum.init_from} ({n} tensors)")
         MomentumCallback(self.box["momentum"], resume_dir=run.resume_from).attach(trainer)
         return trainer
 
@@ -384,7 +421,21 @@ class MocoRecipe(Recipe):
                 "records": str(self.records.path), "images": self.images.summary() if self.images else None,
                 "momentum": {"variant": cfg.momentum.variant, "m": momentum.settings.effective_m,
                              "interval": cfg.momentum.interval, "implementation": type(momentum).__name__,
-                             "updates": momentum.updates, "final_distance": momentum.distance()}}
+                             "init": momentum.init, "init_from": cfg.momentum.init_from,
+                             "updates": momentum.updates, "final_distance": momentum.distance(),
+                             **{f"final_{k.split('/')[1]}": round(v, 6) for k, v in momentum.initial_distances().items()}}}
+
+
+def separate_state(cfg: MocoConfig) -> dict[str, Any]:
+    """The weights ``momentum.init_from`` holds: a LoRA adapter's factors, or a whole model's parameters
+    (loaded like the Policy: same dtype)."""
+    path = Path(str(cfg.momentum.init_from))
+    if (path / "adapter_config.json").is_file():
+        from peft import load_peft_weights
+
+        return dict(load_peft_weights(str(path), device="cpu"))
+    model, _processing, _vlm = common.load_policy(dataclasses.replace(cfg.policy, model=str(path), lora=False))
+    return dict(model.named_parameters())
 
 
 def run(cfg: MocoConfig) -> dict[str, Any]:

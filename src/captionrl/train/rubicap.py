@@ -18,6 +18,14 @@ kept in ``out_dir/rubrics/rubrics.jsonl``-style stores and copied into the datas
 each per-caption sample record carries the rubric it was judged against. An item whose rubric the writer
 could not produce is left out of training and counted (a rubric-less item has no reward to learn from).
 
+Reward families (``reward.family``): ``rubric`` (the above) or one of the paper's baselines through the same
+recipe, data, preflight and checks: ``cider`` (CIDEr-D against the item's references), ``likert`` (the
+judge LLM's 1-10 grade of the caption next to its reference) and ``answerability`` (the judge LLM answers
+the item's multiple-choice questions from the caption). Each goes through one reward callable
+(``RubricReward``: ``None`` for unscored, never 0), names its metrics ``<family>/...`` and
+``rewards/<family>/mean``, and the result file records ``reward_family``. The rubric judge then becomes
+the end-of-run check the baseline was not trained on (next to CIDEr-D, unless CIDEr-D was the reward).
+
 Run folder (``train.out_dir``): ``config.yaml``, ``rubrics/`` (store and build records), ``checkpoints/``,
 ``metrics.jsonl``, ``samples.rank*.jsonl`` (step, item, caption, reward, per-criterion decisions),
 ``tensorboard/``, ``curves.png``, ``model/`` and ``result.json``.
@@ -26,7 +34,7 @@ Run folder (``train.out_dir``): ``config.yaml``, ``rubrics/`` (store and build r
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -38,7 +46,10 @@ from captionrl.config import help_field
 from captionrl.domains.captioning import IMAGE_CAPTION_INSTRUCTION
 from captionrl.domains.image_data import ImageDataConfig, ImageLoadResult
 from captionrl.errors import ConfigError, DataError
+from captionrl.judges.ngram import NgramConfig
+from captionrl.judges.qa import QAConfig
 from captionrl.judges.rubric import RubricJudgeSettings
+from captionrl.judges.scalar import ScalarConfig
 from captionrl.train import common
 from captionrl.train.common import (
     GRPOTrainConfig,
@@ -54,7 +65,15 @@ TINY_VLM = "tiny-vlm"
 
 CURVE_KEYS = ("reward", "frac_reward_zero_std", "rubric/unscored_frac", "completions/mean_length",
               "rubric/caption_chars", "rubric/criteria_met", "loss", "kl")
-"""Panels of ``curves.png``: mean reward, zero-std group fraction, unscored fraction, caption length."""
+"""Panels of ``curves.png``: mean reward, zero-std group fraction, unscored fraction, caption length
+(``rubric/`` keys are renamed to the reward family's prefix, ``RubicapRecipe.curve_keys``)."""
+
+REWARD_FAMILIES = ("rubric", "cider", "likert", "answerability")
+"""``reward.family``: which judge produces the GRPO reward. ``rubric`` is RubiCap; the others are the paper's
+baselines through the same recipe: ``cider`` (RL-NLP: CIDEr-D against the item's reference captions),
+``likert`` (RL-Judge / Reference-Likert: a 1-10 grade of the caption next to its reference by the judge
+LLM, ``judges.scalar``) and ``answerability`` (CapRL: the judge LLM answers the item's multiple-choice
+questions from the caption alone, ``judges.qa``)."""
 
 
 # ---------------------------------------------------------------------- config
@@ -147,12 +166,22 @@ class RubricsConfig:
 
 @dataclass
 class RubicapRewardConfig(RubricJudgeSettings):
-    """How the judge decides each criterion (``RubricJudge``); the reward is the satisfied weight fraction."""
+    """Which reward family trains the policy (``family``), and how the rubric judge decides each criterion
+    (``RubricJudge``; reward = satisfied weight fraction). The rubric settings also serve the other
+    families' end-of-run check: there the rubric judge is the score the policy was not trained on."""
 
     FIELD_PREFIX: ClassVar[str] = "reward"
 
+    family: str = help_field("rubric", "the reward: rubric (RubiCap), cider (CIDEr-D vs the references: RL-NLP baseline), likert (1-10 grade of the caption next to its reference by the judge LLM: RL-Judge baseline) or answerability (the judge LLM answers the item's multiple-choice questions from the caption: CapRL)")
+    cider: NgramConfig = field(default_factory=NgramConfig, metadata={"help": "family cider: CIDEr-D settings (document frequencies fitted on the training references)"})
+    likert: ScalarConfig = field(default_factory=ScalarConfig, metadata={"help": "family likert: how the judge LLM is asked for the grade (choose: expected digit 1-9 from the logits; generate: parse 1-10)"})
+    answerability: QAConfig = field(default_factory=QAConfig, metadata={"help": "family answerability: questions drawn per caption, seed, 'cannot answer' option"})
+
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.family not in REWARD_FAMILIES:
+            raise ConfigError("reward.family", self.family, f"unknown reward family (choices: {', '.join(REWARD_FAMILIES)})",
+                              "use reward.family: rubric (RubiCap), cider, likert or answerability")
         if self.mode == "generate" and self.decision == "soft":
             raise ConfigError("reward.decision", self.decision, "generate mode returns binary decisions only",
                               "use reward.decision: hard with reward.mode: generate")
@@ -246,6 +275,30 @@ def ensure_rubrics(cfg: RubicapConfig, items: Sequence[Any], *, allow_models: bo
     return store
 
 
+def family_columns(reward: RubicapRewardConfig, item: Any) -> dict[str, Any]:
+    """The dataset columns the reward family's judge reads, checked now (before any model loads):
+    ``references`` (cider), ``reference`` (likert with use_reference) or ``questions`` (answerability)."""
+    from captionrl.judges.qa import to_question
+
+    refs = [str(r) for r in getattr(item, "references", ()) or ()]
+    if reward.family == "cider" or (reward.family == "likert" and reward.likert.use_reference):
+        if not refs:
+            fix = ("give every item reference captions (manifest 'captions'), or leave it out"
+                   + ("" if reward.family == "cider" else ", or set reward.likert.use_reference: false"))
+            raise DataError(f"data.items[{item.id}].references", [], f"reward family {reward.family!r} needs reference captions", fix)
+        return {"references": refs} if reward.family == "cider" else {"reference": refs[0]}
+    if reward.family == "answerability":
+        qa = [q for q in getattr(item, "qa", ()) or () if q.get("options") or q.get("choices")]
+        if not qa:
+            raise DataError(f"data.items[{item.id}].qa", list(getattr(item, "qa", ()) or ()),
+                            "reward family 'answerability' needs multiple-choice questions (with options)",
+                            "give every item 'qa' records {question, options, answer} (scenes and easy-vqa have them)")
+        qs = [to_question(q, f"data.items[{item.id}].qa[{i}]") for i, q in enumerate(qa)]
+        # one Arrow type for every row: answers as the option index
+        return {"questions": [{"question": q.question, "options": list(q.options), "answer": q.answer} for q in qs]}
+    return {}
+
+
 def build_data(cfg: RubicapConfig, *, allow_models: bool = True) -> RubicapData:
     """Items + rubrics -> TRL rows ``{prompt, image, item_id, rubric}``; no policy involved."""
     from captionrl.domains.captioning import image_caption_messages
@@ -274,6 +327,7 @@ def build_data(cfg: RubicapConfig, *, allow_models: bool = True) -> RubicapData:
                 "image": str(it.image) if lazy else it.load(),
                 "item_id": str(it.id),
                 "rubric": [r.to_dict() for r in rubric or []],
+                **family_columns(cfg.reward, it),
             })
     finally:
         if store is not None:
@@ -301,12 +355,31 @@ def to_dataset(data: RubicapData) -> Any:
 
 # ---------------------------------------------------------------------- reward
 def make_judge(cfg: RubicapConfig, backend: Any) -> Any:
-    """The rubric judge of this run (the same object scores training captions and re-checks them)."""
+    """The rubric judge of this run: the reward of family ``rubric`` (the same object scores training
+    captions and re-checks them), the held-out end-of-run check of every other family."""
     from captionrl.judges.rubric import RubricJudge
 
     r = cfg.reward
     return RubricJudge(backend, mode=r.mode, decision=r.decision, threshold=r.threshold,  # type: ignore[arg-type]
                        max_new_tokens=r.max_new_tokens, name=f"rubric-{r.mode}")
+
+
+def make_reward_judge(cfg: RubicapConfig, backend: Any, rows: Sequence[Mapping[str, Any]]) -> Any:
+    """The judge of ``reward.family``; CIDEr-D fits its document frequencies on the training references."""
+    family = cfg.reward.family
+    if family == "cider":
+        from captionrl.judges.ngram import NgramJudge
+
+        return NgramJudge(cfg.reward.cider, corpus=[list(r["references"]) for r in rows])
+    if family == "likert":
+        from captionrl.judges.scalar import ScalarJudge
+
+        return ScalarJudge(backend, cfg.reward.likert)
+    if family == "answerability":
+        from captionrl.judges.qa import QAJudge
+
+        return QAJudge(backend, cfg.reward.answerability)
+    return make_judge(cfg, backend)
 
 
 def _reward_base() -> type:
@@ -316,12 +389,13 @@ def _reward_base() -> type:
 
 
 class RubricReward(_reward_base()):  # type: ignore[misc]
-    """The RubiCap reward for TRL: ``RubricJudge`` scores (``None`` when the judge failed: skipped, never 0),
-    plus per-step metrics (``rubric/unscored_frac``, ``rubric/caption_chars``, ``rubric/criteria_met``,
-    ``rubric/size``) and one sample record per caption with its per-criterion decisions."""
+    """The RubiCap reward for TRL, for any reward family: the judge's scores (``None`` when the judge failed:
+    skipped, never 0), plus per-step metrics (``<family>/unscored_frac``, ``<family>/caption_chars``; for
+    rubrics ``rubric/criteria_met`` and ``rubric/size``) and one sample record per caption (the rubric's
+    per-criterion decisions, or the other judges' own fields under ``judgment``)."""
 
-    def __init__(self, judge: Any, samples: Any = None) -> None:
-        super().__init__(judge, name="rubric", log_fields=(), on_judgments=self._keep)
+    def __init__(self, judge: Any, samples: Any = None, name: str = "rubric") -> None:
+        super().__init__(judge, name=name, log_fields=(), on_judgments=self._keep)
         self.samples = samples
         self._last: tuple[list[str], dict[str, list[Any]], list[Any]] = ([], {}, [])
 
@@ -333,25 +407,28 @@ class RubricReward(_reward_base()):  # type: ignore[misc]
         self._last = ([], {}, [])
         scores = super().__call__(prompts, completions, completion_ids, **kwargs)
         captions, columns, judgments = self._last
+        rubric = self.__name__ == "rubric"
         met = [float(np.mean(j.extra["satisfied"])) for j in judgments if j.scored and j.extra.get("satisfied")]
         sizes = [len(r) for r in columns.get("rubric", []) if isinstance(r, list)]
         log_metric = kwargs.get("log_metric")
         if callable(log_metric):
-            log_metric("rubric/caption_chars", float(np.mean([len(c) for c in captions])) if captions else 0.0)
-            if met:
+            log_metric(f"{self.__name__}/caption_chars", float(np.mean([len(c) for c in captions])) if captions else 0.0)
+            if met and rubric:
                 log_metric("rubric/criteria_met", float(np.mean(met)))
-            if sizes:
+            if sizes and rubric:
                 log_metric("rubric/size", float(np.mean(sizes)))
         if self.samples is not None:
             state = kwargs.get("trainer_state")
             ids = columns.get("item_id") or [None] * len(captions)
             rows = []
             for i, (cap, j) in enumerate(zip(captions, judgments, strict=True)):
-                rows.append({
-                    "item_id": ids[i], "caption": cap, "reward": scores[i], "error": j.error, "method": j.method,
-                    "satisfied": j.extra.get("satisfied"), "values": j.extra.get("values"),
-                    "weights": j.extra.get("weights"), "rubric_size": sizes[i] if i < len(sizes) else None,
-                })
+                row = {"item_id": ids[i], "caption": cap, "reward": scores[i], "error": j.error, "method": j.method}
+                if rubric:
+                    row.update(satisfied=j.extra.get("satisfied"), values=j.extra.get("values"),
+                               weights=j.extra.get("weights"), rubric_size=sizes[i] if i < len(sizes) else None)
+                else:
+                    row.update(family=self.__name__, raw=j.raw, judgment=dict(j.extra))
+                rows.append(row)
             self.samples.write(int(getattr(state, "global_step", -1)) if state is not None else -1, rows)
         return scores
 
@@ -371,10 +448,13 @@ class RubicapRecipe(Recipe):
     """RubiCap in the shared skeleton: images with rubrics as data, the rubric judge's score as reward."""
 
     title = "RubiCap"
-    curve_keys = CURVE_KEYS
 
     def __init__(self, cfg: RubicapConfig, judge_backend: Any = None, callbacks: Sequence[Any] = ()) -> None:
         super().__init__(cfg, callbacks)
+        family = cfg.reward.family
+        if family != "rubric":
+            self.title = f"RubiCap recipe, {family} reward"
+        self.curve_keys = tuple(k.replace("rubric/", f"{family}/") for k in CURVE_KEYS)
         self.judge_backend = judge_backend
         self.samples: Any = None
         self.reward: Any = None
@@ -407,9 +487,12 @@ class RubicapRecipe(Recipe):
         from captionrl.backends import make_backend
         from captionrl.train.logging import SampleLog
 
-        backend = self.judge_backend if self.judge_backend is not None else make_backend(self.cfg.judge)
+        if self.judge_backend is None:  # every family needs it: the reward's or the end-of-run rubric judge
+            self.judge_backend = make_backend(self.cfg.judge)
+        family = self.cfg.reward.family
         self.samples = SampleLog(run.out)
-        self.reward = RubricReward(make_judge(self.cfg, backend), self.samples)
+        self.reward = RubricReward(make_reward_judge(self.cfg, self.judge_backend, run.data.rows), self.samples, name=family)
+        print(f"reward family: {family} ({type(self.reward.judge).__name__})")
         return [self.reward]
 
     def references(self) -> dict[str, list[str]]:
@@ -431,18 +514,22 @@ class RubicapRecipe(Recipe):
             self.samples.close()
 
     def final_evaluation(self, run: Run) -> dict[str, Any]:
-        """A check the policy was not trained on: CIDEr-D of its greedy captions against the references."""
+        """Checks the policy was not trained on: CIDEr-D of its greedy captions against the references and,
+        for the baseline families, the rubric judge's score (for a CIDEr-D run that is the held-out one)."""
         from captionrl.train.image_checks import image_final_checks
 
+        family = self.cfg.reward.family
+        judges = {} if family == "rubric" else {"rubric": make_judge(self.cfg, self.judge_backend)}
         checks = image_final_checks(common.unwrap_for_inference(run.trainer), run.processing, run.data.rows,
                                     self.references(), run.out / "eval", self.cfg.train.max_completion_length,
-                                    seed=self.cfg.seed)
+                                    seed=self.cfg.seed, judges=judges, reward_family=family)
         return {"final_checks": {"table": str(run.out / "eval" / "final_checks.md"), "rows": checks["rows"]}}
 
     def summary(self, run: Run) -> dict[str, Any]:
         data = run.data
-        return {"items": len(data.rows), "skipped": {k: len(v) for k, v in data.skipped.items()},
-                "images": data.images, "rubrics": str(data.store), "samples": str(self.samples.path) if self.samples else None}
+        return {"reward_family": self.cfg.reward.family, "items": len(data.rows),
+                "skipped": {k: len(v) for k, v in data.skipped.items()}, "images": data.images,
+                "rubrics": str(data.store), "samples": str(self.samples.path) if self.samples else None}
 
 
 def run(cfg: RubicapConfig, judge_backend: Any = None, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
