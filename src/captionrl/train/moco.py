@@ -38,7 +38,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -296,9 +296,10 @@ class MocoRecipe(Recipe):
     curve_keys = CURVE_KEYS
     checkpoint_files = ("momentum.pt",)  # written by MomentumCallback after the Trainer's state: part of a complete checkpoint
 
-    def __init__(self, cfg: MocoConfig) -> None:
+    def __init__(self, cfg: MocoConfig, wrap_roles: Callable[[RoleServer], RoleServer] | None = None) -> None:
         super().__init__(cfg)
         self.box: dict[str, Any] = {}
+        self.wrap_roles = wrap_roles
         self.records: Any = None
         m = cfg.momentum
         self.title = f"MoCo Rubric ({m.variant}, m={m.m}, H={m.interval})"
@@ -317,8 +318,10 @@ class MocoRecipe(Recipe):
 
         cfg = self.cfg
         self.records = RecordWriter(records_path(run.out))
-        judge = OnlineRubricJudge(momentum_roles(self.box, run.processing), cfg.rubric, judge_factory=cfg.judge.factory,
-                                  records=self.records)
+        roles = momentum_roles(self.box, run.processing)
+        if self.wrap_roles is not None:
+            roles = self.wrap_roles(roles)
+        judge = OnlineRubricJudge(roles, cfg.rubric, judge_factory=cfg.judge.factory, records=self.records)
         return [MocoReward(judge, name="moco_rubric", log_fields=())]
 
     def build_trainer(self, run: Run) -> Any:
@@ -355,9 +358,11 @@ class MocoRecipe(Recipe):
                              "updates": momentum.updates, "final_distance": momentum.distance()}}
 
 
-def run(cfg: MocoConfig) -> dict[str, Any]:
-    """Train (MoCo or EvoLM), save, plot; returns what the result file holds, with the step time."""
-    recipe = MocoRecipe(cfg)
+def run(cfg: MocoConfig, wrap_roles: Callable[[RoleServer], RoleServer] | None = None) -> dict[str, Any]:
+    """Train (MoCo or EvoLM), save, plot; returns what the result file holds, with the step time.
+    ``wrap_roles`` wraps the momentum role server (rehearsals: a scripted stand-in for one role, entered
+    inside the momentum's own serving context)."""
+    recipe = MocoRecipe(cfg, wrap_roles)
     if cfg.method == "evolm":
         prepared = prepare(recipe)
         return run_evolm(cfg, prepared.out, prepared.model, prepared.processing, prepared.data)

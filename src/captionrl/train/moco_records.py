@@ -180,8 +180,11 @@ def _safe(name: str) -> str:
 class RecordsBuilder:
     """Runs the three stages against given backends, appending to the JSONL files in ``out``."""
 
-    def __init__(self, cfg: MocoRecordsConfig, teachers: Sequence[Any], writer: Any, judge: Any, out: Path) -> None:
+    def __init__(self, cfg: MocoRecordsConfig, teachers: Sequence[Any], writer: Any, judge: Any, out: Path,
+                 teacher_names: Sequence[str] | None = None) -> None:
         self.cfg, self.teachers, self.writer, self.judge, self.out = cfg, list(teachers), writer, judge, out
+        # caption ids use the teacher's model name, not its URL: a server moved to another port resumes
+        self.names = list(teacher_names or [t.name for t in teachers])
         self.captions = RecordWriter(out / "captions.jsonl")
         self.rubrics = RecordWriter(out / "rubrics.jsonl")
         self.judgments = RecordWriter(out / "judgments.jsonl")
@@ -207,9 +210,9 @@ class RecordsBuilder:
         from captionrl.domains.images import with_image
 
         cfg = self.cfg
-        for teacher in self.teachers:
+        for teacher, tname in zip(self.teachers, self.names, strict=True):
             todo = [(im, k) for im in images for k in range(cfg.samples)
-                    if not self.captions.has(f"{im.id}|{teacher.name}|{k}")]
+                    if not self.captions.has(f"{im.id}|{tname}|{k}")]
             for start in range(0, len(todo), 8):
                 chunk = todo[start: start + 8]
                 reqs = []
@@ -217,19 +220,19 @@ class RecordsBuilder:
                     msgs = policy_messages(image_text=im.image_text, with_images=self._with_image())
                     if self._with_image():
                         msgs = with_image(msgs, im.load())
-                    seed = stable_int(f"{cfg.seed}|{im.id}|{teacher.name}|{k}")
+                    seed = stable_int(f"{cfg.seed}|{im.id}|{tname}|{k}")
                     reqs.append(ChatRequest(msgs, max_new_tokens=cfg.caption_max_new_tokens,
                                             temperature=cfg.temperature, seed=seed))
                 for (im, k), req, gen in zip(chunk, reqs, teacher.generate(reqs), strict=True):
-                    cid = f"{im.id}|{teacher.name}|{k}"
+                    cid = f"{im.id}|{tname}|{k}"
                     text = (gen.text or "").strip()
                     if not text:
-                        self.reject("caption", cid, image_id=im.id, teacher=teacher.name, raw=gen.text,
+                        self.reject("caption", cid, image_id=im.id, teacher=tname, raw=gen.text,
                                     errors=[gen.error or "empty caption"])
                         continue
                     self.captions.write({"key": cid, "image_id": im.id, "caption_id": cid, "caption": text,
                                          "image": im.path, **({"image_text": im.image_text} if im.image_text else {}),
-                                         "teacher": teacher.name, "sample": k, "seed": req.seed,
+                                         "teacher": tname, "backend": teacher.name, "sample": k, "seed": req.seed,
                                          "temperature": cfg.temperature})
                     self.new["captions"] += 1
 
@@ -342,7 +345,7 @@ class RecordsBuilder:
                         "judgments": len(self.judgments.records())},
             "written_this_run": dict(self.new), "rejected_this_run": dict(self.rejects),
             "rejected_total": dict(by_role),
-            "teachers": [t.name for t in self.teachers], "writer": self.writer.name, "judge": self.judge.name,
+            "teachers": self.names, "writer": self.writer.name, "judge": self.judge.name,
             "files": {"captions": str(self.captions.path), "rubrics": str(self.rubrics.path),
                       "judgments": str(self.judgments.path), "rejected": str(self.rejected.path)},
         }
@@ -360,15 +363,18 @@ def build_records(cfg: MocoRecordsConfig, teachers: Sequence[Any] | None = None,
     images, skipped = prepare_images(load_items(cfg.data), out, cfg.image_text)
     if not images:
         raise DataError("data", cfg.data.source, "no image has two references", "give each image two reference captions")
+    names = None
     if teachers is None:
-        teachers = [make_backend(backend_config(b, f"teachers[{i}]")) for i, b in enumerate(cfg.teachers)]
-    names = [t.name for t in teachers]
+        confs = [backend_config(b, f"teachers[{i}]") for i, b in enumerate(cfg.teachers)]
+        teachers = [make_backend(c) for c in confs]
+        names = [c.model for c in confs]
+    names = names or [t.name for t in teachers]
     if len(set(names)) != len(names):
         raise ConfigError("teachers", names, "two teachers have the same name (caption ids would collide)",
                           "serve each teacher under its own model name")
     writer = writer or make_backend(backend_config(cfg.writer, "writer"))
     judge = judge or (make_backend(backend_config(cfg.judge, "judge")) if cfg.judge else writer)
-    builder = RecordsBuilder(cfg, teachers, writer, judge, out)
+    builder = RecordsBuilder(cfg, teachers, writer, judge, out, names)
     try:
         builder.caption_stage(images)
         builder.rubric_stage(images)
