@@ -89,6 +89,8 @@ class RubricsConfig:
     max_attempts: int = help_field(3, "build: writer attempts per item before it is recorded unscored")
     caption_max_new_tokens: int = help_field(512, "build: committee and student caption length")
     writer_max_new_tokens: int = help_field(1024, "build: rubric reply length")
+    image_text: str = help_field("none", "build: none (teachers see the image) or references (language-only teachers read the items' reference captions instead)")
+    structured_output: str = help_field("none", "build: constrain the writer's reply to the rubric JSON schema: none, json_schema (OpenAI/vLLM) or json_object (llama.cpp)")
 
     def __post_init__(self) -> None:
         if self.source not in ("facts", "store", "build"):
@@ -105,6 +107,13 @@ class RubricsConfig:
             if not self.writer:
                 raise ConfigError("rubrics.writer", self.writer, "building rubrics needs a writer backend",
                                   "set rubrics.writer: {kind: openai, model: ..., base_url: ...}")
+        from captionrl.judges.roles import STRUCTURED_OUTPUTS
+
+        if self.image_text not in ("none", "references"):
+            raise ConfigError("rubrics.image_text", self.image_text, "unknown choice", "use none or references")
+        if self.structured_output not in STRUCTURED_OUTPUTS:
+            raise ConfigError("rubrics.structured_output", self.structured_output, "unknown style",
+                              f"use one of {', '.join(STRUCTURED_OUTPUTS)}")
         if self.max_attempts < 1:
             raise ConfigError("rubrics.max_attempts", self.max_attempts, "must be >= 1", "set rubrics.max_attempts: 3")
         # Validate the backend mappings now (unknown keys, missing URLs), before any model or server is touched.
@@ -211,10 +220,12 @@ def ensure_rubrics(cfg: RubicapConfig, items: Sequence[Any], *, allow_models: bo
         r = cfg.rubrics
         teachers = [make_backend(backend_config(b, f"rubrics.committee[{i}]")) for i, b in enumerate(r.committee)]
         writer = RubricWriter(make_backend(backend_config(r.writer, "rubrics.writer")), max_attempts=r.max_attempts,
-                              max_new_tokens=r.writer_max_new_tokens, seed=cfg.seed, with_image=r.writer_sees_image)
+                              max_new_tokens=r.writer_max_new_tokens, seed=cfg.seed, with_image=r.writer_sees_image,
+                              structured_output=r.structured_output)
         student = make_backend(backend_config(r.student, "rubrics.student")) if r.student else None
         build_rubrics(items, teachers=teachers, writer=writer, out_dir=store.parent, student=student,
-                      instruction=cfg.data.instruction, max_new_tokens=r.caption_max_new_tokens, seed=cfg.seed)
+                      instruction=cfg.data.instruction, max_new_tokens=r.caption_max_new_tokens, seed=cfg.seed,
+                      image_text=r.image_text)
     elif cfg.rubrics.source == "store" and not store.is_file():
         raise ConfigError("rubrics.store", str(store), "file not found",
                           "build it first: captionrl rubrics build --items ITEMS --committee ... --writer ... --out DIR")
