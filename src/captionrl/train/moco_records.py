@@ -65,7 +65,7 @@ class MocoRecordsConfig:
     """Teachers, rubric writer and judge that write the shared multi-role SFT records."""
 
     seed: int = help_field(0, "seed of caption sampling, candidate subsets and sampled retries (all recorded)")
-    out_dir: str = help_field("runs/moco-records", "output folder: captions/rubrics/judgments.jsonl for train moco-sft; rerun to resume")
+    out_dir: str = help_field("runs/records", "output folder: captions, rubrics, judgments for train moco-sft; rerun to resume")
     check: bool = help_field(False, "validate the config and the images, print what would be asked, call no model")
     data: MocoDataConfig = field(default_factory=MocoDataConfig, metadata={"help": "images and their two references (the data section of train moco)"})
     teachers: list[dict[str, Any]] = help_field([], "caption teachers: BackendConfig mappings, e.g. [{kind: openai, model: Qwen3-VL-235B-A22B-Instruct, base_url: http://HOST:8001/v1}]")
