@@ -72,6 +72,7 @@ def test_rubicap_paper_path_committee_writer_store_grpo_eval(tmp_path, llama_ser
     overrides = [
         "policy.model=tiny-qwen2.5-vl", "policy.dtype=float32", f"judge.base_url={url}", f"judge.model={name}",
         f"data.items={manifest}", f"rubrics.committee=[{json.dumps(server)}]", f"rubrics.writer={json.dumps(server)}",
+        f"rubrics.student={json.dumps(server)}",  # the paper serves the student Policy; SmolLM2 stands in
         "rubrics.image_text=references", "rubrics.structured_output=json_object", "rubrics.max_attempts=2", "rubrics.min_items=2", "rubrics.max_items=3",
         "rubrics.caption_max_new_tokens=40", "rubrics.writer_max_new_tokens=250", "reward.max_new_tokens=48",
         "train.num_generations=2", "train.per_device_train_batch_size=2", "train.gradient_accumulation_steps=1",
