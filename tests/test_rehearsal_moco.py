@@ -57,23 +57,15 @@ class ScriptedGenerator:
         return out
 
 
-class ConstrainedJudge:
-    """The HTTP judge with each request constrained to the judgment schema of its rubric (llama.cpp form)."""
+class CountingJudge:
+    """The HTTP judge, counting requests and keeping their response formats."""
 
     def __init__(self, backend) -> None:
-        self.backend, self.name, self.requests = backend, f"http-{backend.name}", 0
+        self.backend, self.name, self.formats = backend, f"http-{backend.name}", []
 
     def generate(self, requests):
-        from dataclasses import replace
-
-        from captionrl.judges.roles import judgment_schema, response_format
-
-        self.requests += len(requests)
-        fixed = []
-        for r in requests:
-            n = len(re.findall(r"^\d+\. ", r.messages[0]["content"], flags=re.M))
-            fixed.append(replace(r, response_format=response_format(judgment_schema(n, 60), "json_object")))
-        return self.backend.generate(fixed)
+        self.formats += [r.response_format for r in requests]
+        return self.backend.generate(requests)
 
 
 def test_moco_paper_path_records_sft_grpo_eval(tmp_path, llama_server, monkeypatch):
@@ -116,7 +108,7 @@ def test_moco_paper_path_records_sft_grpo_eval(tmp_path, llama_server, monkeypat
 
     # 3. MoCo Rubric with the paper config on the SFT checkpoint
     gen = ScriptedGenerator()
-    judge = ConstrainedJudge(llama_server.backend())
+    judge = CountingJudge(llama_server.backend())
     served: list[tuple[str, str]] = []
 
     def wrap(momentum_roles):
@@ -134,7 +126,7 @@ def test_moco_paper_path_records_sft_grpo_eval(tmp_path, llama_server, monkeypat
         "train.gradient_accumulation_steps=1", "train.max_completion_length=8", "train.max_steps=2",
         "train.save_steps=2", "train.report_to=[]", "train.threads=1", "train.use_cpu=true", "train.bf16=false",
         "train.gradient_checkpointing=false", "train.learning_rate=0.001", "train.out_dir=moco",
-        "rubric.max_new_tokens=64", "judge.max_new_tokens=120"])
+        "rubric.max_new_tokens=64", "judge.max_new_tokens=160", "judge.structured_output=json_object"])
     assert (cfg.judge.mode, cfg.rubric.fallback, cfg.momentum.m, cfg.momentum.variant) == ("generate", "none", 0.99, "joint")
     result = moco.run(cfg, wrap_roles=wrap)
     metrics = [m for m in load_metrics(Path("moco/metrics.jsonl")) if "reward" in m]
@@ -147,7 +139,8 @@ def test_moco_paper_path_records_sft_grpo_eval(tmp_path, llama_server, monkeypat
     scored = [g for g in groups if any(s is not None for s in g["scores"])]
     assert scored, "at least one group is scored with the momentum Generator's rubric by the generate-mode Judge"
     assert all(0.0 <= s <= 1.0 for g in scored for s in g["scores"] if s is not None)
-    assert gen.calls == 2 and judge.requests >= 4 and set(served) == {("generator", "momentum"), ("judge", "momentum")}
+    assert gen.calls == 2 and len(judge.formats) >= 4 and set(served) == {("generator", "momentum"), ("judge", "momentum")}
 
     # 4. evaluation: the run's own held-out check was written
     assert Path("moco/eval/final_checks.md").is_file()
+    assert all(f["type"] == "json_object" and f["schema"]["minItems"] == f["schema"]["maxItems"] for f in judge.formats)

@@ -99,7 +99,7 @@ def rubric_schema(min_items: int, max_items: int, max_chars: int = 160) -> dict[
                       "required": ["criterion", "test", "weight"], "additionalProperties": False}}
 
 
-def judgment_schema(n_items: int, max_chars: int = 160) -> dict[str, Any]:
+def judgment_schema(n_items: int, max_chars: int = 100) -> dict[str, Any]:
     """JSON schema of the Judge's reply: exactly one ``{id, reason, decision yes|no}`` per rubric item."""
     return {"type": "array", "minItems": n_items, "maxItems": n_items,
             "items": {"type": "object", "properties": {"id": {"type": "integer", "minimum": 1, "maximum": n_items},

@@ -107,7 +107,8 @@ class MocoJudgeConfig(RubricJudgeSettings):
 
     def factory(self, backend: Any) -> MocoRubricJudge:
         return MocoRubricJudge(backend, mode=self.mode, decision=self.decision, threshold=self.threshold,  # type: ignore[arg-type]
-                               max_new_tokens=self.max_new_tokens, name=f"moco-judge-{self.mode}")
+                               max_new_tokens=self.max_new_tokens, name=f"moco-judge-{self.mode}",
+                               structured_output=self.structured_output)
 
 
 @dataclass
