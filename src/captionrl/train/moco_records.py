@@ -127,27 +127,31 @@ class RecordImage:
         return self._pil
 
 
-def load_items(cfg: MocoDataConfig) -> list[Any]:
-    """The ``ImageItem``s of the data section, two references each (scenes: reference + a paraphrase).
+def load_items(cfg: MocoDataConfig, seed: int = 0) -> tuple[list[Any], list[dict[str, Any]]]:
+    """The data section's ``ImageItem``s (two references each) and the images its loader left out.
 
-    Other sources come from the image loaders (``domains.images.load_image_items``) once the data section
-    names them; scenes are the offline default, as in ``train moco``."""
+    Uses the shared image loader (``domains.image_data.load_image_items``: scenes, easy-vqa, PixMoCap,
+    DenseFusion, COCO, manifests, validated, skips recorded) where this version has it, exactly as
+    ``train moco`` does; otherwise the offline scenes (reference + a paraphrase as the two references)."""
+    try:
+        from captionrl.domains.image_data import load_image_items
+    except ImportError:
+        load_image_items = None
+    if load_image_items is not None:
+        loaded = load_image_items(cfg, seed=seed)
+        return list(loaded.items), list(loaded.skipped)
     from captionrl.domains import images
+    from captionrl.domains.scenes import generate_scenes, second_reference
 
-    if cfg.source == "scenes":
-        from captionrl.domains.scenes import generate_scenes, second_reference
-
-        out = []
-        for scene in generate_scenes(cfg.n_train, cfg.scene_seed, size=cfg.image_size, max_groups=cfg.max_groups,
-                                     text_prob=cfg.text_prob):
-            item = images.scene_item(scene)
-            out.append(images.ImageItem(item.id, item.image, (scene.reference_caption, second_reference(scene)),
-                                        item.qa, item.facts, item.source, item.meta))
-        return out
-    loader = getattr(images, "load_image_items", None)
-    if loader is None:
+    if cfg.source != "scenes":
         raise ConfigError("data.source", cfg.source, "no loader for this image source in this version", "use scenes")
-    return list(loader(cfg))
+    out = []
+    for scene in generate_scenes(cfg.n_train, cfg.scene_seed, size=cfg.image_size, max_groups=cfg.max_groups,
+                                 text_prob=cfg.text_prob):
+        item = images.scene_item(scene)
+        out.append(images.ImageItem(item.id, item.image, (scene.reference_caption, second_reference(scene)),
+                                    item.qa, item.facts, item.source, item.meta))
+    return out, []
 
 
 def prepare_images(items: Sequence[Any], out: Path, image_text: str) -> tuple[list[RecordImage], list[dict[str, Any]]]:
@@ -360,7 +364,9 @@ def build_records(cfg: MocoRecordsConfig, teachers: Sequence[Any] | None = None,
 
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    images, skipped = prepare_images(load_items(cfg.data), out, cfg.image_text)
+    items, left_out = load_items(cfg.data, cfg.seed)
+    images, skipped = prepare_images(items, out, cfg.image_text)
+    skipped = left_out + skipped
     if not images:
         raise DataError("data", cfg.data.source, "no image has two references", "give each image two reference captions")
     names = None
@@ -393,8 +399,9 @@ CONFIG = MocoRecordsConfig
 def run_command(cfg: MocoRecordsConfig) -> int:
     """``captionrl moco records``: write (or, with ``check``, only validate) the multi-role SFT records."""
     if cfg.check:
-        images, skipped = prepare_images(load_items(cfg.data), Path(cfg.out_dir), cfg.image_text)
-        print(json.dumps({"images": len(images), "skipped_images": len(skipped), "teachers": len(cfg.teachers),
+        items, left_out = load_items(cfg.data, cfg.seed)
+        images, skipped = prepare_images(items, Path(cfg.out_dir), cfg.image_text)
+        print(json.dumps({"images": len(images), "skipped_images": len(left_out) + len(skipped), "teachers": len(cfg.teachers),
                           "captions_to_ask": len(images) * len(cfg.teachers) * cfg.samples}))
         return 0
     s = build_records(cfg)
