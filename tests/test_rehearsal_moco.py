@@ -77,7 +77,7 @@ def test_moco_paper_path_records_sft_grpo_eval(tmp_path, llama_server, monkeypat
 
     monkeypatch.chdir(tmp_path)
     server = {"kind": "openai", "model": "smollm2", "base_url": llama_server.base_url, "timeout_s": 120}
-    data = ["data.n_train=2", "data.image_size=96", "data.max_groups=1", "data.scene_seed=0"]
+    data = ["data.source=scenes", "data.n_train=2", "data.image_size=96", "data.max_groups=1", "data.scene_seed=0"]
 
     # 1. records: teachers over HTTP
     rec_cfg = load_config(MocoRecordsConfig, None, [
