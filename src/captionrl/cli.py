@@ -38,6 +38,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("train", "lineup"): ("captionrl.train.lineup", "LineupRL: RLOO/GRPO with the identification reward"),
     ("train", "rubicap"): ("captionrl.train.rubicap", "RubiCap: GRPO with rubric rewards"),
     ("train", "moco"): ("captionrl.train.moco", "MoCo Rubric: GRPO with a momentum Generator-Judge"),
+    ("moco", "records"): ("captionrl.train.moco_records", "teachers + rubric writer + judge -> caption/rubric/judgment records for train moco-sft"),
     ("train", "moco-sft"): ("captionrl.train.sft", "shared multi-role SFT (Policy, Generator, Judge)"),
     ("train", "sft"): ("captionrl.train.distill", "SFT distillation from a teacher's captions"),
     ("rubrics", "build"): ("captionrl.judges.rubric_build", "teacher committee captions + rubric writer -> rubric store"),

@@ -39,7 +39,9 @@ class ChatRequest:
 
     ``messages`` follow the OpenAI format; an image is a content part
     ``{"type": "image", "image": <PIL.Image | path | bytes>}`` (``hf``) or ``image_url`` (``openai``);
-    backends convert between the two.
+    backends convert between the two. ``response_format`` asks a server for constrained decoding (sent
+    as the OpenAI ``response_format`` field, e.g. a JSON schema; llama.cpp and vLLM honour it); backends
+    that cannot constrain ignore it, so a reply is always schema-checked by its reader anyway.
     """
 
     messages: Sequence[Message]
@@ -48,6 +50,7 @@ class ChatRequest:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    response_format: Any = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -472,6 +472,8 @@ class OpenAIBackend:
             payload["seed"] = r.seed
         if r.stop:
             payload["stop"] = list(r.stop)
+        if r.response_format is not None:
+            payload["response_format"] = r.response_format
         return payload
 
     async def _generate_one(self, client: httpx.AsyncClient, r: ChatRequest) -> Generation:

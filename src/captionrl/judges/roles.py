@@ -80,3 +80,42 @@ def judgment_json(decisions: Sequence[Mapping[str, Any]]) -> str:
     """The Judge's target reply: ``[{"id", "reason", "decision"}]`` in rubric order."""
     return json.dumps([{"id": i, "reason": d.get("reason", ""), "decision": d["decision"]}
                        for i, d in enumerate(decisions, 1)], ensure_ascii=False)
+
+
+# ---------------------------------------------------------------------- constrained decoding
+STRUCTURED_OUTPUTS = ("none", "json_schema", "json_object")
+"""How a server is asked to constrain a role's reply to its JSON schema: ``json_schema`` is the OpenAI /
+vLLM form (``{"type": "json_schema", "json_schema": {"name", "schema"}}``), ``json_object`` the llama.cpp
+form (``{"type": "json_object", "schema": ...}``); ``none`` sends nothing. Constraining only helps a
+teacher hit the format: every reply is still schema-checked by the same parsers as an unconstrained one."""
+
+
+def rubric_schema(min_items: int, max_items: int, max_chars: int = 160) -> dict[str, Any]:
+    """JSON schema of the Generator's reply: ``min_items..max_items`` of ``{criterion, test, weight 1|2|3}``."""
+    text = {"type": "string", "minLength": 3, "maxLength": max_chars}
+    return {"type": "array", "minItems": min_items, "maxItems": max_items,
+            "items": {"type": "object", "properties": {"criterion": text, "test": text,
+                                                       "weight": {"type": "integer", "enum": [1, 2, 3]}},
+                      "required": ["criterion", "test", "weight"], "additionalProperties": False}}
+
+
+def judgment_schema(n_items: int, max_chars: int = 100) -> dict[str, Any]:
+    """JSON schema of the Judge's reply: exactly one ``{id, reason, decision yes|no}`` per rubric item."""
+    return {"type": "array", "minItems": n_items, "maxItems": n_items,
+            "items": {"type": "object", "properties": {"id": {"type": "integer", "minimum": 1, "maximum": n_items},
+                                                       "reason": {"type": "string", "maxLength": max_chars},
+                                                       "decision": {"type": "string", "enum": ["yes", "no"]}},
+                      "required": ["id", "reason", "decision"], "additionalProperties": False}}
+
+
+def response_format(schema: dict[str, Any], style: str) -> dict[str, Any] | None:
+    """The ``response_format`` a server of ``style`` (``STRUCTURED_OUTPUTS``) needs for ``schema``."""
+    if style == "none":
+        return None
+    if style == "json_schema":
+        return {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}}
+    if style == "json_object":
+        return {"type": "json_object", "schema": schema}
+    from captionrl.errors import ConfigError
+
+    raise ConfigError("structured_output", style, "unknown style", f"use one of {', '.join(STRUCTURED_OUTPUTS)}")

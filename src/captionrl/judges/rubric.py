@@ -173,9 +173,15 @@ class RubricJudgeSettings:
     decision: str = help_field("hard", "hard (each criterion 0/1, the paper) or soft (p(yes), or a sigmoid of the likelihood evidence: a denser signal for weak judges)")
     threshold: float | None = help_field(None, "decision threshold (null = the mode's default: choose 0.5, likelihood 1.4 PMI per word, calibrated for SmolLM2)")
     max_new_tokens: int = help_field(512, "generate mode: judge reply length")
+    structured_output: str = help_field("none", "generate mode: ask the server to constrain each reply to the judgment JSON schema: none, json_schema (OpenAI/vLLM) or json_object (llama.cpp); replies are parsed the same either way")
 
     def __post_init__(self) -> None:
+        from captionrl.judges.roles import STRUCTURED_OUTPUTS
+
         f = self.FIELD_PREFIX
+        if self.structured_output not in STRUCTURED_OUTPUTS:
+            raise ConfigError(f"{f}.structured_output", self.structured_output, "unknown style",
+                              f"use one of {', '.join(STRUCTURED_OUTPUTS)}")
         if self.mode not in ("choose", "generate", "likelihood"):
             raise ConfigError(f"{f}.mode", self.mode, "unknown rubric judge mode", "use choose, generate or likelihood")
         if self.decision not in ("hard", "soft"):
@@ -201,6 +207,7 @@ class RubricJudge:
         options: tuple[str, str] = ("yes", "no"),
         max_new_tokens: int = 512,
         name: str | None = None,
+        structured_output: str = "none",
     ) -> None:
         if mode not in DEFAULT_THRESHOLDS:
             raise ConfigError("judge.mode", mode, "unknown rubric judge mode", "use choose, generate or likelihood")
@@ -216,6 +223,7 @@ class RubricJudge:
         self.store = store
         self.options = options
         self.max_new_tokens = max_new_tokens
+        self.structured_output = structured_output
         self.name = name or f"rubric-{mode}"
         self._null_cache: dict[str, float | None] = {}
 
@@ -323,8 +331,11 @@ class RubricJudge:
         return [{"role": "user", "content": P.JUDGE_GENERATE_TEMPLATE.format(caption=caption.strip(), criteria=crits)}]
 
     def _generate(self, caption: str, rubric: Sequence[RubricItem]) -> tuple[list[bool] | None, dict, str | None]:
+        from captionrl.judges.roles import judgment_schema, response_format
+
+        fmt = response_format(judgment_schema(len(rubric)), self.structured_output)
         gen = self.backend.generate([ChatRequest(self.generate_prompt(caption, rubric),
-                                                 max_new_tokens=self.max_new_tokens)])[0]
+                                                 max_new_tokens=self.max_new_tokens, response_format=fmt)])[0]
         extra: dict[str, Any] = {"raw": gen.text}
         if gen.text is None:
             return None, extra, f"backend error: {gen.error}"

@@ -22,14 +22,33 @@ from captionrl.domains.captioning import IMAGE_CAPTION_INSTRUCTION
 from captionrl.domains.scenes import rubric_from_facts
 from captionrl.errors import ConfigError, DataError
 from captionrl.judges import prompts as P
+from captionrl.judges.roles import response_format, rubric_schema
 from captionrl.judges.rubric import RubricItem, RubricStore, parse_rubric_reply
 from captionrl.records import RecordWriter, write_json
 
 
 # ====================================================================== teacher committee
-def caption_messages(image: Any, instruction: str = IMAGE_CAPTION_INSTRUCTION) -> list[dict[str, Any]]:
-    """The caption request for one image (MoCo Rubric A.1.1 style), image part first."""
+def caption_messages(image: Any, instruction: str = IMAGE_CAPTION_INSTRUCTION,
+                     image_text: str | None = None) -> list[dict[str, Any]]:
+    """The caption request for one image (MoCo Rubric A.1.1 style), image part first; with ``image_text``
+    a text-only request in which that text stands in for the image (language-only teachers)."""
+    if image_text is not None:
+        return [{"role": "user", "content": f"Image (described in text): {image_text}\n\n{instruction}"}]
     return [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": instruction}]}]
+
+
+IMAGE_TEXT = ("none", "references")
+
+
+def image_text_of(item: Any, image_text: str) -> str | None:
+    """The text that stands in for ``item``'s image (``references``: its reference captions), or None."""
+    if image_text == "none":
+        return None
+    refs = [str(r) for r in getattr(item, "references", ()) if str(r).strip()]
+    if not refs:
+        raise DataError(f"item[{item.id}].references", [], "image_text=references needs reference captions",
+                        "give the item references, or let VLM teachers see the image (image_text: none)")
+    return " ".join(refs)
 
 
 def committee_captions(
@@ -43,10 +62,12 @@ def committee_captions(
     temperature: float = 0.0,
     seed: int = 0,
     progress: bool = True,
+    image_text: str = "none",
 ) -> dict[str, list[str]]:
     """Caption every item with every teacher; JSONL records keyed ``item|teacher|k``, resumable.
 
     A failed generation is recorded with ``caption: null`` and its error, and retried on the next run.
+    ``image_text="references"``: language-only teachers read the item's references instead of the image.
     Returns item id -> the successful captions (all teachers, in teacher order).
     """
     from tqdm.auto import tqdm
@@ -63,7 +84,8 @@ def committee_captions(
             mine = [(it, k) for it, t, k in todo if t is teacher]
             for start in range(0, len(mine), 8):
                 chunk = mine[start : start + 8]
-                reqs = [ChatRequest(caption_messages(it.load(), instruction), max_new_tokens=max_new_tokens,
+                reqs = [ChatRequest(caption_messages(None if image_text != "none" else it.load(), instruction,
+                                                     image_text_of(it, image_text)), max_new_tokens=max_new_tokens,
                                     temperature=temperature, seed=None if temperature == 0 else seed + k)
                         for it, k in chunk]
                 for (it, k), gen in zip(chunk, teacher.generate(reqs), strict=True):
@@ -118,6 +140,7 @@ class RubricWriter:
         min_items: int = 3,
         max_items: int = 10,
         with_image: bool = False,
+        structured_output: str = "none",
     ) -> None:
         if max_attempts < 1:
             raise ConfigError("max_attempts", max_attempts, "must be >= 1", "set max_attempts to 1 or more")
@@ -131,6 +154,7 @@ class RubricWriter:
         self.min_items = min_items
         self.max_items = max_items
         self.with_image = with_image
+        self.response_format = response_format(rubric_schema(min_items, max_items), structured_output)
 
     def prompt(self, teachers: Sequence[str], students: Sequence[str]) -> str:
         fmt = lambda cs: "\n".join(f"{i + 1}. {c.strip()}" for i, c in enumerate(cs)) or P.NO_STUDENT  # noqa: E731
@@ -152,7 +176,8 @@ class RubricWriter:
                 break
             temp = 0.0 if attempt == 0 else self.retry_temperature
             reqs = [ChatRequest(self._messages(items[i], prompts[i]), max_new_tokens=self.max_new_tokens,
-                                temperature=temp, seed=self.seed + attempt) for i in pending]
+                                temperature=temp, seed=self.seed + attempt, response_format=self.response_format)
+                    for i in pending]
             still = []
             for i, gen in zip(pending, self.backend.generate(reqs), strict=True):
                 res = results[i]
@@ -195,6 +220,7 @@ def build_rubrics(
     max_new_tokens: int = 256,
     seed: int = 0,
     progress: bool = True,
+    image_text: str = "none",
 ) -> dict[str, Any]:
     """Committee captions -> (student captions) -> rubrics, all JSONL in ``out_dir``; resumable.
 
@@ -207,11 +233,13 @@ def build_rubrics(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     committee = committee_captions(items, teachers, out / "committee.jsonl", instruction=instruction,
-                                   max_new_tokens=max_new_tokens, seed=seed, progress=progress) if teachers else {}
+                                   max_new_tokens=max_new_tokens, seed=seed, progress=progress,
+                                   image_text=image_text) if teachers else {}
     students: dict[str, list[str]] = {}
     if student is not None:
         students = committee_captions(items, [student], out / "student.jsonl", instruction=instruction,
-                                      max_new_tokens=max_new_tokens, seed=seed, progress=progress)
+                                      max_new_tokens=max_new_tokens, seed=seed, progress=progress,
+                                      image_text=image_text)
     store = RubricStore(out / "rubrics.jsonl")
     todo = [it for it in items if store.record(it.id) is None or store.record(it.id).get("rubric") is None]
     bar = tqdm(total=len(todo), desc="rubrics", disable=not progress)

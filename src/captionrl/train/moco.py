@@ -41,7 +41,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,7 +115,8 @@ class MocoJudgeConfig(RubricJudgeSettings):
 
     def factory(self, backend: Any) -> MocoRubricJudge:
         return MocoRubricJudge(backend, mode=self.mode, decision=self.decision, threshold=self.threshold,  # type: ignore[arg-type]
-                               max_new_tokens=self.max_new_tokens, name=f"moco-judge-{self.mode}")
+                               max_new_tokens=self.max_new_tokens, name=f"moco-judge-{self.mode}",
+                               structured_output=self.structured_output)
 
 
 @dataclass
@@ -348,9 +349,10 @@ class MocoRecipe(Recipe):
     curve_keys = CURVE_KEYS
     checkpoint_files = ("momentum.pt",)  # written by MomentumCallback after the Trainer's state: part of a complete checkpoint
 
-    def __init__(self, cfg: MocoConfig) -> None:
+    def __init__(self, cfg: MocoConfig, wrap_roles: Callable[[RoleServer], RoleServer] | None = None) -> None:
         super().__init__(cfg)
         self.box: dict[str, Any] = {}
+        self.wrap_roles = wrap_roles
         self.records: Any = None
         self.images: ImageLoadResult | None = None
         self.reward: Any = None
@@ -375,8 +377,10 @@ class MocoRecipe(Recipe):
 
         cfg = self.cfg
         self.records = RecordWriter(records_path(run.out))
-        judge = OnlineRubricJudge(momentum_roles(self.box, run.processing), cfg.rubric, judge_factory=cfg.judge.factory,
-                                  records=self.records)
+        roles = momentum_roles(self.box, run.processing)
+        if self.wrap_roles is not None:
+            roles = self.wrap_roles(roles)
+        judge = OnlineRubricJudge(roles, cfg.rubric, judge_factory=cfg.judge.factory, records=self.records)
         self.reward = MocoReward(judge, name="moco_rubric", log_fields=())
         return [self.reward]
 
@@ -438,9 +442,11 @@ def separate_state(cfg: MocoConfig) -> dict[str, Any]:
     return dict(model.named_parameters())
 
 
-def run(cfg: MocoConfig) -> dict[str, Any]:
-    """Train (MoCo or EvoLM), save, plot; returns what the result file holds, with the step time."""
-    recipe = MocoRecipe(cfg)
+def run(cfg: MocoConfig, wrap_roles: Callable[[RoleServer], RoleServer] | None = None) -> dict[str, Any]:
+    """Train (MoCo or EvoLM), save, plot; returns what the result file holds, with the step time.
+    ``wrap_roles`` wraps the momentum role server (rehearsals: a scripted stand-in for one role, entered
+    inside the momentum's own serving context)."""
+    recipe = MocoRecipe(cfg, wrap_roles)
     if cfg.method == "evolm":
         prepared = prepare(recipe)
         return run_evolm(cfg, prepared.out, prepared.model, prepared.processing, prepared.data,

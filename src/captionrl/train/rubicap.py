@@ -136,8 +136,12 @@ class RubricsConfig:
     student: dict[str, Any] | None = help_field(None, "build: optional student backend whose captions the writer diagnoses (null = none)")
     writer_sees_image: bool = help_field(False, "build: show the image to a VLM writer too")
     max_attempts: int = help_field(3, "build: writer attempts per item before it is recorded unscored")
+    min_items: int = help_field(3, "build: fewest items a valid rubric has")
+    max_items: int = help_field(10, "build: most items a valid rubric has")
     caption_max_new_tokens: int = help_field(512, "build: committee and student caption length")
     writer_max_new_tokens: int = help_field(1024, "build: rubric reply length")
+    image_text: str = help_field("none", "build: none (teachers see the image) or references (language-only teachers read the items' reference captions instead)")
+    structured_output: str = help_field("none", "build: constrain the writer's reply to the rubric JSON schema: none, json_schema (OpenAI/vLLM) or json_object (llama.cpp)")
 
     def __post_init__(self) -> None:
         if self.source not in ("facts", "store", "build"):
@@ -154,6 +158,16 @@ class RubricsConfig:
             if not self.writer:
                 raise ConfigError("rubrics.writer", self.writer, "building rubrics needs a writer backend",
                                   "set rubrics.writer: {kind: openai, model: ..., base_url: ...}")
+        from captionrl.judges.roles import STRUCTURED_OUTPUTS
+
+        if self.image_text not in ("none", "references"):
+            raise ConfigError("rubrics.image_text", self.image_text, "unknown choice", "use none or references")
+        if self.structured_output not in STRUCTURED_OUTPUTS:
+            raise ConfigError("rubrics.structured_output", self.structured_output, "unknown style",
+                              f"use one of {', '.join(STRUCTURED_OUTPUTS)}")
+        if not 1 <= self.min_items <= self.max_items:
+            raise ConfigError("rubrics.min_items", self.min_items, f"must be 1..rubrics.max_items ({self.max_items})",
+                              "set rubrics.min_items <= rubrics.max_items")
         if self.max_attempts < 1:
             raise ConfigError("rubrics.max_attempts", self.max_attempts, "must be >= 1", "set rubrics.max_attempts: 3")
         # Validate the backend mappings now (unknown keys, missing URLs), before any model or server is touched.
@@ -265,10 +279,12 @@ def ensure_rubrics(cfg: RubicapConfig, items: Sequence[Any], *, allow_models: bo
         r = cfg.rubrics
         teachers = [make_backend(backend_config(b, f"rubrics.committee[{i}]")) for i, b in enumerate(r.committee)]
         writer = RubricWriter(make_backend(backend_config(r.writer, "rubrics.writer")), max_attempts=r.max_attempts,
-                              max_new_tokens=r.writer_max_new_tokens, seed=cfg.seed, with_image=r.writer_sees_image)
+                              max_new_tokens=r.writer_max_new_tokens, seed=cfg.seed, with_image=r.writer_sees_image,
+                              structured_output=r.structured_output, min_items=r.min_items, max_items=r.max_items)
         student = make_backend(backend_config(r.student, "rubrics.student")) if r.student else None
         build_rubrics(items, teachers=teachers, writer=writer, out_dir=store.parent, student=student,
-                      instruction=cfg.data.instruction, max_new_tokens=r.caption_max_new_tokens, seed=cfg.seed)
+                      instruction=cfg.data.instruction, max_new_tokens=r.caption_max_new_tokens, seed=cfg.seed,
+                      image_text=r.image_text)
     elif cfg.rubrics.source == "store" and not store.is_file():
         raise ConfigError("rubrics.store", str(store), "file not found",
                           "build it first: captionrl rubrics build --items ITEMS --committee ... --writer ... --out DIR")
@@ -361,7 +377,7 @@ def make_judge(cfg: RubicapConfig, backend: Any) -> Any:
 
     r = cfg.reward
     return RubricJudge(backend, mode=r.mode, decision=r.decision, threshold=r.threshold,  # type: ignore[arg-type]
-                       max_new_tokens=r.max_new_tokens, name=f"rubric-{r.mode}")
+                       max_new_tokens=r.max_new_tokens, name=f"rubric-{r.mode}", structured_output=r.structured_output)
 
 
 def make_reward_judge(cfg: RubicapConfig, backend: Any, rows: Sequence[Mapping[str, Any]]) -> Any:

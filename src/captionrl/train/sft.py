@@ -465,6 +465,13 @@ def drop_too_long(rows: list[dict[str, Any]], tokenizer: Any, max_length: int) -
     return kept, dropped
 
 
+def _as_parts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages whose content is always a list of parts (a string becomes one text part): a VLM data set
+    mixes image prompts (Policy, Generator) with text-only ones (Judge), and Arrow needs one type."""
+    return [{**m, "content": m["content"] if isinstance(m["content"], list)
+             else [{"type": "text", "text": m["content"]}]} for m in messages]
+
+
 def _text_only(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for m in messages:
@@ -559,7 +566,10 @@ class SFTRecipe(Recipe):
         with RecordWriter(out / "data.jsonl") as w:
             w.write_many({k: v for k, v in r.items() if k != "images"} for r in self.rows if not w.has(r["key"]))
         columns = ["prompt", "completion"] + (["images"] if run.is_vlm else [])
-        dataset = Dataset.from_list([{k: r[k] for k in columns} for r in self.rows])
+        table = [{k: r[k] for k in columns} for r in self.rows]
+        if run.is_vlm:  # the Judge's text-only prompts beside image prompts: one content type per column
+            table = [{**t, "prompt": _as_parts(t["prompt"])} for t in table]
+        dataset = Dataset.from_list(table)
         return SFTTrainer(model=run.model, args=run.args, train_dataset=dataset, processing_class=run.processing,
                           peft_config=lora_config(cfg.policy), callbacks=self.callbacks(run))
 
