@@ -19,7 +19,7 @@ from captionrl.train import lineup
 ROOT = Path(__file__).resolve().parents[1]
 N_ITEMS = 2
 UNGUARDED = ["reward.transcription_penalty=0", "reward.run_penalty=0", "reward.factuality_penalty=0",
-             "reward.unfinished_penalty=0", "reward.length_penalty=0"]  # every shaping term off: the bare verifier
+             "reward.unfinished_penalty=0", "reward.length_penalty=0", "reward.number_penalty=0"]  # every shaping term off: the bare verifier
 
 
 def _setup(backend, overrides):
@@ -69,10 +69,14 @@ def test_refusal_names_the_winner_and_the_keys_and_unscored_honest_refuses(tmp_p
 @pytest.mark.slow
 def test_preflight_passes_the_cpu_config_and_refuses_an_unguarded_likelihood_reward(tmp_path, embedded_backend):
     _, rows, reward, honest, dumps = _setup(embedded_backend, [])
-    ok = run_preflight(reward, rows, honest, dumps, keys=lineup.PREFLIGHT_KEYS, out_dir=tmp_path / "ok")
+    from captionrl.preflight import invented_values
+
+    ok = run_preflight(reward, rows, honest, dumps, keys=lineup.PREFLIGHT_KEYS, out_dir=tmp_path / "ok",
+                       extra={"invented_values": invented_values(rows)})
     assert ok.passed and not ok.winners
     means = {r.probe: r.mean for r in ok.rows}
     assert all(means[p] < means["honest"] for p in means if p != "honest")
+    assert means["invented_values"] < 0  # the number budget prices a list of invented values (24 numbers)
     assert "honest" in (tmp_path / "ok" / "preflight.md").read_text()
 
     _, rows, reward, honest, dumps = _setup(embedded_backend, UNGUARDED)
@@ -80,3 +84,18 @@ def test_preflight_passes_the_cpu_config_and_refuses_an_unguarded_likelihood_rew
         run_preflight(reward, rows, honest, dumps, keys=lineup.PREFLIGHT_KEYS, out_dir=tmp_path / "bad")
     assert "reward.transcription_penalty" in str(err.value)
     assert json.loads((tmp_path / "bad" / "preflight.json").read_text())["winners"][0] == "dump"
+
+
+def test_invented_values_escape_the_guard_and_the_number_budget_prices_them():
+    from captionrl.judges.transcription import transcription
+    from captionrl.preflight import invented_values
+    from captionrl.rewards.shaping import ShapingConfig, count_numbers
+
+    series = [10.0, 10.5, 11.2, 12.0, 11.7, 11.1, 10.4, 9.8]
+    text = invented_values([{"series": series}], precision=2)[0]
+    assert count_numbers(text) == len(series)
+    assert transcription(text, series).copied == 0  # no value matches the series at any rounding: the guard is blind
+    budget = ShapedReward(lambda *a, **k: [], ShapingConfig(max_numbers=3, number_penalty=0.1))
+    assert budget.length_penalty(text) == pytest.approx(0.1 * (len(series) - 3))
+    assert budget.length_penalty("It rises from 10 to 12.") == 0.0  # 2 numbers: within the budget
+    assert ShapedReward(lambda *a, **k: [], ShapingConfig()).length_penalty(text) == 0.0  # no budget by default

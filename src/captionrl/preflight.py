@@ -86,15 +86,28 @@ def series_references(rows: Sequence[Mapping[str, Any]], precision: int = 2) -> 
     return honest, dumps
 
 
+def invented_values(rows: Sequence[Mapping[str, Any]], precision: int = 2, shift: float = 0.5) -> list[str]:
+    """The ``invented_values`` probe of LineupRL rows: each value moved ``shift`` standard deviations,
+    alternately up and down, printed like the prompt's numbers (see ``captionrl.probes``)."""
+    out = []
+    for r in rows:
+        v = np.asarray(r["series"], dtype=float)
+        sd = float(v.std()) or 1.0
+        moved = v + np.where(np.arange(len(v)) % 2 == 0, 1.0, -1.0) * shift * sd
+        out.append("The values are " + ", ".join(f"{x:.{precision}f}" for x in moved) + ".")
+    return out
+
+
 def _mean(values: Sequence[Any]) -> tuple[float | None, int]:
     vals = [float(v) for v in values if v is not None and not math.isnan(float(v))]
     return (float(np.mean(vals)) if vals else None), len(vals)
 
 
 def score_probes(reward: Callable[..., Sequence[Any]], rows: Sequence[Mapping[str, Any]], honest: Sequence[str],
-                 dumps: Sequence[str], batch: int = 8) -> dict[str, list[Any]]:
+                 dumps: Sequence[str], batch: int = 8,
+                 extra: Mapping[str, Sequence[str]] | None = None) -> dict[str, list[Any]]:
     """Every probe's rewards on ``rows``, through ``reward`` called as TRL calls it (chat completions)."""
-    captions = probe_captions(list(honest), list(dumps))
+    captions = probe_captions(list(honest), list(dumps), extra)
     cols = [k for k in rows[0] if k != "prompt"] if rows else []
     saved = getattr(reward, "samples", None)
     if saved is not None:
@@ -119,7 +132,8 @@ def score_probes(reward: Callable[..., Sequence[Any]], rows: Sequence[Mapping[st
 def run_preflight(reward: Callable[..., Sequence[Any]], rows: Sequence[Mapping[str, Any]], honest: Sequence[str],
                   dumps: Sequence[str], *, keys: Sequence[str] = (), force: bool = False,
                   out_dir: str | Path | None = None, echo: bool = True,
-                  hint: str = "switch the transcription guard on, raise its penalties") -> PreflightResult:
+                  hint: str = "switch the transcription guard on, raise its penalties",
+                  extra: Mapping[str, Sequence[str]] | None = None) -> PreflightResult:
     """Score the probes on ``rows`` (already sampled), save the table, refuse when a probe wins.
 
     Args:
@@ -130,10 +144,11 @@ def run_preflight(reward: Callable[..., Sequence[Any]], rows: Sequence[Mapping[s
         force: start anyway (``train.force_preflight=true``): the table is still saved and printed.
         out_dir: run folder for ``preflight.md`` / ``preflight.json`` (None: not saved).
         hint: an example of a change that helps, for the refusal's fix (the recipe knows its reward).
+        extra: further probes per row (name -> captions), e.g. ``invented_values`` for series.
     Raises:
         PreflightError: a probe's mean is >= the honest mean, or the honest reference is never scored.
     """
-    scores = score_probes(reward, rows, honest, dumps)
+    scores = score_probes(reward, rows, honest, dumps, extra=extra)
     honest_mean, _ = _mean(scores["honest"])
     table: list[ProbeRow] = []
     winners: list[str] = []
@@ -145,7 +160,8 @@ def run_preflight(reward: Callable[..., Sequence[Any]], rows: Sequence[Mapping[s
             winners.append(probe)
         table.append(ProbeRow(probe, mean, scored, len(vals), margin, wins))
     passed = honest_mean is not None and not winners
-    examples = {p: c[0] for p, c in probe_captions(list(honest[:1]), list(dumps[:1])).items()} if honest else {}
+    first = {name: list(caps[:1]) for name, caps in (extra or {}).items()}
+    examples = {p: c[0] for p, c in probe_captions(list(honest[:1]), list(dumps[:1]), first).items()} if honest else {}
     result = PreflightResult(table, honest_mean, winners, passed, forced=force and not passed,
                              item_ids=[str(r.get("item_id", i)) for i, r in enumerate(rows)], examples=examples)
     if out_dir is not None:

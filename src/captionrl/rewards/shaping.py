@@ -42,6 +42,11 @@ def mask_numbers(caption: str) -> str:
     return MASK_RE.sub(MASK, caption)
 
 
+def count_numbers(caption: str) -> int:
+    """How many numbers a caption states (what the number budget counts)."""
+    return len(MASK_RE.findall(caption))
+
+
 def ends_with_stop(caption: str) -> bool:
     """Whether the caption ends a sentence (a clipped caption usually does not)."""
     return caption.rstrip().endswith((".", "!", "?"))
@@ -58,9 +63,13 @@ class ShapingConfig:
     factuality: FactualityTerm = field(default_factory=FactualityTerm)
     masked_weight: float = 0.0
     unfinished_penalty: float = 0.0                        # a caption that does not end a sentence
+    max_numbers: int | None = None                         # numbers a caption may state for free (None: no budget)
+    number_penalty: float = 0.0                            # per number beyond max_numbers, matched to the series or not
 
     def __post_init__(self) -> None:
-        if self.length_penalty < 0 or self.unfinished_penalty < 0:
+        if self.max_numbers is not None and self.max_numbers < 0:
+            raise ConfigError("max_numbers", self.max_numbers, "must be >= 0", "set null for no number budget")
+        if self.length_penalty < 0 or self.unfinished_penalty < 0 or self.number_penalty < 0:
             raise ConfigError("length_penalty", self.length_penalty, "must be >= 0", "set 0 to switch it off")
         if not 0 <= self.masked_weight <= 1:
             raise ConfigError("masked_weight", self.masked_weight, "must be in [0, 1]", "set 0 (off) or e.g. 0.5")
@@ -121,12 +130,18 @@ class ShapedReward:
 
     # ------------------------------------------------------------------ per-caption terms
     def length_penalty(self, caption: str) -> float:
-        """Characters above the limit, plus the unfinished-sentence penalty (both are about form)."""
+        """Form: characters above the limit, the unfinished-sentence penalty, and the number budget.
+
+        The budget counts every number, matched to the series or not: the transcription guard only sees
+        copied values, and a list of invented values near the series' scale makes no checkable claim, so
+        neither it nor the factuality term can price it, while a likelihood verifier pays for it."""
         c = self.cfg
-        unfinished = 0.0 if ends_with_stop(caption) else c.unfinished_penalty
+        form = 0.0 if ends_with_stop(caption) else c.unfinished_penalty
+        if c.max_numbers is not None and c.number_penalty > 0:
+            form += c.number_penalty * max(0, count_numbers(caption) - c.max_numbers)
         if c.max_caption_chars is None or len(caption) <= c.max_caption_chars:
-            return unfinished
-        return unfinished + c.length_penalty * (len(caption) - c.max_caption_chars) / 100.0
+            return form
+        return form + c.length_penalty * (len(caption) - c.max_caption_chars) / 100.0
 
     def shape(self, captions: Sequence[str], base_scores: Sequence[Any], series: Sequence[Any] | None = None,
               series_text: Sequence[str] | None = None, masked_scores: Sequence[Any] | None = None) -> list[Shaped]:
@@ -218,6 +233,7 @@ def metrics(captions: Sequence[str], shaped: Sequence[Shaped]) -> dict[str, floa
         "shaping/length_penalty": mean([s.length_penalty for s in shaped]),
         "shaping/caption_chars": mean([float(len(c)) for c in captions]),
         "shaping/ends_with_stop": mean([float(ends_with_stop(c)) for c in captions]),
+        "shaping/numbers": mean([float(count_numbers(c)) for c in captions]),
         "verifier_failures": float(sum(s.reward is None for s in shaped)),
     }
     trs = [s.transcription for s in shaped if s.transcription is not None]

@@ -99,6 +99,8 @@ class LineupRewardConfig(IdentifyScoring):
     claims_backend: str | None = help_field(None, "backend spec of the LLM claim extractor, e.g. openai:http://127.0.0.1:8000/v1#MODEL")
     masked_weight: float = help_field(0.0, "numbers-masked pass: base = (1-w)*score + w*score(caption with numbers masked); 0 = off")
     unfinished_penalty: float = help_field(0.0, "penalty for a caption that does not end a sentence (cut by the token budget or trailing off)")
+    max_numbers: int | None = help_field(None, "number budget: numbers a caption may state for free, matched to the series or not (null = no budget)")
+    number_penalty: float = help_field(0.0, "penalty per number beyond max_numbers (prices invented value lists, which the transcription guard cannot see)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -107,7 +109,7 @@ class LineupRewardConfig(IdentifyScoring):
 
             raise ConfigError("reward.family", self.family, "unknown reward family", suggest(self.family, list(FAMILIES)))
         if min(self.length_penalty, self.transcription_penalty, self.run_penalty, self.factuality_penalty,
-               self.unfinished_penalty) < 0:
+               self.unfinished_penalty, self.number_penalty) < 0:
             raise ConfigError("reward.*_penalty", (self.length_penalty, self.transcription_penalty, self.run_penalty,
                                                    self.factuality_penalty),
                               "penalties must be >= 0", "set them to 0 to switch shaping off")
@@ -213,10 +215,12 @@ def shaping_config(reward: LineupRewardConfig) -> ShapingConfig:
                           extractor=reward.claims_extractor if backend is not None else "rules", backend=backend)
     return ShapingConfig(lam=1.0, max_caption_chars=reward.max_caption_chars, length_penalty=reward.length_penalty,
                          transcription=guard, factuality=term, masked_weight=reward.masked_weight,
-                         unfinished_penalty=reward.unfinished_penalty)
+                         unfinished_penalty=reward.unfinished_penalty, max_numbers=reward.max_numbers,
+                         number_penalty=reward.number_penalty)
 
 
 PREFLIGHT_KEYS = ("reward.transcription_penalty", "reward.run_penalty", "reward.max_copied_values",
+                  "reward.max_numbers", "reward.number_penalty",
                   "reward.factuality_penalty", "reward.masked_weight", "reward.mode", "reward.signal", "verifier")
 """Config keys that change what the reward preflight finds (printed when it refuses a run)."""
 
@@ -238,7 +242,7 @@ def preflight(cfg: LineupConfig, rows: Sequence[Mapping[str, Any]], reward: Any,
     every hacking probe under ``reward`` (the trainer's own callable); raises ``PreflightError`` otherwise."""
     import os
 
-    from captionrl.preflight import run_preflight, sample_rows, series_references
+    from captionrl.preflight import invented_values, run_preflight, sample_rows, series_references
 
     if cfg.train.preflight_items <= 0:
         return None
@@ -248,7 +252,8 @@ def preflight(cfg: LineupConfig, rows: Sequence[Mapping[str, Any]], reward: Any,
     if main:
         print(f"reward preflight under the {cfg.reward.family} reward")
     return run_preflight(reward, chosen, honest, dumps, keys=preflight_keys(cfg.reward), force=cfg.train.force_preflight,
-                         out_dir=out if main else None, echo=main)
+                         out_dir=out if main else None, echo=main,
+                         extra={"invented_values": invented_values(chosen, cfg.data.precision)})
 
 
 # ---------------------------------------------------------------------- run
