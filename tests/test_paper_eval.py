@@ -142,7 +142,7 @@ SWEEP_EVAL = {"verifiers": ["hf:embedded"], "k": 2, "identify": {"modes": ["like
 
 def test_sweep_config_errors_before_training(tmp_path, monkeypatch):
     from captionrl.errors import ConfigError
-    from captionrl.eval.sweep import SweepConfig, settings_of
+    from captionrl.train.sweep import SweepConfig, settings_of
 
     monkeypatch.setenv("CAPTIONRL_FORBID_MODEL_CALLS", "1")
     with pytest.raises(ConfigError, match="no knob"):
@@ -158,7 +158,7 @@ def test_sweep_config_errors_before_training(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_sweep_trains_evaluates_and_resumes(tmp_path, embedded_backend, monkeypatch):
-    from captionrl.eval import sweep
+    from captionrl.train import sweep
     from captionrl.train.curves import load_metrics
 
     cfg = sweep.SweepConfig(lineup=str(ROOT / "configs" / "lineup-cpu.yaml"), overrides=SWEEP_TINY, out=str(tmp_path / "sweep"),
@@ -191,7 +191,7 @@ def test_shipped_paper_eval_and_sweep_configs_load(monkeypatch):
     """configs/paper-eval.yaml and configs/paper-sweep.yaml validate without any model or server."""
     from captionrl.config import load_config
     from captionrl.eval.paper import PaperEvalConfig, verifier_names
-    from captionrl.eval.sweep import SweepConfig, settings_of
+    from captionrl.train.sweep import SweepConfig, settings_of
 
     monkeypatch.setenv("CAPTIONRL_FORBID_MODEL_CALLS", "1")
     monkeypatch.chdir(ROOT)

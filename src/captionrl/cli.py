@@ -33,7 +33,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("eval", "qa"): ("captionrl.eval.qa", "caption-based QA (multiple choice and open-ended)"),
     ("eval", "agreement"): ("captionrl.eval.agreement", "judge-human agreement (accuracy, Cohen's kappa)"),
     ("eval", "paper"): ("captionrl.eval.paper", "the paper's evaluation of caption files: identification, entailment, Table 3, bottleneck + p-values"),
-    ("eval", "sweep"): ("captionrl.eval.sweep", "reward-knob sweep (verifier, K, distractor rule): train + evaluate each setting, Tables 10-15, Figure 3"),
+    ("eval", "sweep"): ("captionrl.train.sweep", "reward-knob sweep (verifier, K, distractor rule): train + evaluate each setting, Tables 10-15, Figure 3"),
     ("eval", "hacking"): ("captionrl.eval.hacking", "reward-hacking probes for every reward"),
     ("train", "lineup"): ("captionrl.train.lineup", "LineupRL: RLOO/GRPO with the identification reward"),
     ("train", "rubicap"): ("captionrl.train.rubicap", "RubiCap: GRPO with rubric rewards"),

@@ -16,7 +16,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -208,3 +208,37 @@ def write_json(path: str | Path, obj: Any) -> None:
     tmp = p.with_suffix(p.suffix + ".tmp")
     tmp.write_text(json.dumps(_clean(obj), default=_default, indent=2, ensure_ascii=False) + "\n")
     tmp.replace(p)
+
+
+# ---------------------------------------------------------------------- training logs
+Source = str | Path | Iterable[Mapping[str, Any]]
+
+
+def load_metrics(source: Source) -> list[dict[str, Any]]:
+    """Training log entries (those with a ``reward`` or a ``loss``) in step order.
+
+    ``source`` is a ``metrics.jsonl``, a ``trainer_state.json`` (or a run folder holding one), or the
+    entries themselves. A step logged twice (a resumed run re-logs the steps after its checkpoint) keeps
+    its last entry; the trainer's closing summary (``train_loss``, ``train_runtime``) is not a step.
+    """
+    by_step: dict[int, dict[str, Any]] = {}
+    for i, rec in enumerate(metric_entries(source)):
+        if "reward" in rec or "loss" in rec:
+            by_step[int(rec.get("step", i))] = rec
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def metric_entries(source: Source) -> list[dict[str, Any]]:
+    if not isinstance(source, (str, Path)):
+        return [dict(r) for r in source if isinstance(r, Mapping)]
+    path = Path(source)
+    if path.is_dir():
+        path = path / "trainer_state.json"
+    if not path.is_file():
+        raise DataError("metrics", str(source), "file not found",
+                        "give a metrics.jsonl, a trainer_state.json, or a run folder that has one")
+    if path.suffix == ".json":
+        data = json.loads(path.read_text())
+        rows = data.get("log_history", []) if isinstance(data, dict) else data
+        return [dict(r) for r in rows if isinstance(r, Mapping)]
+    return list(read_jsonl(path, appended=True))  # our own log: a killed run may leave a torn last line

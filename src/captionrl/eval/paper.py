@@ -324,7 +324,7 @@ def run_reward_row(run_dir: Path) -> dict[str, Any]:
     """One training run's logged reward accuracy (``<reward>/hard`` in metrics.jsonl) and its K and rule."""
     from captionrl.config import load_yaml
     from captionrl.eval.identification import above_chance
-    from captionrl.train.curves import load_metrics
+    from captionrl.records import load_metrics
 
     metrics_path, cfg_path = run_dir / "metrics.jsonl", run_dir / "config.yaml"
     if not metrics_path.is_file() or not cfg_path.is_file():

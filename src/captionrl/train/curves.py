@@ -9,13 +9,17 @@ memory) and ``plot_curves`` draws one panel per metric: the logged trace plus a 
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from captionrl.errors import DataError
+from captionrl.records import (  # the one metrics loader lives with the records
+    Source,
+    load_metrics,
+    metric_entries,
+)
 
 WATCHED = (
     ("reward", "reward"),
@@ -33,39 +37,6 @@ WATCHED = (
 )
 """(substring of a metric name, label) pairs shown on the console line and plotted by default."""
 
-Source = str | Path | Iterable[Mapping[str, Any]]
-
-
-def load_metrics(source: Source) -> list[dict[str, Any]]:
-    """Training log entries (those with a ``reward`` or a ``loss``) in step order.
-
-    ``source`` is a ``metrics.jsonl``, a ``trainer_state.json`` (or a run folder holding one), or the
-    entries themselves. A step logged twice (a resumed run re-logs the steps after its checkpoint) keeps
-    its last entry; the trainer's closing summary (``train_loss``, ``train_runtime``) is not a step.
-    """
-    by_step: dict[int, dict[str, Any]] = {}
-    for i, rec in enumerate(_entries(source)):
-        if "reward" in rec or "loss" in rec:
-            by_step[int(rec.get("step", i))] = rec
-    return [by_step[s] for s in sorted(by_step)]
-
-
-def _entries(source: Source) -> list[dict[str, Any]]:
-    if not isinstance(source, (str, Path)):
-        return [dict(r) for r in source if isinstance(r, Mapping)]
-    path = Path(source)
-    if path.is_dir():
-        path = path / "trainer_state.json"
-    if not path.is_file():
-        raise DataError("metrics", str(source), "file not found",
-                        "give a metrics.jsonl, a trainer_state.json, or a run folder that has one")
-    if path.suffix == ".json":
-        data = json.loads(path.read_text())
-        rows = data.get("log_history", []) if isinstance(data, dict) else data
-        return [dict(r) for r in rows if isinstance(r, Mapping)]
-    from captionrl.records import read_jsonl
-
-    return list(read_jsonl(path, appended=True))  # our own log: a killed run may leave a torn last line
 
 
 def _value(row: Mapping[str, Any], key: str) -> float | None:
@@ -162,7 +133,7 @@ def plot_curves(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = load_metrics(source) if isinstance(source, (str, Path)) else _entries(source)
+    rows = load_metrics(source) if isinstance(source, (str, Path)) else metric_entries(source)
     names = list(keys) if keys is not None else curve_keys(rows)
     series: dict[str, tuple[list[float], list[float]]] = {}
     for key in names:
