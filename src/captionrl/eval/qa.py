@@ -22,7 +22,7 @@ empty captions) so the run checks the answerer itself: the reference caption mus
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -246,31 +246,37 @@ def run(cfg: QAEvalConfig, *, answerer: CaptionAnswerer | None = None, open_answ
 Todo = list[tuple[str, str, dict[str, Any], str]]
 
 
-def _answer_choice(todo: Todo, answerer: CaptionAnswerer, writer: RecordWriter, batch: int) -> None:
-    for start in tqdm(range(0, len(todo), batch), desc="qa", unit="batch"):
+def _answer_batches(todo: Todo, answerer: CaptionAnswerer | OpenAnswerer, writer: RecordWriter, batch: int,
+                    desc: str, record: Callable[[dict[str, Any], Any], dict[str, Any]]) -> None:
+    """Ask ``answerer`` ``batch`` questions at a time and write one record per answer: the keys every
+    record shares, then ``record(question, answer)`` (what the question format adds)."""
+    for start in tqdm(range(0, len(todo), batch), desc=desc, unit="batch"):
         chunk = todo[start : start + batch]
-        qs: list[MCQuestion] = [t[2]["question"] for t in chunk]
-        answers = answerer.answer([t[3] for t in chunk], qs)
+        answers = answerer.answer([t[3] for t in chunk], [t[2]["question"] for t in chunk])
         for (key, name, q, _cap), a in zip(chunk, answers, strict=True):
             writer.write({"key": key, "system": name, "benchmark": q["benchmark"], "id": q["id"], "qid": q["qid"],
-                          "format": "choice", "question": q["question"].question,
-                          "options": list(q["question"].options), "answer": q["question"].answer,
-                          "choice": a.choice, "correct": a.correct,
-                          "score": None if a.correct is None else float(a.correct),
-                          "probs": a.probs, "method": a.method, "error": a.error})
+                          **record(q, a)})
+
+
+def _choice_record(q: dict[str, Any], a: Any) -> dict[str, Any]:
+    mc: MCQuestion = q["question"]
+    return {"format": "choice", "question": mc.question, "options": list(mc.options), "answer": mc.answer,
+            "choice": a.choice, "correct": a.correct, "score": None if a.correct is None else float(a.correct),
+            "probs": a.probs, "method": a.method, "error": a.error}
+
+
+def _open_record(q: dict[str, Any], a: Any) -> dict[str, Any]:
+    oq: OpenQuestion = q["question"]
+    return {"format": "open", "question": oq.question, "answers": list(oq.answers), "metric": oq.metric,
+            "prediction": a.prediction, "raw": a.raw, "score": a.score, "scores": a.scores, "error": a.error}
+
+
+def _answer_choice(todo: Todo, answerer: CaptionAnswerer, writer: RecordWriter, batch: int) -> None:
+    _answer_batches(todo, answerer, writer, batch, "qa", _choice_record)
 
 
 def _answer_open(todo: Todo, answerer: OpenAnswerer, writer: RecordWriter, batch: int) -> None:
-    for start in tqdm(range(0, len(todo), batch), desc="qa (open)", unit="batch"):
-        chunk = todo[start : start + batch]
-        qs: list[OpenQuestion] = [t[2]["question"] for t in chunk]
-        answers = answerer.answer([t[3] for t in chunk], qs)
-        for (key, name, q, _cap), a in zip(chunk, answers, strict=True):
-            writer.write({"key": key, "system": name, "benchmark": q["benchmark"], "id": q["id"], "qid": q["qid"],
-                          "format": "open", "question": q["question"].question,
-                          "answers": list(q["question"].answers), "metric": q["question"].metric,
-                          "prediction": a.prediction, "raw": a.raw, "score": a.score, "scores": a.scores,
-                          "error": a.error})
+    _answer_batches(todo, answerer, writer, batch, "qa (open)", _open_record)
 
 
 def _score(r: Mapping[str, Any]) -> float | None:
