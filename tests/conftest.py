@@ -28,6 +28,12 @@ TEST_CACHE = os.environ.get("CAPTIONRL_TEST_CACHE") or tempfile.mkdtemp(prefix="
 os.environ["CAPTIONRL_CACHE"] = TEST_CACHE  # forced, before any test (or subprocess) asks for cache_dir()
 
 
+def pytest_report_header(config) -> str:
+    """Free disk where tests write: a training test needs ~2-4 GB while it runs (see pyproject)."""
+    free_gb = shutil.disk_usage(tempfile.gettempdir()).free / 2**30
+    return f"captionrl: {free_gb:.1f} GiB free in {tempfile.gettempdir()}; test cache {TEST_CACHE}"
+
+
 def pytest_unconfigure(config):
     if _OWN_CACHE:
         shutil.rmtree(TEST_CACHE, ignore_errors=True)
