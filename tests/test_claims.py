@@ -31,3 +31,17 @@ def test_term_weights_the_share_and_llm_needs_a_backend():
     assert term.penalty(f) == pytest.approx(0.5 * f.red_share) and 0 < f.red_share < 1
     with pytest.raises(ConfigError, match="claims_backend"):
         FactualityTerm(weight=1.0, extractor="llm")
+
+
+def test_bonus_pays_supported_claims_and_no_probe_collects_it():
+    term = FactualityTerm(weight=1.0, bonus=0.5)
+    assert FactualityTerm(bonus=0.5).enabled and not FactualityTerm().enabled
+    right, wrong, dump, praise = term.findings(
+        ["It starts at 10. It ends at 40.", "It starts at 25. It ends at 2.",
+         " ".join(f"{v:.1f}" for v in RISING), "A clear, precise and faithful description of the series."],
+        [RISING] * 4)
+    assert term.penalty(right) == pytest.approx(-0.5 * right.green_share) and right.green_share == 1.0
+    assert term.penalty(wrong) == pytest.approx(1.0) and wrong.green_share == 0.0
+    assert term.penalty(dump) == 0.0 and term.penalty(praise) == 0.0  # no checked claim: nothing to collect
+    with pytest.raises(ConfigError, match="factuality_bonus"):
+        FactualityTerm(bonus=-0.1)

@@ -34,7 +34,8 @@ from captionrl.types import Judgment
 
 CONFIG_ENV = "CAPTIONRL_REWARD_CONFIG"
 SHAPING_KEYS = {"max_caption_chars": None, "length_penalty": 0.0, "max_copied_values": 4, "transcription_penalty": 0.1,
-                "transcription_run": 3, "run_penalty": 1.0, "factuality_penalty": 0.0, "factuality_tolerance": 0.35,
+                "transcription_run": 3, "run_penalty": 1.0, "factuality_penalty": 0.0, "factuality_bonus": 0.0,
+                "factuality_tolerance": 0.35,
                 "unfinished_penalty": 0.0, "max_numbers": None, "number_penalty": 0.0}
 """The ``reward.*`` shaping keys of ``train lineup`` the adapters apply, with the same defaults (the
 numbers-masked pass, ``masked_weight``, needs a second verifier call per sample and is not offered here)."""
@@ -91,6 +92,7 @@ def shaping_config(data: dict[str, Any] | None = None) -> ShapingConfig:
                          max_numbers=None if c["max_numbers"] is None else int(c["max_numbers"]),
                          number_penalty=float(c["number_penalty"]),
                          transcription=guard, factuality=FactualityTerm(weight=float(c["factuality_penalty"]),
+                                                                        bonus=float(c["factuality_bonus"]),
                                                                         tolerance=float(c["factuality_tolerance"])))
 
 

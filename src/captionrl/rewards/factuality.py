@@ -3,8 +3,12 @@
 A caption's claims (a value at a step or over an interval, a statistic, a trend, a length) are extracted by
 rules (``judges.claims.extract_rules``, the default) or by an LLM (``extract_llm``, when a capable model is
 served: ``extractor="llm"`` with a backend), and each is checked by code against the series within
-``tolerance`` standard deviations. The term is ``weight * red_share``: the share of checkable claims the
-series contradicts. An LLM extraction that fails falls back to the rules for that caption (counted in
+``tolerance`` standard deviations. The term is ``weight * red_share - bonus * green_share``: the share of
+claims the series contradicts, less (optionally) the share it supports. The bonus is there because a penalty
+alone teaches a small policy little in a few steps: most of its samples state wrong values, and a sample that
+gets one right stands out only by what it avoided; the bonus pays the right value itself. It pays only
+code-checked agreement with the series, so no probe (a number dump, generic praise, another item's caption)
+collects it. An LLM extraction that fails falls back to the rules for that caption (counted in
 ``llm_fallbacks``), so the term is always defined and never silently 0.
 """
 
@@ -22,9 +26,11 @@ EXTRACTORS = ("rules", "llm")
 
 @dataclass
 class FactualityTerm:
-    """``weight * red_share`` per caption; ``backend`` is required (and only used) with ``extractor='llm'``."""
+    """``weight * red_share - bonus * green_share`` per caption; ``backend`` is required (and only used) with
+    ``extractor='llm'``."""
 
     weight: float = 0.0
+    bonus: float = 0.0
     tolerance: float = 0.35
     extractor: str = "rules"
     backend: Any = None
@@ -34,6 +40,8 @@ class FactualityTerm:
     def __post_init__(self) -> None:
         if self.weight < 0:
             raise ConfigError("factuality_penalty", self.weight, "must be >= 0", "set 0 to switch the term off")
+        if self.bonus < 0:
+            raise ConfigError("factuality_bonus", self.bonus, "must be >= 0", "set 0 to pay nothing for supported claims")
         if self.tolerance <= 0:
             raise ConfigError("factuality_tolerance", self.tolerance, "must be > 0", "use 0.35 (the span audit's)")
         if self.extractor not in EXTRACTORS:
@@ -44,7 +52,7 @@ class FactualityTerm:
 
     @property
     def enabled(self) -> bool:
-        return self.weight > 0
+        return self.weight > 0 or self.bonus > 0
 
     def findings(self, captions: Sequence[str], series: Sequence[Any]) -> list[Factuality]:
         """Colour counts of every caption's claims against its series."""
@@ -57,4 +65,5 @@ class FactualityTerm:
                 for cap, s, cl in zip(captions, series, claims, strict=True)]
 
     def penalty(self, finding: Factuality) -> float:
-        return self.weight * finding.red_share
+        """What the term takes from the reward (negative when supported claims outweigh contradicted ones)."""
+        return self.weight * finding.red_share - self.bonus * finding.green_share

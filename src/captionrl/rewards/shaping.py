@@ -12,7 +12,8 @@ Terms, each logged as its own metric through TRL's ``log_metric`` (``shaping/*``
   when the caption does not end a sentence (cut by the token budget);
 - transcription (``judges.transcription``): copied series values beyond an allowance counted in values,
   and any run of consecutive values; applies where the rows carry a ``series`` column;
-- factuality (``rewards.factuality``): ``weight * share of contradicted claims``; series rows only;
+- factuality (``rewards.factuality``): ``weight * share of contradicted claims - bonus * share of supported
+  claims``; series rows only;
 - numbers-masked pass (``masked_weight > 0``): the base reward also scores the caption with its numbers
   masked, and the base becomes ``(1 - w) * base + w * masked``: a caption that is identifiable only through
   copied numbers loses that part. A failed masked judgment leaves the caption unscored (``None``).

@@ -94,6 +94,7 @@ class LineupRewardConfig(IdentifyScoring):
     transcription_run: int = help_field(3, "a run of this many consecutive series values, in order, is transcription and is always penalised")
     run_penalty: float = help_field(1.0, "penalty for a caption with such a run (0 = off)")
     factuality_penalty: float = help_field(0.0, "weight of the share of claims the series contradicts (span-audit code checks within factuality_tolerance sigma; 0 = off)")
+    factuality_bonus: float = help_field(0.0, "weight of the share of claims the series supports, added to the reward (code-checked values and trends only: a probe cannot collect it; 0 = off)")
     factuality_tolerance: float = help_field(0.35, "claims within this many standard deviations of the series are supported")
     claims_extractor: str = help_field("rules", "claim extraction of the factuality term: rules, or llm (needs claims_backend: a capable served model)")
     claims_backend: str | None = help_field(None, "backend spec of the LLM claim extractor, e.g. openai:http://127.0.0.1:8000/v1#MODEL")
@@ -109,10 +110,10 @@ class LineupRewardConfig(IdentifyScoring):
 
             raise ConfigError("reward.family", self.family, "unknown reward family", suggest(self.family, list(FAMILIES)))
         if min(self.length_penalty, self.transcription_penalty, self.run_penalty, self.factuality_penalty,
-               self.unfinished_penalty, self.number_penalty) < 0:
+               self.factuality_bonus, self.unfinished_penalty, self.number_penalty) < 0:
             raise ConfigError("reward.*_penalty", (self.length_penalty, self.transcription_penalty, self.run_penalty,
                                                    self.factuality_penalty),
-                              "penalties must be >= 0", "set them to 0 to switch shaping off")
+                              "penalties (and factuality_bonus) must be >= 0", "set them to 0 to switch shaping off")
         if self.max_copied_values < 0 or self.transcription_run < 2:
             raise ConfigError("reward.max_copied_values/transcription_run", (self.max_copied_values, self.transcription_run),
                               "need max_copied_values >= 0 and transcription_run >= 2", "set e.g. 4 and 3")
@@ -207,11 +208,12 @@ def shaping_config(reward: LineupRewardConfig) -> ShapingConfig:
         guard = TranscriptionConfig(max_copied_values=reward.max_copied_values, min_run=reward.transcription_run,
                                     value_penalty=reward.transcription_penalty, run_penalty=reward.run_penalty)
     backend = None
-    if reward.claims_extractor == "llm" and reward.factuality_penalty > 0:
+    if reward.claims_extractor == "llm" and (reward.factuality_penalty > 0 or reward.factuality_bonus > 0):
         from captionrl.backends import make_backend, parse_backend_spec
 
         backend = make_backend(parse_backend_spec(str(reward.claims_backend)))
-    term = FactualityTerm(weight=reward.factuality_penalty, tolerance=reward.factuality_tolerance,
+    term = FactualityTerm(weight=reward.factuality_penalty, bonus=reward.factuality_bonus,
+                          tolerance=reward.factuality_tolerance,
                           extractor=reward.claims_extractor if backend is not None else "rules", backend=backend)
     return ShapingConfig(lam=1.0, max_caption_chars=reward.max_caption_chars, length_penalty=reward.length_penalty,
                          transcription=guard, factuality=term, masked_weight=reward.masked_weight,
@@ -221,7 +223,7 @@ def shaping_config(reward: LineupRewardConfig) -> ShapingConfig:
 
 PREFLIGHT_KEYS = ("reward.transcription_penalty", "reward.run_penalty", "reward.max_copied_values",
                   "reward.max_numbers", "reward.number_penalty",
-                  "reward.factuality_penalty", "reward.masked_weight", "reward.mode", "reward.signal", "verifier")
+                  "reward.factuality_penalty", "reward.factuality_bonus", "reward.masked_weight", "reward.mode", "reward.signal", "verifier")
 """Config keys that change what the reward preflight finds (printed when it refuses a run)."""
 
 
