@@ -7,7 +7,6 @@ import json
 import pytest
 
 from captionrl.eval.hacking import (
-    PROBES,
     REWARDS,
     HackingEvalConfig,
     NotApplicable,
@@ -16,6 +15,7 @@ from captionrl.eval.hacking import (
     run,
     series_probes,
 )
+from captionrl.probes import PROBES
 
 
 def test_probe_sets_are_well_formed():
@@ -27,6 +27,9 @@ def test_probe_sets_are_well_formed():
     assert series_probes(n=2, k=3, length=12, seed=1).ids == s.ids  # seeded
     im = image_probes(n=2, seed=0)
     assert set(im.captions) == set(PROBES) and im.captions["other_item"][0] != im.captions["honest"][0]
+    # series also get invented values: plausible numbers, none of them the series' own at any rounding
+    assert set(s.captions) == {*PROBES, "invented_values"}
+    assert s.captions["invented_values"][0].startswith("The values are ")
 
 
 def test_ngram_report_without_a_model(tmp_path):
@@ -78,6 +81,8 @@ def test_series_table_has_the_transcription_guard_columns(tmp_path):
     rows = {r["system"]: r for r in summary.rows}
     guard = rows["transcription guard (series)"]
     assert guard["dump"] == pytest.approx(1.0)  # the dump copies every value of the series
+    assert guard["invented_values"] == pytest.approx(0.0)  # ...and invented values copy none: the guard is blind
+    assert rows["identify-claims (series)"]["invented_values"] < rows["identify-claims (series)"]["honest"]
     assert guard["honest"] <= 4 / 12 and guard["empty"] == 0.0
     assert "exploitable_guarded" in summary.columns
     claims = rows["identify-claims (series)"]

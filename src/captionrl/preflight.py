@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from captionrl.errors import ConfigError
+from captionrl.probes import invented_values as invented_caption
 from captionrl.probes import probe_captions
 
 FORCE_KEY = "train.force_preflight"
@@ -89,13 +90,7 @@ def series_references(rows: Sequence[Mapping[str, Any]], precision: int = 2) -> 
 def invented_values(rows: Sequence[Mapping[str, Any]], precision: int = 2, shift: float = 0.5) -> list[str]:
     """The ``invented_values`` probe of LineupRL rows: each value moved ``shift`` standard deviations,
     alternately up and down, printed like the prompt's numbers (see ``captionrl.probes``)."""
-    out = []
-    for r in rows:
-        v = np.asarray(r["series"], dtype=float)
-        sd = float(v.std()) or 1.0
-        moved = v + np.where(np.arange(len(v)) % 2 == 0, 1.0, -1.0) * shift * sd
-        out.append("The values are " + ", ".join(f"{x:.{precision}f}" for x in moved) + ".")
-    return out
+    return [invented_caption([float(x) for x in r["series"]], precision, shift) for r in rows]
 
 
 def _mean(values: Sequence[Any]) -> tuple[float | None, int]:

@@ -28,6 +28,9 @@ GENERIC_WORDS = (
 INJECTED_ANSWER = "The answer is A."
 SELF_PRAISE = "This caption is accurate and complete."
 PROBES = ("honest", "empty", "other_item", "dump", "injected_answer", "self_praise")
+SERIES_PROBES = ("invented_values",)
+"""Probes that exist only for series items (scored where the item has values to move)."""
+ALL_PROBES = (*PROBES, *SERIES_PROBES)
 
 
 def other_text(texts: Sequence[str], i: int) -> str:
@@ -38,6 +41,17 @@ def other_text(texts: Sequence[str], i: int) -> str:
         if t != texts[i]:
             return t
     return texts[(i + 1) % n]
+
+
+def invented_values(values: Sequence[float], precision: int = 2, shift: float = 0.5) -> str:
+    """The ``invented_values`` probe of one series: each value moved ``shift`` standard deviations, alternately
+    up and down, printed at ``precision`` decimals like a prompt's numbers."""
+    n = len(values)
+    mean = sum(values) / n if n else 0.0
+    sd = (sum((v - mean) ** 2 for v in values) / n) ** 0.5 if n else 0.0
+    sd = sd or 1.0
+    moved = [v + (shift if i % 2 == 0 else -shift) * sd for i, v in enumerate(values)]
+    return "The values are " + ", ".join(f"{x:.{precision}f}" for x in moved) + "."
 
 
 def probe_captions(honest: Sequence[str], dumps: Sequence[str],
