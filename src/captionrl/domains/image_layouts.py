@@ -243,6 +243,35 @@ def default_images(path: Path) -> Path:
     return root / "images"
 
 
+# ---------------------------------------------------------------------- rows-file layouts
+@dataclass(frozen=True)
+class RecordAt:
+    """One object row of a rows file, with where it came from and the image folder its cells point into."""
+
+    where: str
+    index: int
+    file: Path
+    folder: ImageFolder
+    img_root: Path
+    rec: Mapping[str, Any]
+
+
+def object_records(path: Path, images: Path | None, split: str, layout: str, title: str, need: Sequence[str],
+                   any_of: Sequence[str]) -> Iterator[RecordAt | Row]:
+    """The rows of a rows-file layout (PixMo-Cap, DenseFusion): the split's files, checked for the layout's
+    columns; a row that is not an object comes out as a bad ``Row``, every other one as a ``RecordAt``."""
+    img_root = images or default_images(path)
+    files = find_rows_files(path, split, layout, [img_root]) if path.is_dir() else [path]
+    folder = ImageFolder(img_root)
+    for f in files:
+        cols, recs = rows_of_file(f)
+        require_columns(f, cols, need=need, any_of=any_of, layout=title)
+        for i, rec in recs:
+            where = f"{f.name}:{i}"
+            r = not_object(where, rec)
+            yield r if r is not None else RecordAt(where, i, f, folder, img_root, rec)
+
+
 # ---------------------------------------------------------------------- PixMo-Cap
 PIXMO_IMAGE_COLUMNS = ("image", "image_path", "image_url")
 
@@ -253,65 +282,54 @@ def read_pixmocap(path: Path, images: Path | None, split: str) -> Iterator[Row]:
     is an embedded ``image`` ({bytes, path}, as in image-carrying re-uploads), an ``image_path`` under the
     image folder, or only the ``image_url``, found in the image folder as ``<sha256(url)>.<ext>`` or under
     the URL's own file name."""
-    img_root = images or default_images(path)
-    files = find_rows_files(path, split, "pixmocap", [img_root]) if path.is_dir() else [path]
-    folder = ImageFolder(img_root)
-    for f in files:
-        cols, recs = rows_of_file(f)
-        require_columns(f, cols, need=("caption",), any_of=PIXMO_IMAGE_COLUMNS, layout="PixMo-Cap")
-        for i, rec in recs:
-            where = f"{f.name}:{i}"
-            if (r := not_object(where, rec)) is not None:
-                yield r
-                continue
-            refs = texts(rec.get("caption"))
-            extra = texts(rec.get("transcripts"))
-            if refs is None or extra is None:
-                yield bad(where, BAD_ROW, rec.get("caption"), "caption/transcripts must be text or lists of text",
-                          "fix the row's caption and transcripts")
-                continue
-            cell = next((rec[c] for c in PIXMO_IMAGE_COLUMNS if rec.get(c)), None)
-            image, problem = resolve_image(cell, folder, f.parent)
-            if problem:
-                reason = BAD_ROW if cell is None else MISSING_IMAGE
-                yield bad(where, reason, _short(cell), problem,
-                          f"save the image as {img_root}/<sha256 of image_url>.jpg (captionrl downloads nothing), "
-                          "or set on_bad_image: skip")
-                continue
-            url = rec.get("image_url") or ""
-            item_id = str(rec.get("id") or rec.get("image_sha256") or (f"pixmocap-{url_key(url)[:16]}" if url else f"{f.stem}-{i}"))
-            yield Row(where, ImageItem(item_id, image, refs + extra, source="pixmocap",
-                                       meta={"row": where, "image_url": url}))
+    for at in object_records(path, images, split, "pixmocap", "PixMo-Cap", ("caption",), PIXMO_IMAGE_COLUMNS):
+        if isinstance(at, Row):
+            yield at
+            continue
+        rec, where = at.rec, at.where
+        refs = texts(rec.get("caption"))
+        extra = texts(rec.get("transcripts"))
+        if refs is None or extra is None:
+            yield bad(where, BAD_ROW, rec.get("caption"), "caption/transcripts must be text or lists of text",
+                      "fix the row's caption and transcripts")
+            continue
+        cell = next((rec[c] for c in PIXMO_IMAGE_COLUMNS if rec.get(c)), None)
+        image, problem = resolve_image(cell, at.folder, at.file.parent)
+        if problem:
+            reason = BAD_ROW if cell is None else MISSING_IMAGE
+            yield bad(where, reason, _short(cell), problem,
+                      f"save the image as {at.img_root}/<sha256 of image_url>.jpg (captionrl downloads nothing), "
+                      "or set on_bad_image: skip")
+            continue
+        url = rec.get("image_url") or ""
+        item_id = str(rec.get("id") or rec.get("image_sha256")
+                      or (f"pixmocap-{url_key(url)[:16]}" if url else f"{at.file.stem}-{at.index}"))
+        yield Row(where, ImageItem(item_id, image, refs + extra, source="pixmocap",
+                                   meta={"row": where, "image_url": url}))
 
 
 # ---------------------------------------------------------------------- DenseFusion
 def read_densefusion(path: Path, images: Path | None, split: str) -> Iterator[Row]:
     """DenseFusion-1M rows (``DenseFusion-4V-100k.jsonl`` and the 1M files): ``image_id``, ``image_path``
     (relative to the image folder) and ``caption`` (one dense caption per image)."""
-    img_root = images or default_images(path)
-    files = find_rows_files(path, split, "densefusion", [img_root]) if path.is_dir() else [path]
-    folder = ImageFolder(img_root)
-    for f in files:
-        cols, recs = rows_of_file(f)
-        require_columns(f, cols, need=("caption",), any_of=("image_path", "image"), layout="DenseFusion")
-        for i, rec in recs:
-            where = f"{f.name}:{i}"
-            if (r := not_object(where, rec)) is not None:
-                yield r
-                continue
-            refs = texts(rec.get("caption"))
-            if refs is None:
-                yield bad(where, BAD_ROW, rec.get("caption"), "caption must be text", "fix the row's caption")
-                continue
-            cell = rec.get("image_path") or rec.get("image")
-            image, problem = resolve_image(cell, folder, f.parent)
-            if problem:
-                yield bad(where, BAD_ROW if cell is None else MISSING_IMAGE, _short(cell), problem,
-                          f"put the image at {img_root}/<image_path>, set data.images to the image folder, "
-                          "or set on_bad_image: skip")
-                continue
-            item_id = str(rec.get("image_id") or rec.get("id") or f"{f.stem}-{i}")
-            yield Row(where, ImageItem(item_id, image, refs, source="densefusion", meta={"row": where}))
+    for at in object_records(path, images, split, "densefusion", "DenseFusion", ("caption",), ("image_path", "image")):
+        if isinstance(at, Row):
+            yield at
+            continue
+        rec, where = at.rec, at.where
+        refs = texts(rec.get("caption"))
+        if refs is None:
+            yield bad(where, BAD_ROW, rec.get("caption"), "caption must be text", "fix the row's caption")
+            continue
+        cell = rec.get("image_path") or rec.get("image")
+        image, problem = resolve_image(cell, at.folder, at.file.parent)
+        if problem:
+            yield bad(where, BAD_ROW if cell is None else MISSING_IMAGE, _short(cell), problem,
+                      f"put the image at {at.img_root}/<image_path>, set data.images to the image folder, "
+                      "or set on_bad_image: skip")
+            continue
+        item_id = str(rec.get("image_id") or rec.get("id") or f"{at.file.stem}-{at.index}")
+        yield Row(where, ImageItem(item_id, image, refs, source="densefusion", meta={"row": where}))
 
 
 # ---------------------------------------------------------------------- COCO captions
