@@ -18,7 +18,7 @@ from captionrl.train import lineup
 
 ROOT = Path(__file__).resolve().parents[1]
 N_ITEMS = 2
-UNGUARDED = ["reward.transcription_penalty=0", "reward.run_penalty=0", "reward.factuality_penalty=0",
+UNGUARDED = ["reward.transcription_penalty=0", "reward.run_penalty=0", "reward.factuality_penalty=0", "reward.factuality_bonus=0",
              "reward.unfinished_penalty=0", "reward.length_penalty=0", "reward.number_penalty=0"]  # every shaping term off: the bare verifier
 
 
