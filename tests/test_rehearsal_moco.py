@@ -1,4 +1,4 @@
-"""Rehearsal of MoCo Rubric's paper path on CPU (docs/README-moco-records.md, steps 1-4):
+"""Rehearsal of MoCo Rubric's paper path on CPU (README "The papers' paths" and docs/paper-paths.md, steps 1-4):
 
 1. ``captionrl moco records``: caption teacher, rubric writer and judge teacher served over HTTP (the
    llama.cpp test server with the embedded SmolLM2, constrained to each reply's JSON schema) write the

@@ -1,4 +1,4 @@
-"""Rehearsal of RubiCap's paper path on CPU (docs/README-moco-records.md, RubiCap steps 1-4):
+"""Rehearsal of RubiCap's paper path on CPU (README "The papers' paths" and docs/paper-paths.md, steps 1-4):
 
 ``configs/rubicap-paper.yaml`` with its models replaced: the Policy is a tiny randomly initialised
 Qwen2.5-VL (the paper's family: real processor, chat template, TRL collation); the committee teacher, the

@@ -537,7 +537,7 @@ def check_path(source: str, path: str) -> Path:
     """The local copy of a file-based source; ConfigError when it is not given or absent."""
     if not path:
         raise ConfigError("data.path", path, f"source {source} reads a local copy and needs its path",
-                          "set data.path to your copy (captionrl downloads nothing; see docs/README-image-data.md)")
+                          "set data.path to your copy (captionrl downloads nothing; see docs/image-data.md)")
     p = Path(path)
     if not p.exists():
         raise ConfigError("data.path", path, "file or folder not found", f"point data.path at your local {source} copy")
