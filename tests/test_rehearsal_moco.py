@@ -144,6 +144,8 @@ def test_moco_paper_path_records_sft_grpo_eval(tmp_path, llama_server, monkeypat
             assert m["momentum/momentum_to_initial"] < m["momentum/policy_to_initial"]
         else:
             assert m["momentum/distance"] == 0 and m["frac_reward_zero_std"] == 1.0
+    if all(moved):
+        assert metrics[0]["momentum/distance"] < metrics[1]["momentum/distance"], "the lag grows while the Policy moves"
     assert result["momentum"]["updates"] == 2
     groups = list(read_jsonl(Path("moco/rubrics.rank0.jsonl")))
     assert len(groups) == 2 and all(g["source"] == "generator:scripted-generator" for g in groups)

@@ -52,6 +52,7 @@ def forbid_models(monkeypatch):
         ("train.loss_type=dapo", "train.loss_type"),  # a GRPO knob on RLOO
         ("train.per_device_train_batch_size=3", "train.per_device_train_batch_size"),
         ("policy.input=video", "policy.input"),
+        ("reward.factuality_bonus=-0.5", "reward.factuality_bonus"),  # the offending weight is named, not a wildcard
     ],
 )
 def test_bad_config_fails_on_load(override, field, forbid_models):

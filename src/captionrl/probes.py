@@ -19,6 +19,7 @@ A probe that scores at least as high as ``honest`` is a way to gain reward witho
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 
 GENERIC_WORDS = (
@@ -46,10 +47,7 @@ def other_text(texts: Sequence[str], i: int) -> str:
 def invented_values(values: Sequence[float], precision: int = 2, shift: float = 0.5) -> str:
     """The ``invented_values`` probe of one series: each value moved ``shift`` standard deviations, alternately
     up and down, printed at ``precision`` decimals like a prompt's numbers."""
-    n = len(values)
-    mean = sum(values) / n if n else 0.0
-    sd = (sum((v - mean) ** 2 for v in values) / n) ** 0.5 if n else 0.0
-    sd = sd or 1.0
+    sd = (statistics.pstdev(values) if values else 0.0) or 1.0
     moved = [v + (shift if i % 2 == 0 else -shift) * sd for i, v in enumerate(values)]
     return "The values are " + ", ".join(f"{x:.{precision}f}" for x in moved) + "."
 

@@ -241,11 +241,13 @@ def run(cfg: HackingEvalConfig, *, backend: Any = None, probe_sets: Mapping[str,
     rows: list[dict[str, Any]] = []
     skipped: list[str] = []
     probes_used = [p for p in ALL_PROBES if p in cfg.probes]
+    # invented_values exists for series only: each domain scores the chosen probes its items have captions for
+    used_in = {d: [p for p in probes_used if p in s.captions] for d, s in probe_sets.items()}
     jobs = [(r, d) for r in names for d in probe_sets if d in REWARDS.get(r).domains]
     with RecordWriter(out / "records.jsonl") as writer:
         for reward, domain in tqdm(jobs, desc="hacking", unit="reward"):
             probes = probe_sets[domain]
-            used = [p for p in probes_used if p in probes.captions]
+            used = used_in[domain]
             keys = {p: [f"{reward}|{domain}|{p}|{i}" for i in probes.ids] for p in used}
             if not all(writer.has(k) for ks in keys.values() for k in ks):
                 try:
@@ -271,8 +273,7 @@ def run(cfg: HackingEvalConfig, *, backend: Any = None, probe_sets: Mapping[str,
                                                       probes, used)
             rows.append(row)
         records = writer.records()
-    guard_rows = ([_transcription_row(probe_sets["series"], [p for p in probes_used if p in probe_sets["series"].captions])]
-                  if "series" in probe_sets else [])
+    guard_rows = [_transcription_row(probe_sets["series"], used_in["series"])] if "series" in probe_sets else []
     rows.extend(guard_rows)
     columns = [*probes_used, "unscored", "exploitable", *(["exploitable_guarded"] if guard_rows else [])]
     notes = [f"{REWARDS.get(r).note}: {r}" for r in names if REWARDS.get(r).note] + skipped

@@ -109,10 +109,11 @@ class LineupRewardConfig(IdentifyScoring):
             from captionrl.registry import suggest
 
             raise ConfigError("reward.family", self.family, "unknown reward family", suggest(self.family, list(FAMILIES)))
-        if min(self.length_penalty, self.transcription_penalty, self.run_penalty, self.factuality_penalty,
-               self.factuality_bonus, self.unfinished_penalty, self.number_penalty) < 0:
-            raise ConfigError("reward.*_penalty", (self.length_penalty, self.transcription_penalty, self.run_penalty,
-                                                   self.factuality_penalty),
+        weights = ("length_penalty", "transcription_penalty", "run_penalty", "factuality_penalty", "factuality_bonus",
+                   "unfinished_penalty", "number_penalty")
+        negative = {f"reward.{w}": getattr(self, w) for w in weights if getattr(self, w) < 0}
+        if negative:
+            raise ConfigError(", ".join(negative), tuple(negative.values()),
                               "penalties (and factuality_bonus) must be >= 0", "set them to 0 to switch shaping off")
         if self.max_copied_values < 0 or self.transcription_run < 2:
             raise ConfigError("reward.max_copied_values/transcription_run", (self.max_copied_values, self.transcription_run),
