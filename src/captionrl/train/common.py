@@ -358,8 +358,12 @@ def build_trainer(
         callbacks=[*callbacks, ResumeShuffleCallback()],  # resume keeps the uninterrupted data order
         peft_config=peft_config,
     )
+    from captionrl.train.on_policy import reuse_on_policy_logprobs
     from captionrl.train.timing import install_step_timer
 
+    reason = reuse_on_policy_logprobs(trainer)  # RLOO on-policy: no old-policy pass, as GRPO does
+    if reason and is_main_process():
+        print(f"old-policy log-probs: not recomputed, {reason}", flush=True)
     install_step_timer(trainer, train.out_dir)  # time/* metrics per step, timing.json at the end
     return trainer
 
