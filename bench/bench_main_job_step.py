@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _workload import ROOT, cpu_line
 
 OLD = ["verifier.dtype=bfloat16", "train.max_completion_length=48", "data.instruction=null",
-       "reward.factuality_penalty=0.0", "reward.unfinished_penalty=0.0"]
+       "reward.factuality_penalty=0.0", "reward.factuality_bonus=0.0", "reward.unfinished_penalty=0.0",
+       "reward.number_penalty=0.0"]
 """The old defaults, as overrides of today's config (``git log -p configs/lineup-cpu.yaml``)."""
 NEW: list[str] = []
 AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
