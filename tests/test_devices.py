@@ -49,6 +49,19 @@ def test_explicit_dtype_is_honoured_and_trained_weights_stay_float32(cpu):
     assert dtype is torch.float32 and "trained weights" in reason
 
 
+def test_explicit_bf16_on_a_cpu_without_native_bf16_is_honoured_but_warns(cpu):
+    cpu({"avx2", "fma"}, "AVX2")
+    with pytest.warns(RuntimeWarning, match="set dtype: auto or float32"):
+        dtype, reason = resolve_dtype("bfloat16", "cpu")
+    assert dtype is torch.bfloat16 and reason.startswith("bfloat16 as configured (slow here:")
+    cpu({"avx512_bf16"}, "AVX512")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert resolve_dtype("bfloat16", "cpu") == (torch.bfloat16, "bfloat16 as configured")
+
+
 def test_cuda_without_a_gpu_falls_back_to_float32(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     dtype, reason = resolve_dtype("auto", "cuda:0")
