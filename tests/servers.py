@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -36,10 +37,25 @@ SMOLLM2_BOS = "<|im_start|>"
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nothing listens on right now, from this test worker's own block.
+
+    The suite runs in two pytest-xdist workers. A port from ``bind(0)`` could be handed to the other
+    worker's server between this check and our server's own bind, or be one that a "nothing listens
+    here" test of the other worker points at (those take theirs from ``bind(0)``). So each worker draws
+    from its own block of 1,000 ports below Linux's ephemeral range (32768 and up), where ``bind(0)``
+    never lands.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
+    low = 20000 + (index % 12) * 1000
+    for port in random.Random().sample(range(low, low + 1000), 1000):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {low}-{low + 999} for test worker {worker}")
 
 
 LAUNCH = (
