@@ -17,7 +17,6 @@ Low level on purpose (only torch and /proc): backends, training and benches all 
 from __future__ import annotations
 
 import warnings
-
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
