@@ -8,10 +8,10 @@ times the whole command, because the new defaults also changed how many steps th
 
 Old: the config as it stood when issue 12 was filed (16 steps at lr 5e-6, 48-token captions, the default
 instruction, no factuality, unfinished-sentence or number terms), expressed as overrides of today's config,
-so both runs share today's code, preflight and final checks. New: the config as it is. ``--float32``
-(default) holds both verifiers to float32, the issue's measurement; ``--parallel`` (default) starts both
-at once with one torch thread each, so they share the machine's conditions; ``--sequential`` runs them one
-after the other with the machine to themselves.
+so both runs share today's code, preflight and final checks. New: the config as it is. By default both
+verifiers are held to float32 (the issue's measurement; ``--native_dtype`` lets each config choose) and
+both runs start at once with one torch thread each, so they share the machine's conditions
+(``--sequential`` runs them one after the other with the machine to themselves).
 
     .venv/bin/python bench/bench_main_job.py --out /tmp/bench-main-job
 """
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -30,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _workload import ROOT, cpu_line
-from bench_main_job_step import AVX2_ENV, OLD
+from bench_main_job_step import AVX2_ENV, OLD, child_env
 
 OLD_WHOLE = [*OLD, "train.max_steps=16", "train.learning_rate=5.0e-6", "train.save_steps=8"]
 """The old training knobs on top of the old step (``git show 733c00b^:configs/lineup-cpu.yaml``)."""
@@ -47,9 +46,7 @@ def command(config: str, overrides: list[str], out_dir: Path, threads: int | Non
 
 
 def launch(name: str, cmd: list[str], log: Path, env_extra: dict[str, str], threads: int | None) -> subprocess.Popen:
-    env = {**os.environ, **env_extra, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
+    env = child_env(env_extra, threads)
     print(f"{name}: {' '.join(cmd[3:])}", flush=True)
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
 

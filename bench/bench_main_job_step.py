@@ -54,6 +54,14 @@ def from_log(log: Path) -> dict:
             "dtypes": {"hf:embedded": {"dtype": dtype.group(1) if dtype else "?"}}}
 
 
+def child_env(env_extra: dict[str, str], threads: int | None = None) -> dict[str, str]:
+    """The environment of a bench's ``captionrl`` subprocess: this checkout's ``src`` first on the path."""
+    env = {**os.environ, **env_extra, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
 def run_job(name: str, config: str, overrides: list[str], steps: int, out: Path, env_extra: dict[str, str],
             timeout: float | None) -> dict:
     """One ``captionrl train lineup`` run; its timing.json plus the process's wall time. A run cut by
@@ -62,7 +70,7 @@ def run_job(name: str, config: str, overrides: list[str], steps: int, out: Path,
     common = [f"train.max_steps={steps}", "eval.enabled=false", "train.preflight_items=0", "train.threads=1",
               "train.report_to=[]", "train.save_steps=100000", f"train.out_dir={run_dir}"]
     cmd = [sys.executable, "-m", "captionrl.cli", "train", "lineup", "--config", config, *common, *overrides]
-    env = {**os.environ, **env_extra, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = child_env(env_extra)
     out.mkdir(parents=True, exist_ok=True)
     log = out / f"{name}.log"
     t0 = time.perf_counter()

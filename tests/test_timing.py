@@ -63,6 +63,7 @@ def test_two_step_run_logs_every_part_and_parts_fit_in_the_step(tmp_path, capsys
     summary = json.loads((tmp_path / "timing.json").read_text())
     assert summary["steps"] == 2 and summary["timed_backends"] == [verifier.name]
     assert 0.0 < summary["share_of_step"]["verifier"] <= summary["share_of_step"]["reward"] < 1.0
+    assert summary["old_policy_logprobs"].startswith("skipped: on-policy")  # rloo, beta 0: train/on_policy.py
     assert summary["dtypes"]["policy:embedded"]["dtype"] == "float32"
     assert summary["dtypes"][verifier.name]["reason"] == "float32 as configured"
     out = capsys.readouterr().out

@@ -78,13 +78,14 @@ def resolve_dtype(requested: str, device: Any = "cpu", *, training: bool = False
         dev = "cuda" if torch.cuda.is_available() else "cpu"
     if requested != "auto":
         reason = f"{requested} as configured"
-        if requested == "bfloat16" and dev.startswith("cpu") and not cpu_native_bf16()[0]:
-            # Honoured (the user asked), but never silently: here bf16 is emulated, and a bf16 matmul on
-            # an AVX2 CPU measured ~200x slower than float32 (issue 12).
-            why = cpu_native_bf16()[1]
-            reason += f" (slow here: {why})"
-            warnings.warn(f"dtype: bfloat16 on this CPU is emulated ({why}); set dtype: auto or float32 "
-                          "for float32 speed", RuntimeWarning, stacklevel=2)
+        if requested == "bfloat16" and dev.startswith("cpu"):
+            # Honoured (the user asked), but never silently: without native bf16 it is emulated, and a bf16
+            # matmul on an AVX2 CPU measured ~200x slower than float32 (issue 12).
+            native, why = cpu_native_bf16()
+            if not native:
+                reason += f" (slow here: {why})"
+                warnings.warn(f"dtype: bfloat16 on this CPU is emulated ({why}); set dtype: auto or float32 "
+                              "for float32 speed", RuntimeWarning, stacklevel=2)
         return getattr(torch, requested), reason
     if training:
         return torch.float32, ("auto, trained weights: float32 (bf16 weights would round away small AdamW "

@@ -66,7 +66,7 @@ def reuse_on_policy_logprobs(trainer: Any) -> str | None:
 
     per_token_pass = trainer._get_per_token_logps_and_entropies
     loss_pass = trainer._compute_loss
-    state: dict[str, Any] = {"in_loss": False, "per_token_logps": None, "skipped": 0}
+    state: dict[str, Any] = {"reason": reason, "in_loss": False, "per_token_logps": None, "skipped": 0}
 
     def logps_and_entropies(model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int,
                             *args: Any, **kwargs: Any) -> Any:

@@ -227,9 +227,7 @@ class StepTimer(_callback_base()):  # type: ignore[misc]
         if n and mean["step"] > 0:
             share = {"reward": round(mean["reward"] / mean["step"], 4),
                      "verifier": round(mean["verifier"] / mean["step"], 4)}
-        from captionrl.train.on_policy import on_policy_reason
-
-        reuse = on_policy_reason(self.trainer) if hasattr(self.trainer, "_captionrl_on_policy") else None
+        reuse = getattr(self.trainer, "_captionrl_on_policy", {}).get("reason")  # train/on_policy.py
         return {"steps": n, "mean_seconds": mean, "share_of_step": share, "timed_backends": self.backends,
                 "dtypes": dict(DTYPE_CHOICES),
                 "old_policy_logprobs": f"skipped: {reuse}" if reuse else "computed (TRL's pass)"}
