@@ -80,3 +80,16 @@ def cpu_line() -> str:
     bf16 = [f for f in ("avx512_bf16", "amx_bf16") if f in cpu_flags()]
     return (f"CPU: {model}, {os.cpu_count()} cores visible, bf16 flags: {bf16 or 'none'} "
             f"(native bf16: {cpu_native_bf16()[0]})")
+
+
+def record_result(bench: str, flags: str, output: str) -> None:
+    """Append one run's printed output to ``bench/RESULTS.md`` under a dated heading, written by the bench
+    itself so every figure quoted from it has the command and the machine beside it."""
+    import datetime
+
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    path = ROOT / "bench" / "RESULTS.md"
+    command = f"{bench} {flags}".strip()
+    block = f"\n## {stamp}: `{command}`\n\n```\n{output.rstrip()}\n```\n"
+    with path.open("a") as f:
+        f.write(block)

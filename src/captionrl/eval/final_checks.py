@@ -12,7 +12,10 @@ For each system (the trained captioner, the initial one, ...) on the held-out it
   (``c2s[train]``) and never in the mean (``c2s_eval_mean``): a verifier that produced the reward cannot
   grade the captions it shaped;
 - optionally the **caption-only bottleneck** (``eval.bottleneck``: reconstruction MSE of a predictor that
-  reads only the caption), against the empty-caption and shuffled-caption controls.
+  reads only the caption, cross-fitted so that every window is scored), against the empty-caption and
+  shuffled-caption controls, with the paired difference between the first two systems.
+
+Every share and accuracy carries a 95% interval over the held-out windows (``*_ci``).
 
 ``run_final_checks`` writes ``final_checks.md`` and ``final_checks.json`` and returns the summary.
 """
@@ -26,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from captionrl.errors import DataError
+from captionrl.eval.stats import mean_interval
 from captionrl.judges.claims import COLOURS, audit, extract_rules
 from captionrl.judges.transcription import TranscriptionConfig, transcription
 from captionrl.records import write_json
@@ -63,6 +67,10 @@ def caption_checks(captions: Mapping[str, str], series: Mapping[str, Any], *,
     def mean(xs: Sequence[float]) -> float | None:
         return round(float(np.mean(xs)), 4) if len(xs) else None
 
+    def interval(xs: Sequence[float]) -> list[float] | None:
+        mi = mean_interval(xs)
+        return None if mi is None else [round(mi[1], 4), round(mi[2], 4)]
+
     row: dict[str, Any] = {
         "n": len(ids),
         "green": mean(shares["green"]), "red": mean(shares["red"]),
@@ -72,6 +80,9 @@ def caption_checks(captions: Mapping[str, str], series: Mapping[str, Any], *,
         "ends_with_stop": mean([float(_ends_with_stop(captions[i])) for i in ids]),
         "clipped_ratio": mean([float(bool(clipped.get(i))) for i in ids]) if clipped is not None else None,
         "length_chars": mean([float(len(captions[i])) for i in ids]),
+        # 95% intervals over the held-out windows (a mean without one is an anecdote)
+        "green_ci": interval(shares["green"]), "red_ci": interval(shares["red"]),
+        "red_of_checkable_ci": interval(red_checkable), "green_of_checkable_ci": interval(green_checkable),
     }
     return row
 
@@ -87,6 +98,10 @@ def identification_columns(summary: Mapping[str, Any] | None, train_verifier: st
         cols: dict[str, Any] = {}
         evals = []
         for key, value in row.items():
+            if key.startswith(f"{direction}[") and key.endswith("]_ci") and isinstance(value, list):
+                name = key[len(direction) + 1: -4]
+                cols[f"{direction}[train]_ci" if name == train_verifier else key] = value
+                continue
             if not key.startswith(f"{direction}[") or not isinstance(value, (int, float)):
                 continue
             name = key[len(direction) + 1: -1]
@@ -101,27 +116,36 @@ def identification_columns(summary: Mapping[str, Any] | None, train_verifier: st
 
 
 def bottleneck_check(systems: Mapping[str, Mapping[str, str]], series: Mapping[str, Any], out_dir: str | Path,
-                     seeds: Sequence[int] = (0, 1, 2), test_fraction: float = 0.3) -> dict[str, float | None]:
-    """Caption-only reconstruction MSE per system (and the empty / shuffled controls); lower is better."""
+                     folds: int = 5, seed: int = 0) -> dict[str, dict[str, Any]]:
+    """Caption-only reconstruction MSE per system and for the empty / shuffled controls (lower is better):
+    ``{system: {"mse", "ci", "n", "items"}}``, cross-fitted so that every held-out window is scored
+    (``eval.bottleneck.cross_fitted_reconstruction``); per-item errors land in ``out_dir/items.json``."""
     from captionrl.eval import bottleneck as bn
+    from captionrl.eval.stats import mean_interval
 
-    cfg = bn.BottleneckConfig(tasks=["reconstruct"], seeds=list(seeds), head="ridge", test_fraction=test_fraction,
-                              shuffle_from=next(iter(systems)), out=str(out_dir), quiet=True)
-    ids = sorted(set.intersection(*(set(c) for c in systems.values())) & set(series))
-    items = bn._assign_splits([bn.Item(i, "all", np.asarray(series[i], dtype=float), None, "") for i in ids], cfg)
-    study = bn.Study(items, {name: {i: caps[i] for i in ids} for name, caps in systems.items()}, source="final-checks")
-    summary = bn.run(cfg, study=study)
-    out: dict[str, float | None] = {}
-    for row in summary.rows:
-        vals = [v for k, v in row.items() if k.startswith("reconstruct:") and isinstance(v, (int, float))]
-        out[str(row.get("system"))] = round(float(vals[0]), 4) if vals else None
-    return out
+    first = next(iter(systems))
+    ids = sorted(set(series).intersection(*(set(c) for c in systems.values())))
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(len(ids))
+    controls = {"empty caption": dict.fromkeys(ids, ""),
+                "shuffled caption": {i: systems[first][ids[j]] for i, j in zip(ids, perm, strict=True)}}
+    errors = bn.cross_fitted_reconstruction({**systems, **controls}, series, folds=folds, seed=seed)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "items.json", {"folds": folds, "seed": seed, "item_mse": errors})
+    result: dict[str, dict[str, Any]] = {}
+    for name, per_item in errors.items():
+        mi = mean_interval(list(per_item.values()))
+        if mi is not None:
+            result[name] = {"mse": round(mi[0], 4), "ci": [round(mi[1], 4), round(mi[2], 4)], "n": len(per_item),
+                            "items": per_item}
+    return result
 
 
 def run_final_checks(systems: Mapping[str, Mapping[str, str]], series: Mapping[str, Any], out_dir: str | Path, *,
                      identification: Mapping[str, Any] | None = None, guard: TranscriptionConfig | None = None,
                      tolerance: float = 0.35, clipped: Mapping[str, Mapping[str, bool]] | None = None,
-                     bottleneck: bool = False, bottleneck_seeds: Sequence[int] = (0, 1, 2)) -> dict[str, Any]:
+                     bottleneck: bool = False, bottleneck_folds: int = 5) -> dict[str, Any]:
     """Every check above for every system; writes ``final_checks.{md,json}`` under ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -135,15 +159,27 @@ def run_final_checks(systems: Mapping[str, Mapping[str, str]], series: Mapping[s
     notes = []
     if bottleneck:
         try:
-            mse = bottleneck_check(systems, series, out / "bottleneck", bottleneck_seeds)
+            mse = bottleneck_check(systems, series, out / "bottleneck", bottleneck_folds)
         except DataError as exc:  # too few items for the predictor: said in the table, the other checks stay
             mse = {}
             notes.append(f"bottleneck skipped: {exc}")
         for row in rows:
-            row["bottleneck_mse"] = mse.get(row["system"])
-        for control in ("naive", "empty caption", "shuffled caption"):
+            if row["system"] in mse:
+                row["bottleneck_mse"] = mse[row["system"]]["mse"]
+                row["bottleneck_mse_ci"] = mse[row["system"]]["ci"]
+        names = list(systems)
+        if len(names) >= 2 and names[0] in mse and names[1] in mse:  # paired: the same folds, item by item
+            from captionrl.eval.stats import mean_interval
+
+            a, b = mse[names[0]]["items"], mse[names[1]]["items"]
+            diff = mean_interval([a[i] - b[i] for i in a if i in b])
+            if diff is not None:
+                rows[0]["bottleneck_vs_" + names[1]] = round(diff[0], 4)
+                rows[0]["bottleneck_vs_" + names[1] + "_ci"] = [round(diff[1], 4), round(diff[2], 4)]
+        for control in ("empty caption", "shuffled caption"):
             if control in mse:
-                rows.append({"system": control, "bottleneck_mse": mse[control]})
+                rows.append({"system": control, "bottleneck_mse": mse[control]["mse"],
+                             "bottleneck_mse_ci": mse[control]["ci"]})
     if not any(k.endswith("_eval_mean") and v is not None for r in rows for k, v in r.items()):
         notes.append("no evaluation verifier other than the training verifier is configured (eval.verifiers): "
                      "c2s[train] is what the policy was trained on and is no evidence of quality")
@@ -165,14 +201,21 @@ def _columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def markdown(summary: Mapping[str, Any]) -> str:
-    cols = [c for c in summary["columns"] if c not in ("blue", "gray")]
+    """One row per system; a column with an interval shows ``mean [lo, hi]`` (95%, over held-out windows)."""
+    cols = [c for c in summary["columns"] if c not in ("blue", "gray") and not c.endswith("_ci")]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in summary["rows"]:
-        lines.append("| " + " | ".join(_cell(r.get(c)) for c in cols) + " |")
+        cells = []
+        for c in cols:
+            ci = r.get(f"{c}_ci")
+            cells.append(_cell(r.get(c)) + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci and r.get(c) is not None else ""))
+        lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "green/red: share of claims the series supports/contradicts (span audit, rules, 0.35 sigma); "
               "transcription: share of the series' values copied; clipped_ratio: captions cut by the token budget; "
               "c2s[train]: identification under the verifier that produced the reward (not in c2s_eval_mean); "
-              "bottleneck_mse: caption-only reconstruction MSE (lower is better)."]
+              "bottleneck_mse: caption-only reconstruction MSE, cross-fitted over every window (lower is better); "
+              "bottleneck_vs_*: paired difference to the named system (negative: the first system's captions "
+              "carry more of the series). [lo, hi]: 95% t-interval over the held-out windows."]
     lines += [f"Note: {n}" for n in summary.get("notes", [])]
     return "\n".join(lines) + "\n"
 

@@ -27,6 +27,7 @@ from captionrl.config import help_field
 from captionrl.errors import ConfigError, DataError
 from captionrl.eval.common import backend_from_spec, check_spec, split_spec
 from captionrl.eval.result import EvalResult, print_result, write_result
+from captionrl.eval.stats import mean_interval
 from captionrl.judges.identify import IdentifyConfig, identification_judge
 from captionrl.records import RecordWriter
 from captionrl.types import Series
@@ -222,6 +223,8 @@ def summarise(records: Sequence[Mapping[str, Any]], systems: Sequence[str], veri
                             continue
                         acc = float(np.mean([r["hard"] for r in sel]))
                         row[f"{d}[{v}]"] = round(acc, 4)
+                        ci = mean_interval([float(r["hard"]) for r in sel])  # over items: 95% t-interval
+                        row[f"{d}[{v}]_ci"] = [round(ci[1], 4), round(ci[2], 4)]
                         row[f"{d}_soft[{v}]"] = round(float(np.mean([r["soft"] for r in sel])), 4)
                         if v != train_verifier:
                             means.append(acc)
@@ -239,7 +242,7 @@ def summarise(records: Sequence[Mapping[str, Any]], systems: Sequence[str], veri
                 for key in row:
                     if key not in columns and key != "system":
                         columns.append(key)
-    better: dict[str, str | None] = {c: "higher" for c in columns if c.startswith(("c2s", "s2c"))}
+    better: dict[str, str | None] = {c: "higher" for c in columns if c.startswith(("c2s", "s2c")) and not c.endswith("_ci")}
     better.update(unscored="lower", length_chars=None, s2c_uncaptioned="lower", transcription="lower",
                   copied_values="lower", run_frac="lower")
     chance = {str(k): 1.0 / int(k) for k in cfg.ks}

@@ -84,17 +84,26 @@ def format_cell(row: Mapping[str, Any], column: str) -> str:
         text = f"{v:.4f}" if abs(v) < 100 else f"{v:.1f}"
         std = row.get("std")
         sd = std.get(column) if isinstance(std, Mapping) else None
+        ci = row.get(f"{column}_ci")
+        if isinstance(ci, (list, tuple)) and len(ci) == 2:
+            text += f" [{ci[0]:.3f}, {ci[1]:.3f}]"
         return text + (f" ± {sd:.4f}" if sd else "")
     return str(v)
 
 
+def shown_columns(result: EvalResult) -> list[str]:
+    """Table columns: an interval column (``X_ci``) is shown inside its column ``X``, not on its own."""
+    return [c for c in result.columns if not (c.endswith("_ci") and c[:-3] in result.columns)]
+
+
 def markdown(result: EvalResult, title: bool = True) -> str:
-    cols = ["system", *result.columns]
+    shown = shown_columns(result)
+    cols = ["system", *shown]
     lines = [f"# {result.protocol}", ""] if title else []
     lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in result.rows:
         cells = [str(r["system"])]
-        for c in result.columns:
+        for c in shown:
             text = format_cell(r, c)
             cells.append(f"**{text}**" if text and r["system"] in result.marked.get(c, []) else text)
         lines.append("| " + " | ".join(cells) + " |")
@@ -104,11 +113,12 @@ def markdown(result: EvalResult, title: bool = True) -> str:
 
 
 def html_table(result: EvalResult) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in ["system", *result.columns])
+    shown = shown_columns(result)
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in ["system", *shown])
     body = []
     for r in result.rows:
         tds = [f"<td>{html.escape(str(r['system']))}</td>"]
-        for c in result.columns:
+        for c in shown:
             text = html.escape(format_cell(r, c))
             tds.append(f"<td><b>{text}</b></td>" if text and r["system"] in result.marked.get(c, []) else f"<td>{text}</td>")
         body.append(f"<tr>{''.join(tds)}</tr>")

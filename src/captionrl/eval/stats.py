@@ -106,3 +106,22 @@ def pvalue_table(
 def format_p(p: float) -> str:
     """Table 5's notation: ``< 0.001`` below a thousandth, else three decimals."""
     return "< 0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def mean_interval(xs: Sequence[float], level: float = 0.95) -> tuple[float, float, float] | None:
+    """Mean and its two-sided Student-t interval at ``level`` over ``xs`` (items, or seeds): ``(mean, lo, hi)``.
+
+    A claim of improvement is a mean with an interval, never one number. One value has no spread: its
+    interval is the value itself (``lo == hi``), reported as such rather than as a fake certainty; no values
+    give ``None``. Non-finite values are dropped (an unscored item is not a zero).
+    """
+    from scipy import stats
+
+    x = np.asarray([v for v in xs if v is not None and math.isfinite(float(v))], dtype=float)
+    if x.size == 0:
+        return None
+    m = float(x.mean())
+    if x.size == 1:
+        return m, m, m
+    half = float(stats.t.ppf(0.5 + level / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
+    return m, m - half, m + half

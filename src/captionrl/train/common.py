@@ -107,6 +107,7 @@ class TrainConfig:
     use_vllm: bool = help_field(False, "generate with vLLM (GPU only; see TRL's vllm_mode)")
     vllm_mode: str = help_field("colocate", "vLLM integration: colocate (same GPUs) or server (trl vllm-serve)")
     log_completions: bool = help_field(False, "let TRL print/log a table of sampled captions every logging step")
+    shared_prompt_forward: bool = help_field(True, "loss pass: run each group's prompt once and reuse its key/value cache for the G completions (exact: same log-probs and gradients as TRL's pass; text-only batches, off under gradient checkpointing, where TRL's pass runs)")
     preflight_items: int = help_field(8, "reward preflight: training items on which an honest reference must beat every hacking probe before step 1 (0 = skip)")
     force_preflight: bool = help_field(False, "start training even when a hacking probe beats the honest reference in the reward preflight")
     extra: dict[str, Any] = help_field({}, "any other RLOOConfig/GRPOConfig field, passed through unchanged (e.g. deepspeed: configs/accelerate/ds_zero2.json)")
@@ -359,8 +360,13 @@ def build_trainer(
         peft_config=peft_config,
     )
     from captionrl.train.on_policy import reuse_on_policy_logprobs
+    from captionrl.train.shared_prefix import share_prompt_forward
     from captionrl.train.timing import install_step_timer
 
+    if train.shared_prompt_forward:  # patched first: the on-policy shortcut wraps whichever pass is in place
+        why_not = share_prompt_forward(trainer)
+        if why_not and is_main_process():
+            print(f"shared-prompt forward: off, {why_not}", flush=True)
     reason = reuse_on_policy_logprobs(trainer)  # RLOO on-policy: no old-policy pass, as GRPO does
     if reason and is_main_process():
         print(f"old-policy log-probs: not recomputed, {reason}", flush=True)

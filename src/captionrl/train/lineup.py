@@ -149,6 +149,7 @@ class LineupConfig:
     """A LineupRL run: fully described by its YAML plus overrides, saved as out_dir/config.yaml."""
 
     seed: int = help_field(0, "one seed for everything: item sampling, distractors, shuffling, sampling of captions")
+    seeds: list[int] = help_field([], "train once per seed (e.g. seeds=0,1,2 or seeds=3) into train.out_dir/seed-N and report the spread over seeds (seeds.md); empty: one run with `seed`")
     check: bool = help_field(False, "validate the config and the data, then stop (loads no model)")
     policy: PolicyConfig = field(default_factory=PolicyConfig, metadata={"help": "the captioner being trained"})
     verifier: BackendConfig = field(default_factory=BackendConfig, metadata={"help": "the frozen verifier behind the reward"})
@@ -158,6 +159,9 @@ class LineupConfig:
     eval: LineupEvalConfig = field(default_factory=LineupEvalConfig, metadata={"help": "held-out evaluation at the end"})
 
     def __post_init__(self) -> None:
+        from captionrl.train.seeds import parse_seeds
+
+        self.seeds = parse_seeds(self.seeds)
         if self.train.seed is None:
             self.train.seed = self.seed
         for d in self.eval.directions:
@@ -558,6 +562,13 @@ def run_command(cfg: LineupConfig) -> int:
         probe_servers([(cfg.verifier, "verifier")])
         data = build_lineup_data(cfg.data, cfg.reward.k, cfg.seed)
         print(json.dumps({k: len(v) for k, v in data.rows.items()}))
+        return 0
+    if cfg.seeds:
+        from captionrl.train.seeds import run_seeds
+
+        summary = run_seeds(cfg, run)
+        print(f"over seeds {summary['seeds']}: {summary['table']}")
+        print(Path(summary["table"]).read_text())
         return 0
     result = run(cfg)
     if "curves" in result:

@@ -228,9 +228,11 @@ class StepTimer(_callback_base()):  # type: ignore[misc]
             share = {"reward": round(mean["reward"] / mean["step"], 4),
                      "verifier": round(mean["verifier"] / mean["step"], 4)}
         reuse = getattr(self.trainer, "_captionrl_on_policy", {}).get("reason")  # train/on_policy.py
+        shared = getattr(self.trainer, "_captionrl_shared_prefix", None)  # train/shared_prefix.py
         return {"steps": n, "mean_seconds": mean, "share_of_step": share, "timed_backends": self.backends,
                 "dtypes": dict(DTYPE_CHOICES),
-                "old_policy_logprobs": f"skipped: {reuse}" if reuse else "computed (TRL's pass)"}
+                "old_policy_logprobs": f"skipped: {reuse}" if reuse else "computed (TRL's pass)",
+                "shared_prompt_forward": dict(shared) if shared is not None else "off (TRL's pass)"}
 
 
 def format_breakdown(logs: dict[str, Any], step: int | None) -> str:

@@ -1,0 +1,119 @@
+"""Exact shared-prompt forward for GRPO/RLOO groups: each group's prompt runs once, with gradient.
+
+The G completions of one prompt share it, yet TRL's loss pass (``_get_per_token_logps_and_entropies``)
+runs every row's prompt again: in the LineupRL CPU job most of each row's tokens are prompt. Here the
+batch is split one token before the completions start:
+
+1. the distinct prompt prefixes (``input_ids[:, :P-1]`` with their attention mask) run once each through
+   the model with a key/value cache;
+2. the cache is indexed out to every row of the batch (``index_select`` on the batch dimension: autograd
+   sums each row's gradient back into its group's single prompt pass);
+3. the last prompt token and the completions (``input_ids[:, P-1:]``) run on that cache through TRL's own
+   fused LM head (``fused_lm_head=True``), so temperature, logit scaling and the entropy are TRL's.
+
+Positions are the ones TRL's full pass uses (the cache length plus ``arange``), the attention mask is the
+full row's, and the first completion token's log-prob comes from the last prompt token as before, so the
+per-token log-probs and the parameter gradients equal TRL's up to float rounding (``tests/test_shared_prefix.py``
+checks both on the embedded model). The idea is Prefix Grouper's (verl ``use_prefix_grouper``).
+
+Where it is not exact or not known to be, the trainer keeps TRL's pass and the reason is recorded:
+multimodal inputs (the vision tower's rope indices are computed from the whole row), MoE aux losses,
+gradient checkpointing (HF drops the cache under it), and batches with no prompt shared by two rows.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+MULTIMODAL_KEYS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
+                   "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
+
+
+def _cache_kwarg(model: Any) -> str:
+    """The forward's cache argument: ``cache`` from transformers 5.x, ``past_key_values`` before."""
+    target = model.module if hasattr(model, "module") else model
+    params = inspect.signature(type(target).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _returned_cache(out: Any) -> Any:
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else getattr(out, "past_key_values", None)
+
+
+def shared_prefix_logps(model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int,
+                        compute_entropy: bool = False) -> tuple[Any, Any, int]:
+    """Per-token log-probs (and entropies) of the last ``logits_to_keep`` tokens of every row, each distinct
+    prompt computed once. ``model`` must carry TRL's fused LM head (TRL adds it to the policy).
+
+    Returns ``(logps, entropies or None, distinct prompts)``; shapes are ``(rows, logits_to_keep)``.
+    """
+    import torch
+
+    split = input_ids.size(1) - logits_to_keep - 1     # the prefix ends one token before the completions
+    key = torch.cat([input_ids[:, :split], attention_mask[:, :split].to(input_ids.dtype)], dim=1)
+    uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
+    cache_arg = _cache_kwarg(model)
+    prefix = model(input_ids=uniq[:, :split], attention_mask=uniq[:, split:], use_cache=True, logits_to_keep=1)
+    cache = _returned_cache(prefix)
+    cache.batch_select_indices(inverse)
+    tail = input_ids[:, split:]
+    labels = tail.masked_fill(attention_mask[:, split:] == 0, -100)
+    labels[:, 0] = -100                                  # the last prompt token is context, not a label
+    out = model(input_ids=tail, attention_mask=attention_mask, labels=labels, fused_lm_head=True,
+                **{cache_arg: cache})
+    entropies = out.entropy[:, -logits_to_keep:] if compute_entropy else None
+    return out.log_probs[:, -logits_to_keep:], entropies, int(uniq.size(0))
+
+
+def shared_prefix_reason(trainer: Any) -> str | None:
+    """Why the shared-prompt pass cannot be used for ``trainer`` (a sentence), or ``None`` when it can."""
+    args = trainer.args
+    if getattr(args, "gradient_checkpointing", False):
+        return "gradient checkpointing is on (transformers drops the key/value cache under it)"
+    if getattr(trainer, "aux_loss_enabled", False):
+        return "the model adds an MoE load-balancing loss, which the split pass does not compute"
+    if getattr(args, "num_generations", 1) < 2:
+        return "num_generations is 1: no prompt is shared"
+    return None
+
+
+def share_prompt_forward(trainer: Any) -> str | None:
+    """Route ``trainer``'s log-prob passes through :func:`shared_prefix_logps` where they are text-only.
+
+    Returns ``None`` when the trainer is patched, else the reason it is left as it is. A call with
+    multimodal inputs or an aux loss goes to TRL's own pass. Counts land in ``trainer._captionrl_shared_prefix``
+    (rows, distinct prompts, calls that fell back) for the timing summary.
+    """
+    reason = shared_prefix_reason(trainer)
+    if reason is not None:
+        return reason
+    own_pass = trainer._get_per_token_logps_and_entropies
+    state: dict[str, Any] = {"rows": 0, "prompts": 0, "fallback_calls": 0}
+
+    def logps_and_entropies(model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int,
+                            batch_size: int | None = None, compute_entropy: bool = False,
+                            compute_aux_loss: bool = False, **multimodal: Any) -> Any:
+        import torch
+
+        if compute_aux_loss or any(multimodal.get(k) is not None for k in MULTIMODAL_KEYS) \
+                or input_ids.size(1) - logits_to_keep < 2:
+            state["fallback_calls"] += 1
+            return own_pass(model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
+                            compute_aux_loss, **multimodal)
+        batch_size = batch_size or input_ids.size(0)
+        logps, entropies = [], []
+        for start in range(0, input_ids.size(0), batch_size):
+            end = min(start + batch_size, input_ids.size(0))
+            lp, ent, prompts = shared_prefix_logps(model, input_ids[start:end], attention_mask[start:end],
+                                                   logits_to_keep, compute_entropy)
+            logps.append(lp)
+            entropies.append(ent)
+            state["rows"] += end - start
+            state["prompts"] += prompts
+        return (torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None)
+
+    trainer._get_per_token_logps_and_entropies = logps_and_entropies
+    trainer._captionrl_shared_prefix = state
+    return None
