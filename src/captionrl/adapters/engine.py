@@ -97,10 +97,6 @@ def score_or_fail(judgment: Judgment) -> float:
     )
 
 
-def judge_captions(captions: Sequence[str], labels: Sequence[Any]) -> list[Judgment]:
-    return identification_judge().judge(list(captions), {"candidates": [decode_label(lab) for lab in labels]})
-
-
 def shaped_scores(captions: Sequence[str], labels: Sequence[Any]) -> list[tuple[Judgment, Shaped]]:
     """Judge, then shape exactly as training does (guard and factuality against the true series)."""
     cands = [decode_label(lab) for lab in labels]
