@@ -8,7 +8,7 @@ import pytest
 from captionrl.domains.describe import describe_series
 from captionrl.errors import ConfigError
 from captionrl.judges.claims import factuality
-from captionrl.rewards.factuality import FactualityTerm
+from captionrl.rewards.shaping import ShapingConfig
 
 RISING = np.linspace(10, 40, 12)
 
@@ -26,16 +26,16 @@ def test_padding_with_uncheckable_text_does_not_dilute_the_red_share():
 
 
 def test_term_weights_the_share_and_llm_needs_a_backend():
-    term = FactualityTerm(weight=0.5)
+    term = ShapingConfig(factuality_penalty=0.5).factuality_term()
     (f,) = term.findings(["It falls and ends at 40."], [RISING])
     assert term.penalty(f) == pytest.approx(0.5 * f.red_share) and 0 < f.red_share < 1
-    with pytest.raises(ConfigError, match="claims_backend"):
-        FactualityTerm(weight=1.0, extractor="llm")
+    with pytest.raises(ConfigError, match=r"shaping\.claims_backend"):
+        ShapingConfig(factuality_penalty=1.0, claims_extractor="llm")
 
 
 def test_bonus_pays_supported_claims_and_no_probe_collects_it():
-    term = FactualityTerm(weight=1.0, bonus=0.5)
-    assert FactualityTerm(bonus=0.5).enabled and not FactualityTerm().enabled
+    term = ShapingConfig(factuality_penalty=1.0, factuality_bonus=0.5).factuality_term()
+    assert ShapingConfig(factuality_bonus=0.5).factuality_term().enabled and not ShapingConfig().factuality_term().enabled
     right, wrong, dump, praise = term.findings(
         ["It starts at 10. It ends at 40.", "It starts at 25. It ends at 2.",
          " ".join(f"{v:.1f}" for v in RISING), "A clear, precise and faithful description of the series."],
@@ -43,5 +43,5 @@ def test_bonus_pays_supported_claims_and_no_probe_collects_it():
     assert term.penalty(right) == pytest.approx(-0.5 * right.green_share) and right.green_share == 1.0
     assert term.penalty(wrong) == pytest.approx(1.0) and wrong.green_share == 0.0
     assert term.penalty(dump) == 0.0 and term.penalty(praise) == 0.0  # no checked claim: nothing to collect
-    with pytest.raises(ConfigError, match="factuality_bonus"):
-        FactualityTerm(bonus=-0.1)
+    with pytest.raises(ConfigError, match=r"shaping\.factuality_bonus"):
+        ShapingConfig(factuality_bonus=-0.1)

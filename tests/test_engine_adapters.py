@@ -91,12 +91,12 @@ def test_a_number_dump_gets_the_same_shaped_score_through_the_adapters_as_throug
     from captionrl.domains.timeseries import render_numbers
     from captionrl.rewards import JudgeReward
     from captionrl.rewards.shaping import ShapedReward
-    from captionrl.train.lineup import LineupRewardConfig, shaping_config
+    from captionrl.train.lineup import LineupRewardConfig
 
     engine.shaped_reward.cache_clear()
     text = render_numbers(WAVE)[0]
     label = engine.encode_label([WAVE, RISING, FALLING], series_text=text)
-    trl = ShapedReward(JudgeReward(embedded_judge), shaping_config(LineupRewardConfig(k=3, signal="soft")))
+    trl = ShapedReward(JudgeReward(embedded_judge), LineupRewardConfig(k=3, signal="soft"))
     for caption in ("Values: " + text, describe_series(WAVE)):
         via_trl = trl(prompts=["p"], completions=[[{"role": "assistant", "content": caption}]],
                       candidates=[[WAVE.tolist(), RISING.tolist(), FALLING.tolist()]], series=[WAVE.tolist()],

@@ -16,7 +16,7 @@ PAPER = sorted((ROOT / "configs").glob("*-paper.yaml"))
 # Settings that only make sense on the paper's GPUs; on a CPU machine they are switched off to resolve.
 CPU_OVERRIDES = ["train.use_cpu=true", "train.bf16=false", "train.gradient_checkpointing=false", "train.use_vllm=false"]
 # TrainConfig fields whose TRL argument has another name or form (checked separately or not a TRL field).
-NOT_TRL = {"algorithm", "out_dir", "threads", "resume", "extra", "report_to", "seed"}
+NOT_TRL = {"algorithm", "out_dir", "threads", "resume", "report_to", "seed"}
 
 
 def _loader(path: Path):

@@ -26,7 +26,7 @@ def _setup(backend, overrides):
     cfg = load_config(lineup.LineupConfig, ROOT / "configs" / "lineup-cpu.yaml", ["data.n_train=8", *overrides])
     rows = sample_rows(build_lineup_data(cfg.data, cfg.reward.k, cfg.seed).rows["train"], N_ITEMS, cfg.seed)
     reward = ShapedReward(make_identification_reward(backend, cfg.identify_config()),
-                          lineup.shaping_config(cfg.reward), name="lineup")
+                          cfg.reward, name="lineup")
     honest, dumps = series_references(rows, cfg.data.precision)
     return cfg, rows, reward, honest, dumps
 

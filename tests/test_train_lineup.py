@@ -20,7 +20,7 @@ from captionrl.domains.lineup_data import build_lineup_data, validate_candidate_
 from captionrl.errors import ConfigError, DataError
 from captionrl.rewards.shaping import ShapedReward
 from captionrl.train import lineup
-from captionrl.train.lineup import LineupConfig, LineupRewardConfig, shaping_config
+from captionrl.train.lineup import LineupConfig, LineupRewardConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -165,7 +165,7 @@ class _FixedBase:
 def test_shaping_penalises_scored_captions_and_keeps_failures_unscored():
     cfg = LineupRewardConfig(max_caption_chars=20, length_penalty=1.0, max_copied_values=1, transcription_penalty=0.1,
                              transcription_run=3, run_penalty=1.0)
-    shaped = ShapedReward(_FixedBase([1.0, 1.0, None]), shaping_config(cfg))
+    shaped = ShapedReward(_FixedBase([1.0, 1.0, None]), cfg)
     logged = {}
     caps = ["short one", "1.50, 2.25, 3.00, 4.75 copied", "anything"]
     out = shaped(prompts=[None] * 3, completions=caps, series_text=["1.50, 2.25, 3.00, 4.75"] * 3,
@@ -185,7 +185,7 @@ def test_factuality_penalises_contradicted_claims_and_masked_pass_mixes_scores()
         def __call__(self, prompts, completions, completion_ids=None, **kw):
             return [0.2 if "#" in c else 1.0 for c in completions]
 
-    shaped = ShapedReward(_Masked([]), shaping_config(cfg))
+    shaped = ShapedReward(_Masked([]), cfg)
     series = [[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]]
     logged = {}
     true, false = shaped(completions=["It rises and ends at 6.", "It falls and ends at 1."], series=series * 2,

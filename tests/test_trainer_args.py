@@ -33,17 +33,57 @@ def test_rloo_builds_rlooconfig_with_every_key_setting():
     assert not hasattr(args, "loss_type") or args.loss_type != "dr_grpo"  # no GRPO setting leaks in
 
 
-def test_grpo_builds_grpoconfig_with_its_own_defaults_and_extras():
+def test_grpo_builds_grpoconfig_with_its_own_defaults_and_any_trl_field():
     from trl import GRPOConfig
 
-    args = trainer_args(_train(algorithm="grpo", loss_type="grpo", scale_rewards="batch",
-                               extra={"top_k": 5}), seed=0)
+    from captionrl.config import load_config
+    from captionrl.train.lineup import LineupConfig
+
+    args = trainer_args(_train(algorithm="grpo", loss_type="grpo", scale_rewards="batch", top_k=5), seed=0)
     assert type(args) is GRPOConfig
     assert (args.beta, args.loss_type, args.scale_rewards, args.top_k) == (0.0, "grpo", "batch", 5)
-    with pytest.raises(ConfigError, match=r"train\.extra\.top_kk.*top_k"):
-        trainer_args(_train(algorithm="grpo", extra={"top_kk": 5}), seed=0)
-    with pytest.raises(ConfigError, match="TRL rejected"):
-        trainer_args(_train(algorithm="grpo", extra={"generation_batch_size": 3}), seed=0)
+    with pytest.raises(ConfigError, match=r"train\.top_kk.*top_k"):  # an unknown key names the close TRL field
+        load_config(LineupConfig, None, ["train.algorithm=grpo", "train.top_kk=5"])
+    with pytest.raises(ConfigError, match="TRL rejected"):  # TRL's own validation, reported in our terms
+        trainer_args(_train(algorithm="grpo", generation_batch_size=3), seed=0)
+
+
+def test_the_train_section_is_trls_fields_with_our_overrides_in_one_place():
+    """Every RLOOConfig / GRPOConfig field is a train setting with TRL's help; the defaults are TRL's except
+    the overrides trl_settings declares (with their reason), and every value reaches TRL unchanged."""
+    import dataclasses
+
+    from trl import GRPOConfig, RLOOConfig
+
+    from captionrl.train import trl_settings
+
+    ours = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    for cls in (RLOOConfig, GRPOConfig):
+        missing = {f.name for f in dataclasses.fields(cls) if f.init and not f.name.startswith("_")} - set(ours)
+        assert missing <= set(trl_settings.SET_BY_CAPTIONRL), missing
+    assert "Number of generations" in ours["num_generations"].metadata["help"]  # TRL's own help text
+    assert "captionrl default 4" in ours["num_generations"].metadata["help"]
+    rloo = dataclasses.fields(RLOOConfig)
+    trl_default = {f.name: f.default for f in rloo}
+    plain = ("epsilon", "temperature", "top_p", "max_grad_norm", "weight_decay", "warmup_steps", "adam_beta1",
+             "num_iterations", "mask_truncated_completions")
+    cfg = TrainConfig()
+    assert all(getattr(cfg, n) == trl_default[n] for n in plain)  # not re-declared: TRL's defaults
+    for name, (value, _why) in trl_settings.OVERRIDES.items():
+        assert getattr(cfg, name) == value
+    args = trainer_args(_train(algorithm="rloo", adam_beta2=0.98, warmup_steps=2), seed=0)
+    assert (args.adam_beta2, args.warmup_steps, args.lr_scheduler_type.value) == (0.98, 2, "constant")
+
+
+def test_a_setting_of_the_other_algorithm_is_refused_by_name():
+    with pytest.raises(ConfigError) as err:
+        _train(algorithm="rloo", scale_rewards="batch")
+    assert err.value.field == "train.scale_rewards" and "GRPOConfig" in err.value.problem
+    with pytest.raises(ConfigError) as err:
+        _train(algorithm="grpo", normalize_advantages=True)
+    assert err.value.field == "train.normalize_advantages"
+    with pytest.raises(ConfigError, match="remove_unused_columns"):
+        _train(remove_unused_columns=True)
 
 
 @pytest.mark.slow

@@ -2,7 +2,7 @@
 
 Engines call a plain function per sample, so the judge is built once per process from the YAML file named
 by ``CAPTIONRL_REWARD_CONFIG`` (sections ``verifier``: a BackendConfig, ``identify``: an IdentifyConfig,
-``shaping``: the keys of ``SHAPING_KEYS``), or from the defaults (the embedded model as a likelihood
+``shaping``: the ``reward.*`` shaping keys of ``train lineup``, i.e. ``rewards.shaping.ShapingConfig``), or from the defaults (the embedded model as a likelihood
 verifier). The reward is shaped exactly as in training (``captionrl.rewards.shaping``): the transcription
 guard is on by default (4 free copied values, 0.1 per further value, 1.0 for a run of 3 consecutive
 values), measured against the true series (index 0 of the candidates); the factuality term when
@@ -27,18 +27,10 @@ from typing import Any
 
 from captionrl.errors import BackendError, DataError
 from captionrl.judges.identify import IdentificationJudge, IdentifyConfig
-from captionrl.judges.transcription import TranscriptionConfig
-from captionrl.rewards.factuality import FactualityTerm
 from captionrl.rewards.shaping import Shaped, ShapedReward, ShapingConfig
 from captionrl.types import Judgment
 
 CONFIG_ENV = "CAPTIONRL_REWARD_CONFIG"
-SHAPING_KEYS = {"max_caption_chars": None, "length_penalty": 0.0, "max_copied_values": 4, "transcription_penalty": 0.1,
-                "transcription_run": 3, "run_penalty": 1.0, "factuality_penalty": 0.0, "factuality_bonus": 0.0,
-                "factuality_tolerance": 0.35,
-                "unfinished_penalty": 0.0, "max_numbers": None, "number_penalty": 0.0}
-"""The ``reward.*`` shaping keys of ``train lineup`` the adapters apply, with the same defaults (the
-numbers-masked pass, ``masked_weight``, needs a second verifier call per sample and is not offered here)."""
 FAILURE_ENV = "CAPTIONRL_ON_FAILURE"
 
 
@@ -77,23 +69,11 @@ def identification_judge() -> IdentificationJudge:
 
 
 def shaping_config(data: dict[str, Any] | None = None) -> ShapingConfig:
-    """The shaping section of the adapters' YAML (missing keys: ``SHAPING_KEYS``' defaults)."""
-    data = dict(data or {})
-    unknown = set(data) - set(SHAPING_KEYS)
-    if unknown:
-        raise DataError("shaping", sorted(unknown), "unknown shaping keys", f"use only {sorted(SHAPING_KEYS)}")
-    c = {**SHAPING_KEYS, **data}
-    guard = None
-    if c["transcription_penalty"] > 0 or c["run_penalty"] > 0:
-        guard = TranscriptionConfig(max_copied_values=int(c["max_copied_values"]), min_run=int(c["transcription_run"]),
-                                    value_penalty=float(c["transcription_penalty"]), run_penalty=float(c["run_penalty"]))
-    return ShapingConfig(max_caption_chars=c["max_caption_chars"], length_penalty=float(c["length_penalty"]),
-                         unfinished_penalty=float(c["unfinished_penalty"]),
-                         max_numbers=None if c["max_numbers"] is None else int(c["max_numbers"]),
-                         number_penalty=float(c["number_penalty"]),
-                         transcription=guard, factuality=FactualityTerm(weight=float(c["factuality_penalty"]),
-                                                                        bonus=float(c["factuality_bonus"]),
-                                                                        tolerance=float(c["factuality_tolerance"])))
+    """The ``shaping`` section of the adapters' YAML as ``ShapingConfig`` (the keys and defaults of ``reward.*``
+    in ``train lineup``; unknown keys fail with close matches; no numbers-masked pass: one call per sample)."""
+    from captionrl.config import from_dict
+
+    return from_dict(ShapingConfig, data or {}, prefix="shaping.").single_pass()
 
 
 @lru_cache(maxsize=1)
@@ -115,10 +95,6 @@ def score_or_fail(judgment: Judgment) -> float:
         f"the identification verifier could not score this caption ({judgment.error}); refusing to return "
         f"a 0 reward. Fix the verifier, or set {FAILURE_ENV}=nan if your engine masks non-finite rewards."
     )
-
-
-def judge_captions(captions: Sequence[str], labels: Sequence[Any]) -> list[Judgment]:
-    return identification_judge().judge(list(captions), {"candidates": [decode_label(lab) for lab in labels]})
 
 
 def shaped_scores(captions: Sequence[str], labels: Sequence[Any]) -> list[tuple[Judgment, Shaped]]:

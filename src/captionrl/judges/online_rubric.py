@@ -8,10 +8,10 @@ The subset exposes how the current candidates differ while the references anchor
 
 Why a group, not a caption, is the unit: the rubric is shared by the group, so its advantages compare
 captions under the same yardstick. TRL hands a reward function the G completions of a group next to
-each other (facts.md), so groups are the runs of equal ``item_id`` (cut into ``group_size`` chunks when
+each other (TRL 1.16's reward contract), so groups are the runs of equal ``item_id`` (cut into ``group_size`` chunks when
 the same item occurs twice in a row).
 
-Failure handling (design.md: an outage is never a 0): a Generator reply that fails the rubric schema is
+Failure handling (an outage is never a 0): a Generator reply that fails the rubric schema is
 retried (attempt 1 greedy, retries sampled with recorded seeds); if every attempt fails, every caption
 of the group is *unscored* (``Judgment(score=None)``), unless ``fallback="facts"`` is chosen, which
 builds the rubric from the item's known facts (synthetic scenes) and records ``source="facts-fallback"``

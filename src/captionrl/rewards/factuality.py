@@ -2,7 +2,7 @@
 
 A caption's claims (a value at a step or over an interval, a statistic, a trend, a length) are extracted by
 rules (``judges.claims.extract_rules``, the default) or by an LLM (``extract_llm``, when a capable model is
-served: ``extractor="llm"`` with a backend), and each is checked by code against the series within
+served: a ``backend``), and each is checked by code against the series within
 ``tolerance`` standard deviations. The term is ``weight * red_share - bonus * green_share``: the share of
 claims the series contradicts, less (optionally) the share it supports. The bonus is there because a penalty
 alone teaches a small policy little in a few steps: most of its samples state wrong values, and a sample that
@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from captionrl.errors import ConfigError
 from captionrl.judges.claims import Factuality, extract_llm, factuality
 
 EXTRACTORS = ("rules", "llm")
@@ -26,29 +25,20 @@ EXTRACTORS = ("rules", "llm")
 
 @dataclass
 class FactualityTerm:
-    """``weight * red_share - bonus * green_share`` per caption; ``backend`` is required (and only used) with
-    ``extractor='llm'``."""
+    """``weight * red_share - bonus * green_share`` per caption, extracting claims by rules, or by an LLM on
+    ``backend`` when one is given. Built from the validated settings by ``ShapingConfig.factuality_term``
+    (their one declaration), so it holds no defaults or checks of its own."""
 
-    weight: float = 0.0
-    bonus: float = 0.0
-    tolerance: float = 0.35
-    extractor: str = "rules"
+    weight: float
+    bonus: float
+    tolerance: float
     backend: Any = None
     index_base: int = 0
     llm_fallbacks: int = 0
 
-    def __post_init__(self) -> None:
-        if self.weight < 0:
-            raise ConfigError("factuality_penalty", self.weight, "must be >= 0", "set 0 to switch the term off")
-        if self.bonus < 0:
-            raise ConfigError("factuality_bonus", self.bonus, "must be >= 0", "set 0 to pay nothing for supported claims")
-        if self.tolerance <= 0:
-            raise ConfigError("factuality_tolerance", self.tolerance, "must be > 0", "use 0.35 (the span audit's)")
-        if self.extractor not in EXTRACTORS:
-            raise ConfigError("claims_extractor", self.extractor, "unknown extractor", f"use one of {EXTRACTORS}")
-        if self.extractor == "llm" and self.backend is None:
-            raise ConfigError("claims_backend", None, "the LLM claim extractor needs a served model",
-                              "set claims_backend (e.g. openai:http://127.0.0.1:8000/v1#MODEL) or claims_extractor: rules")
+    @property
+    def extractor(self) -> str:
+        return "rules" if self.backend is None else "llm"
 
     @property
     def enabled(self) -> bool:

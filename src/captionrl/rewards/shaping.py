@@ -1,4 +1,4 @@
-"""Reward shaping around any judge reward: ``lam * base - length - transcription - factuality``.
+"""Reward shaping around any judge reward: ``base - length - transcription - factuality``.
 
 It is a *wrapper*, not extra TRL reward functions: TRL sums several reward functions with ``nansum`` and
 treats a row as unscored only when *all* of them return ``None``, so a separate penalty function would turn
@@ -26,13 +26,14 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
+from captionrl.config import help_field
 from captionrl.errors import ConfigError
 from captionrl.judges.transcription import Transcription, TranscriptionConfig, parse_shown, transcription
 from captionrl.rewards import TRL_SPECIAL_KWARGS, completion_text
-from captionrl.rewards.factuality import FactualityTerm
+from captionrl.rewards.factuality import EXTRACTORS, FactualityTerm
 
 MASK_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 MASK = "#"
@@ -55,25 +56,96 @@ def ends_with_stop(caption: str) -> bool:
 
 @dataclass
 class ShapingConfig:
-    """What is taken off (or scaled into) a judge's reward. Defaults switch every term off."""
+    """The reward-shaping settings: their one declaration (help, defaults, validation).
 
-    lam: float = 1.0
-    max_caption_chars: int | None = None
-    length_penalty: float = 0.0
-    transcription: TranscriptionConfig | None = None      # None: the guard is off (still measured and logged)
-    factuality: FactualityTerm = field(default_factory=FactualityTerm)
-    masked_weight: float = 0.0
-    unfinished_penalty: float = 0.0                        # a caption that does not end a sentence
-    max_numbers: int | None = None                         # numbers a caption may state for free (None: no budget)
-    number_penalty: float = 0.0                            # per number beyond max_numbers, matched to the series or not
+    ``train lineup`` reads them as ``reward.<key>`` (``LineupRewardConfig`` extends this class), the verl /
+    OpenRLHF adapters and ``serve reward`` as ``shaping.<key>``; errors name the key as the config holding it
+    spells it (``FIELD_PREFIX``). The guard's defaults are its counting rule's (``TranscriptionConfig``), so a
+    section that says nothing keeps the transcription guard on and every other term off."""
+
+    FIELD_PREFIX: ClassVar[str] = "shaping"
+
+    max_caption_chars: int | None = help_field(None, "captions longer than this are penalised (null = no length shaping)")
+    length_penalty: float = help_field(0.0, "penalty per 100 characters above max_caption_chars")
+    max_copied_values: int = help_field(TranscriptionConfig.max_copied_values, "series values a caption may copy for free, counted in values (start, end, max, min are key values), never a fraction of the series")
+    transcription_penalty: float = help_field(TranscriptionConfig.value_penalty, "penalty per copied value beyond max_copied_values (values matched at the caption's rounding; 0 = guard off: copying the numbers wins a likelihood verifier without describing anything)")
+    transcription_run: int = help_field(TranscriptionConfig.min_run, "a run of this many consecutive series values, in order, is transcription and is always penalised")
+    run_penalty: float = help_field(TranscriptionConfig.run_penalty, "penalty for a caption with such a run (0 = off)")
+    factuality_penalty: float = help_field(0.0, "weight of the share of claims the series contradicts (span-audit code checks within factuality_tolerance sigma; 0 = off)")
+    factuality_bonus: float = help_field(0.0, "weight of the share of claims the series supports, added to the reward (code-checked values and trends only: a probe cannot collect it; 0 = off)")
+    factuality_tolerance: float = help_field(0.35, "claims within this many standard deviations of the series are supported (0.35: the span audit's)")
+    claims_extractor: str = help_field("rules", "claim extraction of the factuality term: rules, or llm (needs claims_backend: a capable served model)")
+    claims_backend: str | None = help_field(None, "backend spec of the LLM claim extractor, e.g. openai:http://127.0.0.1:8000/v1#MODEL")
+    masked_weight: float = help_field(0.0, "numbers-masked pass: base = (1-w)*score + w*score(caption with numbers masked); 0 = off")
+    unfinished_penalty: float = help_field(0.0, "penalty for a caption that does not end a sentence (cut by the token budget or trailing off)")
+    max_numbers: int | None = help_field(None, "number budget: numbers a caption may state for free, matched to the series or not (null = no budget)")
+    number_penalty: float = help_field(0.0, "penalty per number beyond max_numbers (prices invented value lists, which the transcription guard cannot see)")
+
+    WEIGHTS: ClassVar[tuple[str, ...]] = ("length_penalty", "transcription_penalty", "run_penalty", "factuality_penalty",
+                                          "factuality_bonus", "unfinished_penalty", "number_penalty")
+    """The terms' weights: each must be >= 0 (0 switches its term off)."""
 
     def __post_init__(self) -> None:
+        self.validate_shaping()
+
+    def validate_shaping(self) -> None:
+        """Reject inconsistent shaping settings, naming the key as the holding config spells it.
+
+        A separate method so that a config extending this class and another validated one
+        (``LineupRewardConfig``) can run both checks from its own ``__post_init__``."""
+        f = self.FIELD_PREFIX
+        negative = {f"{f}.{w}": getattr(self, w) for w in self.WEIGHTS if getattr(self, w) < 0}
+        if negative:
+            raise ConfigError(", ".join(negative), tuple(negative.values()) if len(negative) > 1 else next(iter(negative.values())),
+                              "penalties (and factuality_bonus) must be >= 0", "set 0 to switch the term off")
+        if self.max_copied_values < 0:
+            raise ConfigError(f"{f}.max_copied_values", self.max_copied_values, "must be >= 0", "set e.g. 4 (start, end, max, min)")
+        if self.transcription_run < 2:
+            raise ConfigError(f"{f}.transcription_run", self.transcription_run, "a run needs at least 2 values", "set e.g. 3")
         if self.max_numbers is not None and self.max_numbers < 0:
-            raise ConfigError("max_numbers", self.max_numbers, "must be >= 0", "set null for no number budget")
-        if self.length_penalty < 0 or self.unfinished_penalty < 0 or self.number_penalty < 0:
-            raise ConfigError("length_penalty", self.length_penalty, "must be >= 0", "set 0 to switch it off")
+            raise ConfigError(f"{f}.max_numbers", self.max_numbers, "must be >= 0", "set null for no number budget")
+        if self.max_caption_chars is not None and self.max_caption_chars < 1:
+            raise ConfigError(f"{f}.max_caption_chars", self.max_caption_chars, "must be >= 1", "set null for no length shaping")
+        if self.factuality_tolerance <= 0:
+            raise ConfigError(f"{f}.factuality_tolerance", self.factuality_tolerance, "must be > 0", "use 0.35 (the span audit's)")
+        if self.claims_extractor not in EXTRACTORS:
+            raise ConfigError(f"{f}.claims_extractor", self.claims_extractor, "unknown extractor", f"use one of {', '.join(EXTRACTORS)}")
+        if self.claims_extractor == "llm" and not self.claims_backend:
+            raise ConfigError(f"{f}.claims_backend", None, "the llm claim extractor needs a served model",
+                              f"set {f}.claims_backend: openai:URL#MODEL, or {f}.claims_extractor: rules")
         if not 0 <= self.masked_weight <= 1:
-            raise ConfigError("masked_weight", self.masked_weight, "must be in [0, 1]", "set 0 (off) or e.g. 0.5")
+            raise ConfigError(f"{f}.masked_weight", self.masked_weight, "must be in [0, 1]", "set 0 (off) or e.g. 0.5")
+
+    def counting(self) -> TranscriptionConfig:
+        """The guard's counting rule (what the evaluation's transcription column counts)."""
+        return TranscriptionConfig(max_copied_values=self.max_copied_values, min_run=self.transcription_run)
+
+    def guard(self) -> TranscriptionConfig | None:
+        """The transcription guard with its penalties, or None when both are 0 (still measured and logged)."""
+        if self.transcription_penalty <= 0 and self.run_penalty <= 0:
+            return None
+        return TranscriptionConfig(max_copied_values=self.max_copied_values, min_run=self.transcription_run,
+                                   value_penalty=self.transcription_penalty, run_penalty=self.run_penalty)
+
+    def factuality_term(self) -> FactualityTerm:
+        """The factuality term; its LLM extractor's backend is built only when the term is on."""
+        enabled = self.factuality_penalty > 0 or self.factuality_bonus > 0
+        backend = None
+        if self.claims_extractor == "llm" and enabled:
+            from captionrl.backends import make_backend, parse_backend_spec
+
+            backend = make_backend(parse_backend_spec(str(self.claims_backend)))
+        return FactualityTerm(weight=self.factuality_penalty, bonus=self.factuality_bonus,
+                              tolerance=self.factuality_tolerance, backend=backend)
+
+    def single_pass(self) -> ShapingConfig:
+        """These settings for a caller that judges each caption once (the engine adapters, ``serve reward``):
+        the numbers-masked pass needs a second verifier call per caption, so it is refused there."""
+        if self.masked_weight > 0:
+            raise ConfigError(f"{self.FIELD_PREFIX}.masked_weight", self.masked_weight,
+                              "the numbers-masked pass needs a second verifier call per caption, which the engine "
+                              "adapters and serve reward do not make", "set masked_weight: 0 here (train lineup offers it)")
+        return self
 
 
 @dataclass(frozen=True)
@@ -99,12 +171,13 @@ def _score(x: Any) -> float | None:
 
 
 class ShapedReward:
-    """A TRL reward callable: ``lam * base(captions) - penalties``; ``None`` stays ``None``.
+    """A TRL reward callable: ``base(captions) - penalties``; ``None`` stays ``None`` (the judge applies lambda).
 
     Args:
         base: a TRL reward callable (e.g. ``JudgeReward``); if it has ``on_judgments`` the judgments are
             kept for the sample records (hard/soft/error).
-        cfg: the shaping terms.
+        cfg: the shaping settings (a ``ShapingConfig`` or a config that extends it, e.g. ``reward`` of
+            ``train lineup``); the guard and the factuality term (and its LLM extractor) are built once here.
         samples: optional ``SampleLog``-like object with ``write(step, rows)``.
         name: the reward's name in TRL's logs.
         family: which judge gives the base score (identification, answerability, judge), written in every
@@ -116,6 +189,8 @@ class ShapedReward:
         self.base = base
         self.family = family
         self.cfg = cfg or ShapingConfig()
+        self.guard = self.cfg.guard()
+        self.factuality = self.cfg.factuality_term()
         self.samples = samples
         self.__name__ = name
         self._last_judgments: list[Any] = []
@@ -150,7 +225,7 @@ class ShapedReward:
         c = self.cfg
         n = len(captions)
         has_series = series is not None and any(len(s or []) for s in series)
-        facts = c.factuality.findings(captions, series) if has_series and c.factuality.enabled else [None] * n
+        facts = self.factuality.findings(captions, series) if has_series and self.factuality.enabled else [None] * n
         out = []
         for i, cap in enumerate(captions):
             raw = base = _score(base_scores[i])
@@ -161,11 +236,11 @@ class ShapedReward:
             tr = None
             if has_series:
                 shown = parse_shown(series_text[i]) if series_text and series_text[i] else None
-                tr = transcription(cap, series[i], c.transcription or TranscriptionConfig(), shown=shown)  # type: ignore[index]
-            tp = tr.penalty if (tr is not None and c.transcription is not None) else 0.0
+                tr = transcription(cap, series[i], self.guard or c.counting(), shown=shown)  # type: ignore[index]
+            tp = tr.penalty if (tr is not None and self.guard is not None) else 0.0
             f = facts[i]
-            fp = c.factuality.penalty(f) if f is not None else 0.0
-            reward = None if base is None else c.lam * base - lp - tp - fp
+            fp = self.factuality.penalty(f) if f is not None else 0.0
+            reward = None if base is None else base - lp - tp - fp
             out.append(Shaped(reward, raw, masked, lp, tr, tp, f.red_share if f else None,
                               f.green_share if f else None, fp))
         return out

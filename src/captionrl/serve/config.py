@@ -12,6 +12,7 @@ from captionrl.judges.identify import IdentifyConfig
 from captionrl.judges.ngram import NgramConfig
 from captionrl.judges.qa import QAConfig
 from captionrl.judges.scalar import ScalarConfig
+from captionrl.rewards.shaping import ShapingConfig
 
 REWARDS = ("identification", "rubric", "scalar", "answerability", "cider")
 MAIN_COLUMN = {"identification": "candidates", "rubric": "rubric", "scalar": "reference",
@@ -38,7 +39,7 @@ class RewardServiceConfig:
     port: int = help_field(8000, "TCP port")
     backend: BackendConfig = field(default_factory=BackendConfig)
     identify: IdentifyConfig = field(default_factory=IdentifyConfig)
-    shaping: dict[str, Any] = help_field({}, "identification only: the training reward's shaping (keys of captionrl.adapters.engine.SHAPING_KEYS: max_copied_values, transcription_penalty, transcription_run, run_penalty, factuality_penalty, ...); missing keys take the guard's defaults, so the transcription guard is on unless switched off here")
+    shaping: ShapingConfig = field(default_factory=ShapingConfig, metadata={"help": "identification only: the training reward's shaping (the reward.* shaping keys of train lineup: max_copied_values, transcription_penalty, transcription_run, run_penalty, factuality_penalty, ...); missing keys take the same defaults, so the transcription guard is on unless switched off here"})
     rubric: RubricServeConfig = field(default_factory=RubricServeConfig)
     scalar: ScalarConfig = field(default_factory=ScalarConfig)
     qa: QAConfig = field(default_factory=QAConfig)
@@ -52,6 +53,7 @@ class RewardServiceConfig:
     log_level: str = help_field("warning", "uvicorn log level")
 
     def __post_init__(self) -> None:
+        self.shaping.single_pass()
         if self.reward not in REWARDS:
             from captionrl.registry import suggest
 
@@ -77,10 +79,9 @@ def build_judge(cfg: RewardServiceConfig, backend: Any = None) -> Any:
 
         backend = make_backend(cfg.backend)
     if cfg.reward == "identification":
-        from captionrl.adapters.engine import shaping_config
         from captionrl.judges.identify import IdentificationJudge
 
-        return ShapedJudge(IdentificationJudge(backend, cfg.identify), shaping_config(cfg.shaping))
+        return ShapedJudge(IdentificationJudge(backend, cfg.identify), cfg.shaping)
     if cfg.reward == "scalar":
         from captionrl.judges.scalar import ScalarJudge
 
@@ -101,7 +102,7 @@ class ShapedJudge:
     transcription guard and the factuality term measured against the true series (candidate 0). A caption
     the judge could not score stays unscored; the shaping terms travel in ``extra`` for the response logs."""
 
-    def __init__(self, judge: Any, shaping: Any) -> None:
+    def __init__(self, judge: Any, shaping: ShapingConfig) -> None:
         from captionrl.rewards.shaping import ShapedReward
 
         self.judge_ = judge

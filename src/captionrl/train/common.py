@@ -5,10 +5,9 @@ touches TRL's trainers lives here, so the CPU settings, the explicit algorithm d
 and resume rules and the saved config are the same for all of them. We never subclass TRL's trainers:
 recipes plug in through reward callables and ``TrainerCallback``s.
 
-Why the algorithm defaults are set here: TRL's RLOO and GRPO disagree on defaults (RLOO: 2 generations,
-beta 0.05, no advantage normalisation; GRPO: 8 generations, beta 0, loss ``dapo``, group scaling), and a
-TRL upgrade may change them. We resolve every such knob to a value in our config and pass it explicitly,
-so the saved config says exactly what ran.
+The train section (``TrainConfig``) is TRL's RLOOConfig / GRPOConfig fields plus captionrl's own settings;
+``train.trl_settings`` builds it and holds our deliberate defaults. Every knob on which RLOO and GRPO
+disagree is resolved to a value in our config when it loads, so the saved config says exactly what ran.
 """
 
 from __future__ import annotations
@@ -24,18 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 from captionrl.config import help_field, to_dict
 from captionrl.errors import ConfigError
+from captionrl.train import trl_settings
 
 if TYPE_CHECKING:
     from captionrl.backends import BackendConfig
-
-ALGORITHMS = ("rloo", "grpo")
-
-ALGORITHM_DEFAULTS: dict[str, dict[str, Any]] = {
-    # RLOO as in the LineupRL paper (and Ahmadian et al.): leave-one-out baseline, KL in the reward.
-    "rloo": {"beta": 0.05, "normalize_advantages": False},
-    # GRPO as TRL 1.16 ships it: no KL term, DAPO token-level loss, rewards scaled by the group std.
-    "grpo": {"beta": 0.0, "loss_type": "dapo", "scale_rewards": "group"},
-}
 
 RESUME_SAFE_KEYS = ("train.threads", "train.report_to", "train.logging_steps", "train.max_steps",
                     "train.resume", "eval", "check", "build_rubrics")
@@ -68,55 +59,31 @@ class PolicyConfig:
 
 
 @dataclass
-class TrainConfig:
-    """How the policy is optimised: the TRL trainer, its batch geometry, checkpoints and logging."""
+class _CaptionRLTrain:
+    """The settings of the train section that are captionrl's own; ``TrainConfig`` adds TRL's."""
 
-    algorithm: str = help_field("rloo", "rloo (LineupRL's choice: leave-one-out baseline) or grpo (group-normalised advantages)")
+    algorithm: str = help_field("rloo", "rloo (LineupRL's choice: leave-one-out baseline) or grpo (group-normalised advantages); picks TRL's RLOOConfig or GRPOConfig")
     out_dir: str = help_field("runs/lineup", "run folder: checkpoints, metrics, curves, final model, evaluation; rerunning with the same folder resumes")
-    num_generations: int = help_field(4, "G: captions sampled per series (the group the baseline is computed over); >= 2")
-    per_device_train_batch_size: int = help_field(8, "completions per device per optimizer micro-step; per_device_train_batch_size * processes * steps_per_generation must be a multiple of num_generations")
-    gradient_accumulation_steps: int = help_field(1, "micro-steps per optimizer step")
-    steps_per_generation: int | None = help_field(None, "optimizer steps served by one generation batch (default: gradient_accumulation_steps)")
-    num_iterations: int = help_field(1, "policy updates per generation batch (mu)")
-    max_steps: int = help_field(-1, "optimizer steps to run; -1 = num_train_epochs passes over the data")
-    num_train_epochs: float = help_field(1.0, "passes over the training items (when max_steps is -1)")
-    learning_rate: float = help_field(1e-6, "AdamW learning rate")
-    lr_scheduler_type: str = help_field("constant", "learning-rate schedule (transformers names: constant, linear, cosine...)")
-    warmup_steps: int = help_field(0, "linear warm-up steps")
-    weight_decay: float = help_field(0.0, "AdamW weight decay")
-    max_grad_norm: float = help_field(1.0, "gradient clipping norm")
-    max_completion_length: int = help_field(64, "longest caption, in tokens")
-    temperature: float = help_field(1.0, "sampling temperature of the policy's captions")
-    top_p: float = help_field(1.0, "nucleus sampling of the policy's captions")
-    beta: float | None = help_field(None, "KL coefficient to the initial policy; null = the algorithm's default (rloo 0.05, grpo 0.0); 0 loads no reference model")
-    epsilon: float = help_field(0.2, "PPO-style clipping range of the importance ratio")
-    normalize_advantages: bool | None = help_field(None, "rloo: normalise advantages over the batch; null = False")
-    loss_type: str | None = help_field(None, "grpo: loss aggregation (grpo, dr_grpo, dapo, bnpo...); null = dapo")
-    scale_rewards: str | None = help_field(None, "grpo: reward scaling (group, batch, none); null = group")
-    mask_truncated_completions: bool = help_field(False, "leave captions cut by max_completion_length out of the loss")
-    save_steps: int = help_field(50, "write a checkpoint every N optimizer steps (resume restarts from the last one)")
-    save_total_limit: int | None = help_field(None, "keep only the N most recent checkpoints (null: keep all, needed for model selection)")
-    logging_steps: int = help_field(1, "log metrics every N steps")
-    report_to: list[str] = help_field(["tensorboard"], "metric sinks handed to TRL: tensorboard, wandb, trackio, or [] for none")
-    seed: int | None = help_field(None, "trainer seed (sampling, shuffling, init); null = the run's top-level seed")
+    seed: int | None = help_field(None, "trainer seed (sampling, shuffling, init; also TRL's data_seed unless set); null = the run's top-level seed")
     threads: int | None = help_field(None, "torch CPU threads (null: leave torch's / OMP_NUM_THREADS's choice); 1 when sharing the CPU")
     use_cpu: bool | None = help_field(None, "train on CPU; null = CPU when no GPU is visible")
     bf16: bool | None = help_field(None, "bf16 mixed precision; null = on for GPUs, off on CPU")
     gradient_checkpointing: bool | None = help_field(None, "recompute activations to save memory; null = on for GPUs, off on CPU")
     resume: str = help_field("auto", "auto: resume from the last checkpoint in out_dir (the saved config must match); off: refuse to reuse a folder that holds checkpoints")
-    use_vllm: bool = help_field(False, "generate with vLLM (GPU only; see TRL's vllm_mode)")
-    vllm_mode: str = help_field("colocate", "vLLM integration: colocate (same GPUs) or server (trl vllm-serve)")
-    log_completions: bool = help_field(False, "let TRL print/log a table of sampled captions every logging step")
     shared_prompt_forward: bool = help_field(True, "loss pass: run each group's prompt once and reuse its key/value cache for the G completions (exact: same log-probs and gradients as TRL's pass; text-only batches, off under gradient checkpointing, where TRL's pass runs)")
     preflight_items: int = help_field(8, "reward preflight: training items on which an honest reference must beat every hacking probe before step 1 (0 = skip)")
     force_preflight: bool = help_field(False, "start training even when a hacking probe beats the honest reference in the reward preflight")
-    extra: dict[str, Any] = help_field({}, "any other RLOOConfig/GRPOConfig field, passed through unchanged (e.g. deepspeed: configs/accelerate/ds_zero2.json)")
+
+    if TYPE_CHECKING:  # the TRL fields are added by make_dataclass below
+        def __getattr__(self, name: str) -> Any: ...
 
     def __post_init__(self) -> None:
-        if self.algorithm not in ALGORITHMS:
+        if self.algorithm not in trl_settings.ALGORITHMS:
             from captionrl.registry import suggest
 
-            raise ConfigError("train.algorithm", self.algorithm, "unknown algorithm", suggest(self.algorithm, list(ALGORITHMS)))
+            raise ConfigError("train.algorithm", self.algorithm, "unknown algorithm",
+                              suggest(self.algorithm, list(trl_settings.ALGORITHMS)))
+        trl_settings.resolve(self, self.algorithm, _TRL_PENDING)
         if self.num_generations < 2:
             raise ConfigError(
                 "train.num_generations", self.num_generations,
@@ -125,7 +92,7 @@ class TrainConfig:
             )
         for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "num_iterations",
                      "max_completion_length", "save_steps", "logging_steps"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is None or getattr(self, name) < 1:
                 raise ConfigError(f"train.{name}", getattr(self, name), "must be >= 1", f"set train.{name} to 1 or more")
         if self.max_steps == 0 or self.max_steps < -1:
             raise ConfigError("train.max_steps", self.max_steps, "must be -1 (use epochs) or >= 1", "set train.max_steps: 100")
@@ -146,26 +113,21 @@ class TrainConfig:
                 f"cannot hold whole groups of num_generations={self.num_generations}",
                 f"use a multiple of {self.num_generations}, e.g. per_device_train_batch_size: {2 * self.num_generations}",
             )
-        # Resolve the algorithm's defaults here so the saved config records the values that ran.
-        defaults = ALGORITHM_DEFAULTS[self.algorithm]
-        if self.beta is None:
-            self.beta = float(defaults["beta"])
-        if self.algorithm == "rloo":
-            if self.normalize_advantages is None:
-                self.normalize_advantages = bool(defaults["normalize_advantages"])
-            if self.loss_type is not None or self.scale_rewards is not None:
-                raise ConfigError(
-                    "train.loss_type" if self.loss_type is not None else "train.scale_rewards",
-                    self.loss_type if self.loss_type is not None else self.scale_rewards,
-                    "is a GRPO setting; RLOO has no loss_type or scale_rewards",
-                    "remove it, or set train.algorithm: grpo",
-                )
-        else:
-            self.loss_type = self.loss_type or str(defaults["loss_type"])
-            self.scale_rewards = self.scale_rewards or str(defaults["scale_rewards"])
-            if self.normalize_advantages is not None:
-                raise ConfigError("train.normalize_advantages", self.normalize_advantages,
-                                  "is an RLOO setting", "remove it, or use train.scale_rewards with grpo")
+
+    def trl_class(self) -> type:
+        """TRL's config class for ``algorithm`` (RLOOConfig or GRPOConfig)."""
+        return _TRL_CLASSES[self.algorithm]
+
+
+_TRL_CLASSES = trl_settings.trl_classes()
+_TRL_SPECS, _TRL_PENDING = trl_settings.trl_fields(_TRL_CLASSES, skip={f.name for f in dataclasses.fields(_CaptionRLTrain)})
+TrainConfig = dataclasses.make_dataclass(
+    "TrainConfig", _TRL_SPECS, bases=(_CaptionRLTrain,),
+    namespace={"__module__": __name__, "__doc__": (
+        "How the policy is optimised: captionrl's own settings (algorithm, out_dir, threads, resume, preflight) and "
+        "every field of TRL's RLOOConfig / GRPOConfig, with TRL's defaults and help except where "
+        "``train.trl_settings`` overrides them (and says why).")},
+)
 
 
 @dataclass
@@ -265,70 +227,26 @@ def lora_config(policy: PolicyConfig) -> Any:
 
 
 def trainer_args(train: TrainConfig, seed: int, reward_weights: Sequence[float] | None = None) -> Any:
-    """RLOOConfig or GRPOConfig with every knob that matters set explicitly from ``train``."""
+    """RLOOConfig or GRPOConfig holding every value of ``train`` (TRL validates them), plus what captionrl sets
+    itself: the checkpoint folder, the seeds, the device choices and the recipe's reward weights."""
+    import copy
+
+    cls = train.trl_class()
     on_cpu = train.use_cpu if train.use_cpu is not None else not cuda_available()
-    bf16 = train.bf16 if train.bf16 is not None else not on_cpu
-    gc = train.gradient_checkpointing if train.gradient_checkpointing is not None else not on_cpu
-    common: dict[str, Any] = {
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    values = {name: copy.deepcopy(getattr(train, name)) for name in names if hasattr(train, name)}
+    values.update({
         "output_dir": str(Path(train.out_dir) / "checkpoints"),
         "seed": seed,
-        "data_seed": seed,
+        "data_seed": train.data_seed if train.data_seed is not None else seed,
         "use_cpu": on_cpu,
-        "bf16": bf16,
-        "fp16": False,
-        "gradient_checkpointing": gc,
-        "learning_rate": train.learning_rate,
-        "lr_scheduler_type": train.lr_scheduler_type,
-        "warmup_steps": train.warmup_steps,
-        "weight_decay": train.weight_decay,
-        "max_grad_norm": train.max_grad_norm,
-        "per_device_train_batch_size": train.per_device_train_batch_size,
-        "gradient_accumulation_steps": train.gradient_accumulation_steps,
-        "steps_per_generation": train.steps_per_generation,
-        "num_iterations": train.num_iterations,
-        "num_generations": train.num_generations,
-        "max_completion_length": train.max_completion_length,
-        "temperature": train.temperature,
-        "top_p": train.top_p,
-        "beta": train.beta,
-        "epsilon": train.epsilon,
-        "mask_truncated_completions": train.mask_truncated_completions,
-        "max_steps": train.max_steps,
-        "num_train_epochs": train.num_train_epochs,
-        "save_strategy": "steps",
-        "save_steps": train.save_steps,
-        "save_total_limit": train.save_total_limit,
-        "logging_steps": train.logging_steps,
+        "bf16": train.bf16 if train.bf16 is not None else not on_cpu,
+        "gradient_checkpointing": train.gradient_checkpointing if train.gradient_checkpointing is not None else not on_cpu,
         "report_to": list(train.report_to) or "none",
-        "remove_unused_columns": False,  # reward functions read the dataset's other columns
-        "shuffle_dataset": True,
-        "disable_dropout": True,  # RL log-prob ratios must not be noised by dropout
-        "use_vllm": train.use_vllm,
-        "vllm_mode": train.vllm_mode,
-        "log_completions": train.log_completions,
         "reward_weights": list(reward_weights) if reward_weights else None,
-        "dataloader_num_workers": 0,
-    }
-    if train.algorithm == "rloo":
-        from trl import RLOOConfig
-
-        cls: Any = RLOOConfig
-        common["normalize_advantages"] = train.normalize_advantages
-    else:
-        from trl import GRPOConfig
-
-        cls = GRPOConfig
-        common["loss_type"] = train.loss_type
-        common["scale_rewards"] = train.scale_rewards
-    names = {f.name for f in dataclasses.fields(cls)}
-    for key, value in train.extra.items():
-        if key not in names:
-            from captionrl.registry import suggest
-
-            raise ConfigError(f"train.extra.{key}", value, f"not a {cls.__name__} field", suggest(key, sorted(names)))
-        common[key] = value
+    })
     try:
-        return cls(**common)
+        return cls(**values)
     except ValueError as exc:  # TRL's own consistency checks, reported in our terms
         raise ConfigError("train", train.algorithm, f"TRL rejected the settings: {exc}", "adjust the named setting") from exc
 

@@ -76,55 +76,27 @@ class JudgeFamilyConfig:
 
 
 @dataclass
-class LineupRewardConfig(IdentifyScoring):
+class LineupRewardConfig(ShapingConfig, IdentifyScoring):
     """The reward family (identification, or a Table 4 baseline), its settings and the shaping around it.
 
     ``IdentifyScoring``'s mode, k, signal and lam set the identification reward; k also sets the lineups the
-    held-out identification evaluation uses under every family."""
+    held-out identification evaluation uses under every family. The shaping keys (``reward.length_penalty``,
+    ``reward.transcription_penalty``, ...) are ``ShapingConfig``'s, declared once for training, preflight,
+    the engine adapters and ``serve reward``."""
 
     FIELD_PREFIX: ClassVar[str] = "reward"
 
     family: str = help_field("identification", "identification (LineupRL: find the series among K from the caption), answerability (Table 4 baseline: accuracy on the series' verified questions answered from the caption), or judge (Table 4 baseline: a 1-10 grade of the caption); the verifier is the frozen model of each")
     answerability: AnswerabilityConfig = field(default_factory=AnswerabilityConfig, metadata={"help": "family answerability: question writing, verification and drawing"})
     judge: JudgeFamilyConfig = field(default_factory=JudgeFamilyConfig, metadata={"help": "family judge: how the grade is asked and read"})
-    max_caption_chars: int | None = help_field(None, "captions longer than this are penalised (null = no length shaping)")
-    length_penalty: float = help_field(0.0, "penalty per 100 characters above max_caption_chars")
-    max_copied_values: int = help_field(4, "series values a caption may copy for free, counted in values (start, end, max, min are key values), never a fraction of the series")
-    transcription_penalty: float = help_field(0.1, "penalty per copied value beyond max_copied_values (values matched at the caption's rounding; 0 = guard off: copying the numbers wins a likelihood verifier without describing anything)")
-    transcription_run: int = help_field(3, "a run of this many consecutive series values, in order, is transcription and is always penalised")
-    run_penalty: float = help_field(1.0, "penalty for a caption with such a run (0 = off)")
-    factuality_penalty: float = help_field(0.0, "weight of the share of claims the series contradicts (span-audit code checks within factuality_tolerance sigma; 0 = off)")
-    factuality_bonus: float = help_field(0.0, "weight of the share of claims the series supports, added to the reward (code-checked values and trends only: a probe cannot collect it; 0 = off)")
-    factuality_tolerance: float = help_field(0.35, "claims within this many standard deviations of the series are supported")
-    claims_extractor: str = help_field("rules", "claim extraction of the factuality term: rules, or llm (needs claims_backend: a capable served model)")
-    claims_backend: str | None = help_field(None, "backend spec of the LLM claim extractor, e.g. openai:http://127.0.0.1:8000/v1#MODEL")
-    masked_weight: float = help_field(0.0, "numbers-masked pass: base = (1-w)*score + w*score(caption with numbers masked); 0 = off")
-    unfinished_penalty: float = help_field(0.0, "penalty for a caption that does not end a sentence (cut by the token budget or trailing off)")
-    max_numbers: int | None = help_field(None, "number budget: numbers a caption may state for free, matched to the series or not (null = no budget)")
-    number_penalty: float = help_field(0.0, "penalty per number beyond max_numbers (prices invented value lists, which the transcription guard cannot see)")
 
     def __post_init__(self) -> None:
-        super().__post_init__()
+        IdentifyScoring.__post_init__(self)
         if self.family not in FAMILIES:
             from captionrl.registry import suggest
 
             raise ConfigError("reward.family", self.family, "unknown reward family", suggest(self.family, list(FAMILIES)))
-        weights = ("length_penalty", "transcription_penalty", "run_penalty", "factuality_penalty", "factuality_bonus",
-                   "unfinished_penalty", "number_penalty")
-        negative = {f"reward.{w}": getattr(self, w) for w in weights if getattr(self, w) < 0}
-        if negative:
-            raise ConfigError(", ".join(negative), tuple(negative.values()),
-                              "penalties (and factuality_bonus) must be >= 0", "set them to 0 to switch shaping off")
-        if self.max_copied_values < 0 or self.transcription_run < 2:
-            raise ConfigError("reward.max_copied_values/transcription_run", (self.max_copied_values, self.transcription_run),
-                              "need max_copied_values >= 0 and transcription_run >= 2", "set e.g. 4 and 3")
-        if self.claims_extractor not in ("rules", "llm"):
-            raise ConfigError("reward.claims_extractor", self.claims_extractor, "unknown extractor", "use rules or llm")
-        if self.claims_extractor == "llm" and not self.claims_backend:
-            raise ConfigError("reward.claims_backend", None, "the llm claim extractor needs a served model",
-                              "set reward.claims_backend: openai:URL#MODEL, or reward.claims_extractor: rules")
-        if not 0 <= self.masked_weight <= 1:
-            raise ConfigError("reward.masked_weight", self.masked_weight, "must be in [0, 1]", "set 0 (off) or e.g. 0.5")
+        self.validate_shaping()
 
 
 @dataclass
@@ -202,30 +174,7 @@ def _eval_backends(cfg: LineupConfig) -> list[tuple[BackendConfig, str]]:
     return out
 
 
-# ---------------------------------------------------------------------- reward shaping
-def shaping_config(reward: LineupRewardConfig) -> ShapingConfig:
-    """The shaping terms of ``reward`` (lam is applied by the identification judge itself, so 1 here)."""
-    from captionrl.judges.transcription import TranscriptionConfig
-    from captionrl.rewards.factuality import FactualityTerm
-
-    guard = None
-    if reward.transcription_penalty > 0 or reward.run_penalty > 0:
-        guard = TranscriptionConfig(max_copied_values=reward.max_copied_values, min_run=reward.transcription_run,
-                                    value_penalty=reward.transcription_penalty, run_penalty=reward.run_penalty)
-    backend = None
-    if reward.claims_extractor == "llm" and (reward.factuality_penalty > 0 or reward.factuality_bonus > 0):
-        from captionrl.backends import make_backend, parse_backend_spec
-
-        backend = make_backend(parse_backend_spec(str(reward.claims_backend)))
-    term = FactualityTerm(weight=reward.factuality_penalty, bonus=reward.factuality_bonus,
-                          tolerance=reward.factuality_tolerance,
-                          extractor=reward.claims_extractor if backend is not None else "rules", backend=backend)
-    return ShapingConfig(lam=1.0, max_caption_chars=reward.max_caption_chars, length_penalty=reward.length_penalty,
-                         transcription=guard, factuality=term, masked_weight=reward.masked_weight,
-                         unfinished_penalty=reward.unfinished_penalty, max_numbers=reward.max_numbers,
-                         number_penalty=reward.number_penalty)
-
-
+# ---------------------------------------------------------------------- reward preflight
 PREFLIGHT_KEYS = ("reward.transcription_penalty", "reward.run_penalty", "reward.max_copied_values",
                   "reward.max_numbers", "reward.number_penalty",
                   "reward.factuality_penalty", "reward.factuality_bonus", "reward.masked_weight", "reward.mode", "reward.signal", "verifier")
@@ -308,7 +257,7 @@ class LineupRecipe(Recipe):
         from captionrl.train.logging import SampleLog
 
         self.samples = SampleLog(run.out)
-        self.reward = ShapedReward(family_reward(self.cfg, self.verifier), shaping_config(self.cfg.reward), self.samples,
+        self.reward = ShapedReward(family_reward(self.cfg, self.verifier), self.cfg.reward, self.samples,
                                    name="lineup", family=self.cfg.reward.family)
         return [self.reward]
 
@@ -537,19 +486,12 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
         from captionrl.eval.final_checks import run_final_checks
 
         checks = run_final_checks({s.name: s.captions for s in systems}, {it.id: it.values for it in items}, out_dir,
-                                  identification=summary.summary(), guard=_guard(cfg.reward),
+                                  identification=summary.summary(), guard=cfg.reward.counting(),
                                   tolerance=cfg.reward.factuality_tolerance, clipped=clipped,
                                   bottleneck=cfg.eval.bottleneck)
         result["final_checks"] = str(out_dir / "final_checks.md")
         result["final_rows"] = checks["rows"]
     return result
-
-
-def _guard(reward: LineupRewardConfig) -> Any:
-    """The transcription guard's counting rule (its penalties are irrelevant to the evaluation column)."""
-    from captionrl.judges.transcription import TranscriptionConfig
-
-    return TranscriptionConfig(max_copied_values=reward.max_copied_values, min_run=reward.transcription_run)
 
 
 # ---------------------------------------------------------------------- command

@@ -1,0 +1,67 @@
+"""The shaping settings have one declaration (``rewards.shaping.ShapingConfig``) that every consumer reads."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from captionrl.config import from_dict, load_config
+from captionrl.errors import ConfigError
+from captionrl.rewards.shaping import ShapingConfig
+
+
+@pytest.mark.parametrize("key", ShapingConfig.WEIGHTS)
+def test_a_negative_weight_is_named_by_its_own_key(key):
+    """Each weight's error names that weight (an older check named length_penalty for all of them)."""
+    from captionrl.train.lineup import LineupConfig
+
+    with pytest.raises(ConfigError) as err:
+        load_config(LineupConfig, None, [f"reward.{key}=-0.5"])
+    assert err.value.field == f"reward.{key}"
+    with pytest.raises(ConfigError) as err:
+        ShapingConfig(**{key: -0.5})
+    assert err.value.field == f"shaping.{key}"
+
+
+def test_training_adapters_and_service_read_the_same_keys_and_defaults():
+    from captionrl.adapters import engine
+    from captionrl.serve.config import RewardServiceConfig
+    from captionrl.train.lineup import LineupRewardConfig
+
+    names = [f.name for f in dataclasses.fields(ShapingConfig)]
+    reward = LineupRewardConfig()
+    assert {f.name for f in dataclasses.fields(LineupRewardConfig)} >= set(names)
+    default = ShapingConfig()
+    assert {n: getattr(reward, n) for n in names} == dataclasses.asdict(default)
+    assert engine.shaping_config({}) == default and RewardServiceConfig().shaping == default
+    assert default.guard() is not None  # the transcription guard is on unless switched off
+    served = from_dict(RewardServiceConfig, {"shaping": {"transcription_run": 4, "factuality_penalty": 1.0}})
+    assert engine.shaping_config({"transcription_run": 4, "factuality_penalty": 1.0}) == served.shaping
+    assert served.shaping.guard().min_run == 4 and served.shaping.factuality_term().weight == 1.0
+
+
+def test_unknown_keys_get_close_matches_and_single_pass_callers_refuse_the_masked_pass():
+    from captionrl.adapters import engine
+    from captionrl.serve.config import RewardServiceConfig
+
+    with pytest.raises(ConfigError, match="transcription_run") as err:
+        engine.shaping_config({"transcription_runs": 3})
+    assert err.value.field == "shaping.transcription_runs"
+    for build in (lambda: engine.shaping_config({"masked_weight": 0.5}),
+                  lambda: from_dict(RewardServiceConfig, {"shaping": {"masked_weight": 0.5}})):
+        with pytest.raises(ConfigError) as err:
+            build()
+        assert err.value.field == "shaping.masked_weight"
+
+
+def test_guard_and_factuality_term_follow_the_settings():
+    off = ShapingConfig(transcription_penalty=0.0, run_penalty=0.0)
+    assert off.guard() is None and off.counting().min_run == 3
+    g = ShapingConfig(max_copied_values=2, transcription_run=5, transcription_penalty=0.3, run_penalty=0.7).guard()
+    assert (g.max_copied_values, g.min_run, g.value_penalty, g.run_penalty) == (2, 5, 0.3, 0.7)
+    term = ShapingConfig(factuality_penalty=0.4, factuality_bonus=0.2, factuality_tolerance=0.5).factuality_term()
+    assert (term.weight, term.bonus, term.tolerance, term.extractor) == (0.4, 0.2, 0.5, "rules")
+    with pytest.raises(ConfigError) as err:
+        ShapingConfig(transcription_run=1)
+    assert err.value.field == "shaping.transcription_run"
