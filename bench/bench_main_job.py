@@ -1,17 +1,15 @@
 """The README's whole main command (``configs/lineup-cpu.yaml``: preflight, training, final checks) with the
-old defaults against the new ones, side by side in one run: wall time, its ratio, and the checks each
-trained model gets that did not produce its reward.
+config as it stood before issue 21 against today's, side by side in one run: wall time, its ratio, and the
+checks each trained model gets that did not produce its reward.
 
-Issue 12 asks for the main command "at most half of today's wall time in float32, with a result at least
-as good by the checks it was not trained on". ``bench_main_job_step.py`` times single steps; this bench
-times the whole command, because the new defaults also changed how many steps there are (issue 11).
-
-Old: the config as it stood when issue 12 was filed (16 steps at lr 5e-6, 48-token captions, the default
-instruction, no factuality, unfinished-sentence or number terms), expressed as overrides of today's config,
-so both runs share today's code, preflight and final checks. New: the config as it is. By default both
-verifiers are held to float32 (the issue's measurement; ``--native_dtype`` lets each config choose) and
-both runs start at once with one torch thread each, so they share the machine's conditions
-(``--sequential`` runs them one after the other with the machine to themselves).
+Issue 21 asks for the main command in at most a third of the earlier wall time on the same machine. Old:
+``bench/baselines/lineup-cpu-before-issue21.yaml`` (the config at e6c58d9: 32 steps of 2 series x 4 captions,
+128-token captions, 12 test windows), run with today's code but TRL's own loss pass
+(``train.shared_prompt_forward=false``), as it ran then. New: the config as it is. By default both
+verifiers are held to float32 (what ``dtype: auto`` picks on a CPU without native bf16; ``--native_dtype``
+lets each config choose) and both runs start at once with one torch thread each, so they share the
+machine's conditions (``--sequential`` runs them one after the other with the machine to themselves).
+The printed table is appended to ``bench/RESULTS.md``.
 
     .venv/bin/python bench/bench_main_job.py --out /tmp/bench-main-job
 """
@@ -28,11 +26,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _workload import ROOT, cpu_line
-from bench_main_job_step import AVX2_ENV, OLD, child_env
+from _workload import ROOT, cpu_line, record_result
+from bench_main_job_step import AVX2_ENV, child_env
 
-OLD_WHOLE = [*OLD, "train.max_steps=16", "train.learning_rate=5.0e-6", "train.save_steps=8"]
-"""The old training knobs on top of the old step (``git show 733c00b^:configs/lineup-cpu.yaml``)."""
+OLD_CONFIG = ROOT / "bench" / "baselines" / "lineup-cpu-before-issue21.yaml"
+OLD_OVERRIDES = ["train.shared_prompt_forward=false"]
+"""The old command ran TRL's own loss pass (the shared-prompt forward came with issue 21)."""
 CHECKS = ("red", "red_of_checkable", "green", "c2s[claims]", "transcription", "ends_with_stop", "clipped_ratio",
           "length_chars", "bottleneck_mse", "c2s[train]")
 """Final-check columns, the training verifier's own ``c2s[train]`` last (it produced the reward)."""
@@ -67,6 +66,8 @@ def collect(name: str, run_dir: Path, log: Path, rc: int, wall: float) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=str(ROOT / "configs" / "lineup-cpu.yaml"))
+    ap.add_argument("--old_config", default=str(OLD_CONFIG))
+    ap.add_argument("--no_record", action="store_true", help="print only; do not append to bench/RESULTS.md")
     ap.add_argument("--sequential", action="store_true", help="one run after the other, torch's default threads")
     ap.add_argument("--native_dtype", action="store_true", help="let each config choose its verifier dtype")
     ap.add_argument("--avx2", action="store_true", help="torch and oneDNN held to AVX2 kernels (no native bf16)")
@@ -75,20 +76,25 @@ def main() -> None:
 
     threads = None if args.sequential else 1
     dtype = [] if args.native_dtype else ["verifier.dtype=float32"]
-    old = [o for o in OLD_WHOLE if not (dtype and o.startswith("verifier.dtype="))] + dtype
-    setups = {"old": old, "new": dtype}
+    setups = {"old": (args.old_config, OLD_OVERRIDES + dtype), "new": (args.config, dtype)}
     env_extra = AVX2_ENV if args.avx2 else {}
-    print(cpu_line())
-    print(f"{'sequential' if args.sequential else 'side by side, 1 torch thread each'}; verifier "
-          f"{'as configured' if args.native_dtype else 'float32 in both'}; kernels {'AVX2 only' if args.avx2 else 'native'}")
+    lines: list[str] = []
+
+    def say(text: str = "") -> None:
+        print(text, flush=True)
+        lines.append(text)
+
+    say(cpu_line())
+    say(f"{'sequential' if args.sequential else 'side by side, 1 torch thread each'}; verifier "
+        f"{'as configured' if args.native_dtype else 'float32 in both'}; kernels {'AVX2 only' if args.avx2 else 'native'}")
     with tempfile.TemporaryDirectory(prefix="bench-main-job-") as tmp:
         out = Path(args.out) if args.out else Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
         results = {}
         pending = {}
-        for name, overrides in setups.items():
+        for name, (config, overrides) in setups.items():
             run_dir, log = out / name, out / f"{name}.log"
-            proc = launch(name, command(args.config, overrides, run_dir, threads), log, env_extra, threads)
+            proc = launch(name, command(config, overrides, run_dir, threads), log, env_extra, threads)
             pending[name] = (proc, run_dir, log, time.perf_counter())
             if args.sequential:
                 rc = proc.wait()
@@ -100,25 +106,29 @@ def main() -> None:
                 results[name] = collect(name, run_dir, log, rc, time.perf_counter() - t0)
                 print(f"{name}: {results[name]['wall_s']:.0f} s", flush=True)
 
-    print()
-    print(f"{'run':<5} {'wall s':>8} {'train s':>8} {'steps':>6} {'s/step':>7} {'verifier dtype':>15}")
+    say()
+    say(f"{'run':<5} {'wall s':>8} {'train s':>8} {'steps':>6} {'s/step':>7} {'verifier dtype':>15}")
     for r in results.values():
         vd = next((v["dtype"] for k, v in r["timing"].get("dtypes", {}).items() if k.startswith("hf:")), "?")
-        print(f"{r['name']:<5} {r['wall_s']:>8.0f} {r['train_s']:>8.0f} {r['steps']:>6} {r['step_s']:>7.1f} {vd:>15}")
+        say(f"{r['name']:<5} {r['wall_s']:>8.0f} {r['train_s']:>8.0f} {r['steps']:>6} {r['step_s']:>7.1f} {vd:>15}")
     ratio = results["new"]["wall_s"] / results["old"]["wall_s"]
-    print(f"\nwall time new/old: {ratio:.2f}x (issue 12 target: <= 0.50x)")
-    print("\nfinal checks (12 test windows; c2s[train] is the training verifier, the rest did not produce the reward)")
-    print(f"{'run/model':<14} " + " ".join(f"{c:>16}" for c in CHECKS))
+    say(f"\nwall time new/old: {ratio:.2f}x (issue 21 target: <= 0.33x)")
+    say("\nfinal checks (each run's own test windows; c2s[train] is the training verifier, the rest did not "
+        "produce the reward)")
+    say(f"{'run/model':<14} {'n':>4} " + " ".join(f"{c:>16}" for c in CHECKS))
     for r in results.values():
         for system in ("trained", "initial"):
             row = r["rows"].get(system, {})
             cells = [f"{row[c]:>16.3f}" if isinstance(row.get(c), (int, float)) else f"{'-':>16}" for c in CHECKS]
-            print(f"{r['name'] + '/' + system:<14} " + " ".join(cells))
+            say(f"{r['name'] + '/' + system:<14} {row.get('n', '-'):>4} " + " ".join(cells))
     for r in results.values():
         controls = {s: r["rows"][s]["bottleneck_mse"] for s in ("naive", "empty caption", "shuffled caption")
                     if s in r["rows"]}
-        print(f"{r['name']}: bottleneck controls {json.dumps(controls)}; "
-              f"old-policy log-probs {r['timing'].get('old_policy_logprobs', '?')[:40]}")
+        say(f"{r['name']}: bottleneck controls {json.dumps(controls)}; "
+            f"old-policy log-probs {r['timing'].get('old_policy_logprobs', '?')[:40]}; "
+            f"shared-prompt forward {json.dumps(r['timing'].get('shared_prompt_forward', '?'))}")
+    if not args.no_record:
+        record_result("bench_main_job.py", " ".join(sys.argv[1:]), "\n".join(lines))
 
 
 if __name__ == "__main__":

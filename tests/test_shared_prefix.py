@@ -100,3 +100,24 @@ def test_rows_with_distinct_prompts_still_match(policy):
         lp, _, prompts = shared_prefix_logps(model, ids, mask, keep)
     assert prompts == 3
     assert torch.allclose(lp * cmask, ref_lp * cmask, atol=2e-4)
+
+
+def test_generation_on_the_shared_prefill_equals_plain_generation(policy):
+    """Greedy captions from the once-per-group prefill are the captions of TRL's plain ``generate``."""
+    from captionrl.train.shared_prefix import share_generation_prefill
+
+    model, tok = policy
+    ids, mask, keep = _batch(tok, PROMPTS, COMPLETIONS, group=4)
+    prompts, pmask = ids[:, :-keep], mask[:, :-keep]
+    kwargs = dict(max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id)
+    model.eval()
+    try:
+        with torch.no_grad():
+            plain = model.generate(input_ids=prompts, attention_mask=pmask, **kwargs)
+            state = share_generation_prefill(model)
+            shared = model.generate(input_ids=prompts, attention_mask=pmask, **kwargs)
+    finally:
+        model.__dict__.pop("generate", None)
+        model.train()
+    assert state == {"rows": 8, "prompts": 2}
+    assert torch.equal(plain, shared)

@@ -16,6 +16,9 @@ full row's, and the first completion token's log-prob comes from the last prompt
 per-token log-probs and the parameter gradients equal TRL's up to float rounding (``tests/test_shared_prefix.py``
 checks both on the embedded model). The idea is Prefix Grouper's (verl ``use_prefix_grouper``).
 
+Generation gets the same treatment (:func:`share_generation_prefill`): each distinct prompt is prefilled
+once and its cache indexed out to the G rows, and ``generate`` continues from there.
+
 Where it is not exact or not known to be, the trainer keeps TRL's pass and the reason is recorded:
 multimodal inputs (the vision tower's rope indices are computed from the whole row), MoE aux losses,
 gradient checkpointing (HF drops the cache under it), and batches with no prompt shared by two rows.
@@ -115,5 +118,58 @@ def share_prompt_forward(trainer: Any) -> str | None:
         return (torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None)
 
     trainer._get_per_token_logps_and_entropies = logps_and_entropies
+    state["generation"] = share_generation_prefill(trainer.model)
     trainer._captionrl_shared_prefix = state
     return None
+
+
+def shared_prefill(model: Any, input_ids: Any, attention_mask: Any) -> tuple[Any, int] | None:
+    """A key/value cache of every row's prompt but its last token, each distinct prompt computed once and
+    indexed out to its rows; ``None`` when no two rows share a prompt (nothing to save).
+
+    Positions are generation's own (``cumsum`` of the attention mask), so ``generate`` continues on this
+    cache exactly as on its own prefill: it runs only the last prompt token and then decodes.
+    """
+    import torch
+
+    split = input_ids.size(1) - 1
+    if split < 1:
+        return None
+    key = torch.cat([input_ids[:, :split], attention_mask[:, :split].to(input_ids.dtype)], dim=1)
+    uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
+    if uniq.size(0) == input_ids.size(0):
+        return None
+    mask = uniq[:, split:]
+    positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    with torch.no_grad():
+        out = model(input_ids=uniq[:, :split], attention_mask=mask, position_ids=positions, use_cache=True,
+                    logits_to_keep=1)
+    cache = _returned_cache(out)
+    cache.batch_select_indices(inverse)
+    return cache, int(uniq.size(0))
+
+
+def share_generation_prefill(model: Any, state: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Make ``model.generate`` prefill each distinct prompt once (the G rows of a group share it).
+
+    Only plain text calls are changed (``input_ids`` + ``attention_mask``, no cache, no multimodal input);
+    anything else goes to the original ``generate``. ``state`` counts rows and distinct prompts.
+    """
+    state = state if state is not None else {"rows": 0, "prompts": 0}
+    original = model.generate
+
+    def generate(*args: Any, **kwargs: Any) -> Any:
+        ids, mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
+        plain = not args and ids is not None and mask is not None and not any(
+            k in kwargs for k in ("cache", "past_key_values", "inputs_embeds", *MULTIMODAL_KEYS))
+        if plain:
+            shared = shared_prefill(model, ids, mask)
+            if shared is not None:
+                cache, prompts = shared
+                state["rows"] += int(ids.size(0))
+                state["prompts"] += prompts
+                kwargs[_cache_kwarg(model)] = cache
+        return original(*args, **kwargs)
+
+    model.generate = generate
+    return state
