@@ -281,3 +281,41 @@ def test_eval_identify_names_the_file_and_line_of_a_caption_longer_than_the_cont
         run(cfg, verifiers={"hf:embedded": embedded_backend})
     msg = str(err.value)
     assert f"{caps}:line 2" in msg and "200000 characters" in msg and "(8192 tokens)" in msg and "Fix:" in msg
+
+
+def test_moco_run_living_on_fallback_rubrics_is_stopped_by_the_bound(tmp_path):
+    """The Generator's server is down (refused connections), so every group falls back to the item's facts
+    rubric: the bound's callback sees the fallback share, asks the Trainer to save and stop, and raises
+    one line naming the fallback at the end of train()."""
+    from types import SimpleNamespace
+
+    from transformers import TrainerControl, TrainerState
+
+    from captionrl.domains.scenes import make_scene
+    from captionrl.errors import RewardLostError
+    from captionrl.judges.online_rubric import (
+        MocoRubricJudge,
+        OnlineRubricConfig,
+        OnlineRubricJudge,
+        fixed_roles,
+    )
+    from captionrl.rewards.bound import RewardBound
+    from captionrl.train.callbacks import RewardBoundCallback
+    from captionrl.train.moco import MocoReward
+
+    dead = dead_openai_backend()
+    judge = OnlineRubricJudge(fixed_roles(dead), OnlineRubricConfig(max_attempts=1, fallback="facts", with_image=False),
+                              judge_factory=lambda b: MocoRubricJudge(b, mode="choose"))
+    reward = MocoReward(judge, name="moco_rubric", log_fields=())
+    scene = make_scene(0, 0, size=96)
+    callback = RewardBoundCallback(RewardBound(max_unscored_frac=1.0, max_fallback_frac=0.5, unscored_patience=1),
+                                   [reward])
+    args, state, control = SimpleNamespace(output_dir=str(tmp_path)), TrainerState(), TrainerControl()
+    callback.on_train_begin(args, state, control)
+    reward(completions=["a", "b"], item_id=[scene.id] * 2, references=[[scene.reference_caption, "x"]] * 2,
+           facts=[json.dumps(scene.facts)] * 2, trainer_state=state)
+    state.global_step = 1
+    callback.on_step_end(args, state, control)
+    assert control.should_save and control.should_training_stop
+    with pytest.raises(RewardLostError, match=r"scored 100% of its rubric groups with the facts fallback.*steps 1-1"):
+        callback.on_train_end(args, state, control)
