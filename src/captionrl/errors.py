@@ -3,6 +3,11 @@
 Every error raised on user input names the field, the value that was given and the fix, so a user can
 correct a config or a data file without reading our source. Infrastructure failures of a model call are
 *not* raised at the reward level: they become unscored judgments (``None``), see ``captionrl.types``.
+
+Which failures are "infrastructure" is decided here, narrowly (``ModelCallError``): out of memory (after one
+retry at a smaller batch), a dead inference engine, a transport failure. Backends raise it internally and
+turn it into an unscored result; any other exception (a shape bug, a ``KeyError`` in a judge) is ours and
+propagates with its traceback, because a bug scored as "unscored" is a run that learns nothing and ends green.
 """
 
 from __future__ import annotations
@@ -46,3 +51,29 @@ class BackendError(CaptionRLError):
 
 class ModelCallsForbiddenError(BackendError):
     """Raised when ``CAPTIONRL_FORBID_MODEL_CALLS`` is set and code tries to call a real model."""
+
+
+class ModelCallError(BackendError):
+    """One model call failed for a reason outside our code: the affected samples are unscored, not 0.
+
+    Raised (and caught) inside backends and judges that run a model themselves; ``captionrl.backends.base.
+    as_model_failure`` decides which exceptions of a model library count as such a failure."""
+
+
+class ModelOutOfMemoryError(ModelCallError):
+    """The model ran out of memory, also after one retry at a smaller batch."""
+
+
+class EngineError(ModelCallError):
+    """The inference engine (vLLM's engine process, a CUDA context) died or refused the call."""
+
+
+class InputTooLongError(DataError):
+    """A text is longer than the model's context: caught before any forward pass (it would OOM or be cut)."""
+
+
+class RewardLostError(CaptionRLError):
+    """A training run stopped because its reward was gone (unscored, or replaced by fallbacks) for too long.
+
+    The message is one line: which judge, what share for how many steps, the last error, where the
+    checkpoint is and how to resume."""

@@ -10,7 +10,10 @@ judge runs in-process (``hf``), against any OpenAI-compatible server (``openai``
 - ``loglikelihood``: summed log-probability of a continuation given a raw-text context.
 
 Failures of a single request never raise: the result carries ``error`` and ``None`` values, so judges
-can mark the sample unscored. Misuse (bad arguments, a server that lacks a needed feature) raises.
+can mark the sample unscored. Only genuine model or transport failures count (``model_failure``: out of
+memory after a retry at a smaller batch, a dead engine, timeouts, refused connections, HTTP errors,
+unparseable replies); misuse (bad arguments, a server that lacks a needed feature, an input longer than the
+model's context) and bugs in our code raise.
 """
 
 from __future__ import annotations
@@ -20,17 +23,51 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from captionrl.errors import ModelCallsForbiddenError
+from captionrl.errors import EngineError, ModelCallError, ModelCallsForbiddenError, ModelOutOfMemoryError
 
 Message = dict[str, Any]
 """A chat message: ``{"role": ..., "content": str | list[content parts]}`` (OpenAI format)."""
 
 FORBID_ENV = "CAPTIONRL_FORBID_MODEL_CALLS"
 
-MODEL_FAILURES: tuple[type[BaseException], ...] = (RuntimeError, ValueError, OSError, MemoryError)
-"""What a model call may raise for reasons outside our code (out of memory, a CUDA or engine error, an input
-too long for the model, a file it cannot read): the affected results are unscored, with the error
-recorded. Anything else (TypeError, AttributeError, KeyError, ...) is a bug and propagates."""
+ENGINE_ERROR_NAMES = ("EngineDeadError", "EngineGenerateError")
+"""vLLM's exceptions for an engine that died or failed a request (matched by name: vLLM is imported lazily)."""
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is an out-of-memory failure (CUDA's ``OutOfMemoryError``, Python's ``MemoryError``, or
+    torch's CPU allocator refusing), matched without importing torch."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+
+
+def as_model_failure(exc: BaseException) -> ModelCallError | None:
+    """The ``ModelCallError`` ``exc`` stands for, or ``None`` when it is not a model failure (then it is a bug).
+
+    Narrow on purpose: torch raises ``RuntimeError`` for shape and dtype bugs too, and a bug turned into
+    "unscored" is a run that silently learns nothing. So only out of memory, a dead engine or a CUDA
+    error other than a device-side assert (which is an index bug) count."""
+    if isinstance(exc, ModelCallError):
+        return exc
+    text = f"{type(exc).__name__}: {exc}"
+    if is_out_of_memory(exc):
+        return ModelOutOfMemoryError(text)
+    if type(exc).__name__ in ENGINE_ERROR_NAMES:
+        return EngineError(text)
+    if isinstance(exc, RuntimeError) and "CUDA error" in str(exc) and "device-side assert" not in str(exc):
+        return EngineError(text)
+    return None
+
+
+def model_failure(exc: BaseException) -> ModelCallError:
+    """Call in an ``except`` block around a model call: the failure to record as unscored, or ``exc`` itself
+    re-raised (traceback kept) when it is a bug in our code."""
+    failure = as_model_failure(exc)
+    if failure is None:
+        raise exc
+    return failure
 
 
 @dataclass(frozen=True)

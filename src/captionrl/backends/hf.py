@@ -1,7 +1,9 @@
 """In-process transformers backend (CPU or GPU): the embedded default and any HF causal LM or VLM.
 
-Batched with padding. ``choose`` reads the option letters' probabilities from the logits of one forward
-pass. ``choose`` and ``loglikelihood`` share computation across requests with a common token prefix: the
+Batched with padding. Every input is measured against the model's context before any forward pass (a
+longer one raises ``InputTooLongError``: it would run out of memory or be cut); a batch that runs out of
+memory is retried once at half the batch size before its requests are unscored. ``choose`` reads the
+option letters' probabilities from the logits of one forward pass. ``choose`` and ``loglikelihood`` share computation across requests with a common token prefix: the
 prefix runs once, its KV cache is repeated across the batch, and only the differing suffixes run. The
 identification judge orders its prompts so that the G captions of one candidate set share that prefix.
 """
@@ -15,15 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from captionrl.backends.base import (
-    MODEL_FAILURES,
     ChatRequest,
     ChoiceResult,
     Generation,
     Message,
     check_model_calls_allowed,
+    is_out_of_memory,
+    model_failure,
     normalise_option_probs,
 )
-from captionrl.errors import BackendError, ConfigError
+from captionrl.errors import BackendError, ConfigError, InputTooLongError
 
 MIN_SHARED_PREFIX = 16
 """Shortest common prefix (tokens) worth running once; shorter ones are not shared."""
@@ -213,17 +216,75 @@ class HFBackend:
                 chunk = idx[start : start + self.batch_size]
                 t0 = time.perf_counter()
                 try:
-                    texts = self._generate_batch(
+                    texts = self._generate_retrying(
                         [requests[i].messages for i in chunk], max_new, temperature, top_p, seed
                     )
-                except MODEL_FAILURES as exc:  # one failing batch must not lose the others
+                except Exception as exc:  # model_failure re-raises anything that is a bug
+                    error = str(model_failure(exc))  # one failing batch must not lose the others
                     for i in chunk:
-                        results[i] = Generation(text=None, error=f"{type(exc).__name__}: {exc}")
+                        results[i] = Generation(text=None, error=error)
                     continue
                 dt = (time.perf_counter() - t0) / len(chunk)
                 for i, (text, finish) in zip(chunk, texts, strict=True):
                     results[i] = Generation(text=_apply_stop(text, stop), finish_reason=finish, latency_s=dt)
         return [r for r in results if r is not None]
+
+    def _generate_retrying(
+        self, conversations: list[Sequence[Message]], max_new: int, temperature: float, top_p: float, seed: int | None
+    ) -> list[tuple[str, str]]:
+        """``_generate_batch``, retried once as two half batches when the whole batch runs out of memory."""
+        try:
+            return self._generate_batch(conversations, max_new, temperature, top_p, seed)
+        except Exception as exc:
+            if not is_out_of_memory(exc) or len(conversations) < 2:
+                raise
+            _free_memory()
+            half = len(conversations) // 2
+            return [*self._generate_batch(conversations[:half], max_new, temperature, top_p, seed),
+                    *self._generate_batch(conversations[half:], max_new, temperature, top_p, seed)]
+
+    def _retry_smaller(self, call: Callable[[], Any]) -> Any:
+        """``call()``, retried once at half ``batch_size`` when it runs out of memory (scoring passes)."""
+        try:
+            return call()
+        except Exception as exc:
+            if not is_out_of_memory(exc) or self.batch_size < 2:
+                raise
+            _free_memory()
+            old, self.batch_size = self.batch_size, max(1, self.batch_size // 2)
+            try:
+                return call()
+            finally:
+                self.batch_size = old
+
+    # ------------------------------------------------------------------ context
+    @property
+    def context_tokens(self) -> int | None:
+        """The longest sequence the model takes (its config's ``max_position_embeddings``), or ``None``."""
+        config = self.model.config
+        text = getattr(config, "text_config", None) or config
+        limit = getattr(text, "max_position_embeddings", None)
+        return int(limit) if isinstance(limit, int) and limit > 0 else None
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of ``text`` under this model's tokenizer (what ``context_tokens`` bounds)."""
+        return len(self._encode(text))
+
+    def check_fits(self, lengths: Sequence[int], what: str = "input") -> None:
+        """Raise ``InputTooLongError`` before a forward pass when a sequence is longer than the context.
+
+        Why not truncate: a cut input changes what is judged without saying so, and a forward pass on tens of
+        thousands of tokens is killed for memory with no message (a 200,000-character caption pasted by
+        mistake). The error names the request, its length, the limit and the fix."""
+        limit = self.context_tokens
+        if limit is None:
+            return
+        for i, n in enumerate(lengths):
+            if n > limit:
+                raise InputTooLongError(
+                    f"{what}[{i}]", f"{n} tokens", f"is longer than the context of {self.name} ({limit} tokens)",
+                    "shorten the text this model reads (a caption, a reference, the series: data.window) or remove "
+                    "that item; a caption this long is usually a paste gone wrong")
 
     def _generate_batch(
         self, conversations: list[Sequence[Message]], max_new: int, temperature: float, top_p: float, seed: int | None
@@ -251,6 +312,9 @@ class HFBackend:
                 enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         finally:
             tok.padding_side = old_side
+        mask = enc.get("attention_mask")
+        self.check_fits([int(n) for n in mask.sum(-1)] if mask is not None else [enc["input_ids"].shape[1]] * len(prompts),
+                        "prompt")
         enc = {k: v.to(self.device) for k, v in enc.items()}
         if seed is not None:
             torch.manual_seed(seed)
@@ -357,10 +421,12 @@ class HFBackend:
         self._ensure_loaded()
         option_ids = self._option_token_ids(options)
         seqs = [self._encode(self.render_chat(p)) for p in prompts]
+        self.check_fits([len(s) for s in seqs], "prompt")
         try:
-            dists = self._last_token_probs(seqs)
-        except MODEL_FAILURES as exc:
-            return [ChoiceResult(None, "logits", error=f"{type(exc).__name__}: {exc}") for _ in seqs]
+            dists = self._retry_smaller(lambda: self._last_token_probs(seqs))
+        except Exception as exc:  # model_failure re-raises anything that is a bug
+            error = str(model_failure(exc))
+            return [ChoiceResult(None, "logits", error=error) for _ in seqs]
         results: list[ChoiceResult] = []
         for probs_all in dists:
             raw = {o: float(sum(probs_all[t] for t in ids)) for o, ids in option_ids.items()}
@@ -407,9 +473,15 @@ class HFBackend:
         for i, (ctx, _cont) in enumerate(pairs):
             by_ctx.setdefault(ctx, []).append(i)
         singles: list[tuple[int, list[int], list[int]]] = []  # (pair index, context ids, continuation ids)
+        split = {ctx: self._split_pairs(ctx, [pairs[i][1] for i in idx]) for ctx, idx in by_ctx.items()}
+        lengths = [0] * len(pairs)
+        for ctx, idx in by_ctx.items():
+            for i, cont in zip(idx, split[ctx][1], strict=True):
+                lengths[i] = len(split[ctx][0]) + len(cont)
+        self.check_fits(lengths, "pair")  # before any forward pass
         for ctx, idx in by_ctx.items():
             try:
-                ctx_ids, conts = self._split_pairs(ctx, [pairs[i][1] for i in idx])
+                ctx_ids, conts = split[ctx]
                 for i, c in zip(idx, conts, strict=True):  # an empty continuation has probability 1
                     if not c:
                         results[i] = 0.0
@@ -419,21 +491,21 @@ class HFBackend:
                 if not (self.share_prefix and len(idx) > 1):
                     singles.extend(zip(idx, [ctx_ids] * len(idx), conts, strict=True))
                     continue
-                sums = self._suffix_logprobs(ctx_ids, conts, lambda j, rows, conts=conts: _sum_logprobs(rows, 0, conts[j]))
+                sums = self._retry_smaller(lambda ctx_ids=ctx_ids, conts=conts: self._suffix_logprobs(
+                    ctx_ids, conts, lambda j, rows: _sum_logprobs(rows, 0, conts[j])))
                 for i, value in zip(idx, sums, strict=True):
                     results[i] = value
-            except MODEL_FAILURES as exc:  # a failing context leaves its pairs unscored
-                self.last_error = f"{type(exc).__name__}: {exc}"
+            except Exception as exc:  # a failing context leaves its pairs unscored; bugs re-raise
+                self.last_error = str(model_failure(exc))
         # Contexts with one continuation gain nothing from a cache: batch them as whole sequences.
         singles.sort(key=lambda t: len(t[1]) + len(t[2]))
         for start in range(0, len(singles), self.batch_size):
             chunk = singles[start : start + self.batch_size]
             try:
-                sums = self._suffix_logprobs(
-                    [], [c + t for _, c, t in chunk], lambda j, rows, chunk=chunk: _sum_logprobs(rows, len(chunk[j][1]) - 1, chunk[j][2])
-                )
-            except MODEL_FAILURES as exc:
-                self.last_error = f"{type(exc).__name__}: {exc}"
+                sums = self._retry_smaller(lambda chunk=chunk: self._suffix_logprobs(
+                    [], [c + t for _, c, t in chunk], lambda j, rows: _sum_logprobs(rows, len(chunk[j][1]) - 1, chunk[j][2])))
+            except Exception as exc:  # model_failure re-raises anything that is a bug
+                self.last_error = str(model_failure(exc))
                 continue
             for (i, _ctx, _cont), value in zip(chunk, sums, strict=True):
                 results[i] = value
@@ -452,6 +524,14 @@ class HFBackend:
 
 
 # ---------------------------------------------------------------------- helpers
+def _free_memory() -> None:
+    """Release cached CUDA blocks before a retry at a smaller batch (nothing to do on CPU)."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def _takes_logits_to_keep(model: Any) -> bool:
     """Whether the model's forward accepts ``logits_to_keep`` (every transformers causal LM and VLM does)."""
     import inspect

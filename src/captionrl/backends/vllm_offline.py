@@ -14,12 +14,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from captionrl.backends.base import (
-    MODEL_FAILURES,
     ChatRequest,
     ChoiceResult,
     Generation,
     Message,
     check_model_calls_allowed,
+    model_failure,
 )
 from captionrl.backends.openai_http import option_probs_from_top, to_openai_messages
 from captionrl.errors import BackendError
@@ -72,9 +72,10 @@ class VLLMBackend:
                 params = self._params(max_tokens=max_new, temperature=temperature, top_p=top_p, seed=seed,
                                       stop=list(stop) or None)
                 res = self.llm.chat([to_openai_messages(requests[i].messages) for i in idx], params, use_tqdm=True)
-            except MODEL_FAILURES as exc:  # a failing group must not lose the others
+            except Exception as exc:  # a failing group must not lose the others; bugs re-raise
+                error = str(model_failure(exc))
                 for i in idx:
-                    out[i] = Generation(None, error=f"{type(exc).__name__}: {exc}")
+                    out[i] = Generation(None, error=error)
                 continue
             dt = (time.perf_counter() - t0) / len(idx)
             for i, o in zip(idx, res, strict=True):
@@ -87,8 +88,9 @@ class VLLMBackend:
         params = self._params(max_tokens=1, temperature=0.0, logprobs=self.top_logprobs)
         try:
             outs = self.llm.chat([to_openai_messages(p) for p in prompts], params, use_tqdm=True)
-        except MODEL_FAILURES as exc:
-            return [ChoiceResult(None, "top_logprobs", error=f"{type(exc).__name__}: {exc}") for _ in prompts]
+        except Exception as exc:  # model_failure re-raises anything that is a bug
+            error = str(model_failure(exc))
+            return [ChoiceResult(None, "top_logprobs", error=error) for _ in prompts]
         results = []
         for o in outs:
             first = (o.outputs[0].logprobs or [{}])[0]
@@ -113,8 +115,8 @@ class VLLMBackend:
         self.last_errors = []
         try:
             outs = self.llm.generate(prompts, self._params(max_tokens=1, prompt_logprobs=0), use_tqdm=True)
-        except MODEL_FAILURES as exc:
-            self.last_errors = [f"{type(exc).__name__}: {exc}"] * len(pairs)
+        except Exception as exc:  # model_failure re-raises anything that is a bug
+            self.last_errors = [str(model_failure(exc))] * len(pairs)
             return [None] * len(pairs)
         for p, start, o in zip(prompts, bounds, outs, strict=True):
             ids = p["prompt_token_ids"]

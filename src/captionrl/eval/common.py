@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from captionrl.config import help_field
-from captionrl.errors import ConfigError, DataError
+from captionrl.errors import ConfigError, DataError, InputTooLongError
 from captionrl.records import read_jsonl
 
 Systems = dict[str, dict[str, dict[str, Any]]]
@@ -65,6 +65,30 @@ def load_systems(specs: Sequence[str]) -> Systems:
                               "name the files differently or write NAME=PATH")
         systems[name] = load_caption_file(path)
     return systems
+
+
+def check_fits_context(texts: Mapping[str, str], backends: Mapping[str, Any], what: str = "caption") -> None:
+    """Raise ``InputTooLongError`` naming where a text came from (``file:line N``) when it alone is longer than
+    a backend's context, before any model call: such a text cannot fit any prompt, and a forward pass on it
+    is killed for memory with no message (a 200,000-character caption pasted by mistake).
+
+    Only backends that know their context and tokenizer (``context_tokens``, ``count_tokens``: in-process
+    ones) are checked here; the backend itself also checks every whole prompt before its forward pass, and a
+    server answers a too-long prompt with an HTTP error (unscored, with the server's message)."""
+    for name, backend in backends.items():
+        limit = getattr(backend, "context_tokens", None)
+        count = getattr(backend, "count_tokens", None)
+        if not isinstance(limit, int) or not callable(count):
+            continue
+        for origin, text in texts.items():
+            if len(text.encode("utf-8")) < limit:  # byte-level tokenizers: never more tokens than bytes
+                continue
+            n = count(text)
+            if n > limit:
+                raise InputTooLongError(
+                    origin, f"a {what} of {len(text)} characters ({n} tokens)",
+                    f"is longer than the context of {name} ({limit} tokens), so no prompt holding it fits",
+                    f"shorten or remove that {what} (a paste gone wrong?), or use a model with a longer context")
 
 
 def caption_length(text: str) -> int:

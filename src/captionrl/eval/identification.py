@@ -25,11 +25,11 @@ from tqdm.auto import tqdm
 from captionrl.backends import Backend
 from captionrl.config import help_field
 from captionrl.errors import ConfigError, DataError
-from captionrl.eval.common import backend_from_spec, check_spec, split_spec
+from captionrl.eval.common import backend_from_spec, check_fits_context, check_spec, split_spec
 from captionrl.eval.result import EvalResult, print_result, write_result
 from captionrl.eval.stats import mean_interval
 from captionrl.judges.identify import IdentifyConfig, identification_judge
-from captionrl.records import RecordWriter
+from captionrl.records import RecordWriter, read_jsonl
 from captionrl.types import Series
 
 
@@ -93,6 +93,8 @@ class CaptionSet:
     captions: dict[str, str]
     control: bool = False
     meta: dict[str, Any] = field(default_factory=dict)
+    origins: dict[str, str] = field(default_factory=dict, repr=False)
+    """item id -> where its caption came from (``file:line N``), for errors that must name the line."""
 
 
 def controls_for(system: CaptionSet, item_ids: Sequence[str], seed: int) -> list[CaptionSet]:
@@ -147,6 +149,8 @@ def run_identification(
     total = len(combos) * len(all_systems) * len(items)
     bar = tqdm(total=total, desc="identify", unit="judgment")
     uncaptioned: dict[str, set[str]] = {}
+    check_fits_context({s.origins.get(i, f"captions of {s.name}, item {i}"): c
+                        for s in systems for i, c in s.captions.items()}, verifiers)  # before any forward pass
     for vname, mode, direction, k in combos:
         judge = identification_judge(verifiers[vname], IdentifyConfig(mode=mode, direction=direction, k=k,
                                                                       precision=cfg.precision))
@@ -285,6 +289,7 @@ def _load_caption_files(specs: Sequence[str]) -> tuple[list[Series], list[Captio
     for spec in specs:
         name, path = split_spec(spec)
         loaded = load_jsonl(path)
+        lines = {str(rec.get("id", f"{Path(path).stem}_{n - 1}")): n for n, rec in enumerate(read_jsonl(path), start=1)}
         caps = {}
         for s in loaded:
             captions = s.meta.get("captions") or []
@@ -295,7 +300,7 @@ def _load_caption_files(specs: Sequence[str]) -> tuple[list[Series], list[Captio
                 raise DataError(f"{path}:{s.id}.series", s.values.tolist()[:6], "differs from the same id in another file",
                                 "compare captioners on the same items (same ids, same series)")
             items.setdefault(s.id, s)
-        systems.append(CaptionSet(name, caps))
+        systems.append(CaptionSet(name, caps, origins={i: f"{path}:line {lines.get(i, '?')}" for i in caps}))
     common = set.intersection(*(set(s.captions) for s in systems))
     _note_dropped(systems, common)
     return [items[i] for i in items if i in common], systems

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from captionrl.backends.base import MODEL_FAILURES, Backend, Message
+from captionrl.backends.base import Backend, Message, model_failure
 from captionrl.errors import ConfigError, DataError
 from captionrl.judges.base import Columns, require_columns, unscored
 from captionrl.types import Judgment
@@ -114,8 +114,8 @@ class EntailmentJudge:
         if self.nli is not None:
             try:
                 return [(p, None, "nli") for p in self.nli.probs(pairs)]
-            except MODEL_FAILURES as exc:  # an unusable model leaves every pair unscored, visibly
-                return [(None, f"{type(exc).__name__}: {exc}", "nli")] * len(pairs)
+            except Exception as exc:  # out of memory leaves every pair unscored, visibly; bugs re-raise
+                return [(None, str(model_failure(exc)), "nli")] * len(pairs)
         options = ["A", "B"] if self.method == "letters" else ["Yes", "No"]
         results = self.backend.choose([self.messages(a, b) for a, b in pairs], options)  # type: ignore[union-attr]
         out: list[tuple[float | None, str | None, str]] = []

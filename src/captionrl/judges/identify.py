@@ -251,7 +251,9 @@ class IdentificationJudge:
 
     def _from_scores(self, scores: Sequence[float | None], pmi: bool = False) -> Judgment:
         if any(s is None or math.isnan(s) for s in scores):
-            err = getattr(self.backend, "last_error", None) or "verifier returned no log-likelihood"
+            errors = getattr(self.backend, "last_errors", None) or []  # openai: one per pair; hf: last_error
+            err = (getattr(self.backend, "last_error", None) or next((e for e in errors if e), None)
+                   or "verifier returned no log-likelihood")
             return unscored(f"verifier failed: {err}", mode="likelihood", direction=self.cfg.direction)
         vals = [float(s) for s in scores]  # type: ignore[arg-type]
         hard = argmax_credit(vals)

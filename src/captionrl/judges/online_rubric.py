@@ -42,7 +42,7 @@ from captionrl.errors import ConfigError, DataError
 from captionrl.judges import prompts as P
 from captionrl.judges.base import Columns, require_columns, unscored
 from captionrl.judges.roles import generator_messages, judge_messages
-from captionrl.judges.rubric import RubricJudge, parse_rubric_reply
+from captionrl.judges.rubric import RubricJudge, extract_json, validate_rubric
 from captionrl.records import RecordWriter
 from captionrl.types import Judgment, RubricItem
 
@@ -144,14 +144,22 @@ def choose_subset(group_len: int, k: int, seed_material: Sequence[int]) -> list[
 
 
 def parse_generator_reply(text: str | None, min_items: int, max_items: int) -> list[RubricItem]:
-    """A Generator reply -> a validated rubric; raises ``DataError``/``ValueError`` naming the problem.
+    """A Generator reply -> a validated rubric; raises ``DataError`` naming the problem with the reply.
 
-    Beyond the rubric schema, it rejects the two ways small models fake a rubric: copying the prompt's
-    example item, and placeholder criteria such as ``"..."`` (the JSON template of the instruction).
+    Every rejection of the reply is a ``DataError`` (no reply, no JSON, the schema, a faked rubric), so a
+    caller can tell the parser's verdict on the Generator's text (a verifiable format failure) from the
+    parser itself failing (any other exception: ours, never scored as the Generator's fault). Beyond the
+    rubric schema, it rejects the two ways small models fake a rubric: copying the prompt's example item,
+    and placeholder criteria such as ``"..."`` (the JSON template of the instruction).
     """
-    if text is None:
-        raise ValueError("empty reply")
-    rubric = parse_rubric_reply(text, max_items=max_items)
+    if text is None or not text.strip():
+        raise DataError("reply", text, "is empty", "write the rubric as a JSON list of items")
+    try:
+        obj = extract_json(text)
+    except ValueError as exc:
+        raise DataError("reply", text[:80], f"holds no rubric ({exc})",
+                        'write [{"criterion": ..., "test": ..., "weight": 1|2|3}, ...]') from None
+    rubric = validate_rubric(obj, max_items=max_items, field_name="reply")
     for i, r in enumerate(rubric):
         if r.criterion == P.WRITER_EXAMPLE_CRITERION:
             raise DataError(f"reply[{i}].criterion", r.criterion, "copies the prompt's example item",

@@ -15,6 +15,10 @@ caption alone (``judges.qa.QAJudge``). Its questions are made here in two steps,
 
 A series enters the training set only with at least ``min_verified`` verified questions (the paper: two),
 so the answerability model trains on fewer series; what was kept and dropped is recorded per item.
+
+A request that *failed* (the writer's or the answerer's backend returned an error) is not a series with no
+questions: ``Made.error`` and a check's ``error`` say so, and the caller must not persist such an item, so
+that the next run retries it instead of dropping the series for good after one outage.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -140,6 +144,15 @@ def values_description(series_text: str) -> str:
     return f"The series' values, in order: {series_text}"
 
 
+class Made(NamedTuple):
+    """One series' generated questions: the valid ones, the malformed count, and the request's error
+    (``None`` when the writer answered; set when the request failed: the questions are unknown, not none)."""
+
+    questions: list[MCQuestion]
+    malformed: int
+    error: str | None = None
+
+
 class SeriesQuestionMaker:
     """Writes and verifies each series' questions with one frozen model (the reward's answerer)."""
 
@@ -150,22 +163,26 @@ class SeriesQuestionMaker:
         self.precision = precision
         self.answerer = CaptionAnswerer(backend, subject="time series")
 
-    def generate(self, rows: Sequence[dict[str, Any]]) -> list[tuple[list[MCQuestion], int]]:
-        """(questions, malformed count) per row (columns ``item_id``, ``series``, ``series_text``)."""
+    def generate(self, rows: Sequence[dict[str, Any]]) -> list[Made]:
+        """A ``Made`` per row (columns ``item_id``, ``series``, ``series_text``)."""
         if self.cfg.generator == "rules":
-            return [(rule_questions(r["series"], self.precision)[: self.cfg.n_generated], 0) for r in rows]
+            return [Made(rule_questions(r["series"], self.precision)[: self.cfg.n_generated], 0) for r in rows]
         reqs = [ChatRequest([{"role": "user", "content": LLM_PROMPT.format(n=len(r["series"]), values=r["series_text"],
                                                                           k=self.cfg.n_generated)}],
                             max_new_tokens=self.cfg.max_new_tokens, temperature=0.0, seed=self.seed) for r in rows]
         out = []
         for r, g in zip(rows, self.backend.generate(reqs), strict=True):
+            if g.text is None:  # the request failed: not "zero questions"
+                out.append(Made([], 0, error=f"question generation failed: {g.error or 'no reply'}"))
+                continue
             qs, bad = parse_llm_questions(g.text, f"questions[{r['item_id']}]")
-            out.append((qs[: self.cfg.n_generated], bad))
+            out.append(Made(qs[: self.cfg.n_generated], bad))
         return out
 
     def verify(self, rows: Sequence[dict[str, Any]], questions: Sequence[Sequence[MCQuestion]]) -> list[list[dict[str, Any]]]:
         """Per row, one check record per question: ``with_values`` / ``blind`` correctness (None: unscored)
-        and ``kept``. A question the answerer could not score is not kept."""
+        and ``kept``. A question the answerer could not score is not kept, and its record carries the
+        answerer's ``error`` (a failed check, to retry; not a failed question)."""
         flat: list[tuple[int, int, MCQuestion, MCQuestion]] = []
         for i, (r, qs) in enumerate(zip(rows, questions, strict=True)):
             for j, q in enumerate(qs):
@@ -183,6 +200,9 @@ class SeriesQuestionMaker:
             b_ok = None if b is None else b.correct
             kept = s.correct is True and (not self.cfg.blind_check or b_ok is False)
             checks[i][j] = {"with_values": s.correct, "blind": b_ok, "kept": kept}
+            error = s.error if s.correct is None else (b.error if b is not None and b_ok is None else None)
+            if error:
+                checks[i][j]["error"] = error
         return checks
 
 

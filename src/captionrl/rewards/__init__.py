@@ -4,7 +4,9 @@ TRL 1.16 calls ``f(prompts, completions, completion_ids, **columns, trainer_stat
 and expects one float (or ``None``, turned into NaN and skipped) per completion. ``JudgeReward`` adapts
 any ``Judge``: it extracts the caption text, forwards the dataset columns, returns the judgments' scores
 (``None`` where the judge could not score: an outage is never learned as a 0) and logs the judge's extra
-fields (hard/soft accuracy, failures) through ``log_metric``/``log_extra`` when TRL provides them.
+fields (hard/soft accuracy, failures) through ``log_metric``/``log_extra`` when TRL provides them. Its
+``health`` (``rewards.bound.RewardHealth``) counts the unscored captions and the last error, which the
+trainer's reward bound reads every step: a reward that stays gone stops the run.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from captionrl.judges.base import Judge
+from captionrl.rewards.bound import RewardHealth
 from captionrl.types import Judgment
 
 TRL_SPECIAL_KWARGS = ("trainer_state", "log_extra", "log_metric", "environments")
@@ -31,6 +34,12 @@ def completion_text(completion: Any) -> str:
     if isinstance(completion, dict):
         return str(completion.get("content", ""))
     return ""
+
+
+def judge_label(judge: Any) -> str:
+    """The judge's name and, when it has one, its backend's (which server or model to bring back)."""
+    backend = getattr(getattr(judge, "backend", None), "name", None)
+    return f"{judge.name} on {backend}" if isinstance(backend, str) else str(judge.name)
 
 
 def _mean(values: Sequence[float | None]) -> float:
@@ -61,6 +70,7 @@ class JudgeReward:
         self.on_judgments = on_judgments
         self.calls = 0
         self.failures = 0
+        self.health = RewardHealth(judge_label(judge))
 
     def __call__(
         self, prompts: Sequence[Any] | None = None, completions: Sequence[Any] = (), completion_ids: Any = None, **kwargs: Any
@@ -72,6 +82,7 @@ class JudgeReward:
         self.calls += len(scores)
         n_failed = sum(s is None for s in scores)
         self.failures += n_failed
+        self.health.record(scores, [j.error for j in judgments if not j.scored])
         log_metric = kwargs.get("log_metric")
         if callable(log_metric):
             log_metric(f"{self.__name__}/unscored_frac", n_failed / max(len(scores), 1))

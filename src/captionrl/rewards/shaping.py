@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from captionrl.config import help_field
-from captionrl.errors import ConfigError
+from captionrl.errors import ConfigError, DataError
 from captionrl.judges.transcription import Transcription, TranscriptionConfig, parse_shown, transcription
 from captionrl.rewards import TRL_SPECIAL_KWARGS, completion_text
 from captionrl.rewards.factuality import EXTRACTORS, FactualityTerm
@@ -204,6 +204,11 @@ class ShapedReward:
         if hasattr(base, "on_judgments"):
             base.on_judgments = keep
 
+    @property
+    def health(self) -> Any:
+        """The base reward's ``RewardHealth`` (what the reward bound reads): a shaped reward loses what its judge loses."""
+        return getattr(self.base, "health", None)
+
     # ------------------------------------------------------------------ per-caption terms
     def length_penalty(self, caption: str) -> float:
         """Form: characters above the limit, the unfinished-sentence penalty, and the number budget.
@@ -246,8 +251,28 @@ class ShapedReward:
         return out
 
     # ------------------------------------------------------------------ TRL entry point
+    def needed_columns(self) -> list[str]:
+        """Columns the configured terms read: ``series`` for the transcription guard and the factuality term."""
+        c = self.cfg
+        return ["series"] if (c.transcription is not None or c.factuality.enabled) else []
+
+    def check_columns(self, kwargs: dict[str, Any]) -> None:
+        """Raise at the first call when a term's column is missing: without it the guard and the factuality
+        term would switch off silently and the bare verifier would decide the reward."""
+        for name in self.needed_columns():
+            value = kwargs.get(name)
+            if value is None or not any(len(v or []) for v in value):
+                given = sorted(k for k in kwargs if k not in TRL_SPECIAL_KWARGS)
+                raise DataError(f"columns.{name}", given,
+                                f"reward {self.__name__!r} needs the {name!r} column (transcription guard / factuality "
+                                "term) and did not get it",
+                                f"keep a {name!r} column in the training rows (train.remove_unused_columns stays off), "
+                                "or switch the terms off (reward.transcription_penalty: 0, reward.run_penalty: 0, "
+                                "reward.factuality_penalty: 0, reward.factuality_bonus: 0)")
+
     def __call__(self, prompts: Any = None, completions: Sequence[Any] = (), completion_ids: Any = None,
                  **kwargs: Any) -> list[float | None]:
+        self.check_columns(kwargs)
         self._last_judgments = []
         base_scores = list(self.base(prompts, completions, completion_ids, **kwargs))
         judgments = self._last_judgments

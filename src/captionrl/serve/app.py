@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from captionrl.backends.base import MODEL_FAILURES
+from captionrl.backends.base import as_model_failure
 from captionrl.errors import UserInputError
 from captionrl.serve.config import MAIN_COLUMN, RewardServiceConfig
 from captionrl.types import Judgment
@@ -208,14 +208,15 @@ class Batcher:
             elif not jobs[0].future.done():
                 jobs[0].future.set_exception(exc)  # becomes this request's HTTP 400
             return
-        except MODEL_FAILURES as exc:  # the verifier failed (OOM, engine error): unscored, with the cause
-            err = f"{type(exc).__name__}: {exc}"
-            results = [Judgment(score=None, error=err) for j in jobs for _ in j.captions]
-        except Exception as exc:  # a bug: each pooled request gets HTTP 500 naming it, never a silent skip
-            for job in jobs:
-                if not job.future.done():
-                    job.future.set_exception(exc)
-            return
+        except Exception as exc:  # sorted below: a model failure or a bug
+            failure = as_model_failure(exc)
+            if failure is None:  # a bug (a shape error too): each pooled request gets HTTP 500 naming it
+                for job in jobs:
+                    if not job.future.done():
+                        job.future.set_exception(exc)
+                return
+            # the verifier failed (out of memory, a dead engine): unscored, with the cause
+            results = [Judgment(score=None, error=str(failure)) for j in jobs for _ in j.captions]
         start = 0
         for job in jobs:
             if not job.future.done():

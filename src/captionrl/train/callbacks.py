@@ -10,15 +10,17 @@ its lagged Generator-Judge instead of silently restarting it from the Policy.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import TrainerCallback
 
-from captionrl.errors import ConfigError
+from captionrl.errors import ConfigError, RewardLostError
 from captionrl.momentum import Momentum
 from captionrl.records import RecordWriter
+from captionrl.rewards.bound import LossTracker, RewardBound, RewardHealth, health_of, lost_message
 
 MOMENTUM_STATE = "momentum.pt"
 MOMENTUM_LOG = "momentum.jsonl"
@@ -99,6 +101,62 @@ class MomentumCallback(TrainerCallback):
             "from the current Policy",
             f"resume from a checkpoint written with MomentumCallback, or pass resume_dir=<checkpoint folder with {MOMENTUM_STATE}>",
         )
+
+
+class RewardBoundCallback(TrainerCallback):
+    """Stop a run whose reward is gone: after ``unscored_patience`` optimizer steps in a row with more than
+    ``max_unscored_frac`` of a reward's captions unscored (or ``max_fallback_frac`` of its rubric groups on
+    the facts fallback), save a checkpoint, stop, and raise ``RewardLostError`` at the end of ``train()``.
+
+    Why a callback that raises at train end rather than at the step: the Trainer saves the checkpoint the
+    callback asked for after ``on_step_end``, so the run can be resumed from where the reward was lost.
+    Counts are summed over processes first, so every rank takes the same decision (none waits on another)."""
+
+    def __init__(self, bound: RewardBound, rewards: Sequence[Any]) -> None:
+        self.bound = bound
+        self.healths: list[tuple[str, RewardHealth]] = [
+            (str(getattr(r, "__name__", type(r).__name__)), h) for r in rewards if (h := health_of(r)) is not None]
+        self.tracker = LossTracker(bound)
+        self.lost: dict[str, Any] | None = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        for _, health in self.healths:  # the preflight's calls are not a training step
+            health.take()
+        self.tracker = LossTracker(self.bound)
+        self.lost = None
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.lost is not None:
+            return
+        for name, health in self.healths:
+            verdict = self.tracker.step(state.global_step, name, _summed_over_ranks(health.take()))
+            if verdict is not None and self.lost is None:
+                what, share, streak = verdict
+                self.lost = {"judge": health.judge, "what": what, "share": share, "streak": streak,
+                             "first": self.tracker.first_step[(name, what)], "last": state.global_step,
+                             "last_error": health.last_error}
+        if self.lost is not None:
+            control.should_save = True
+            control.should_training_stop = True
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.lost is None:
+            return
+        ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        raise RewardLostError(lost_message(**self.lost, bound=self.bound,
+                                           checkpoint=str(ckpt) if ckpt.is_dir() else None))
+
+
+def _summed_over_ranks(counts: Sequence[int]) -> tuple[int, ...]:
+    """``counts`` summed over every process of a distributed run (each rank's reward sees only its slice)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return tuple(counts)
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    total = torch.tensor(list(counts), dtype=torch.long, device=device)
+    dist.all_reduce(total)
+    return tuple(int(x) for x in total.tolist())
 
 
 class ResumeShuffleCallback(TrainerCallback):

@@ -27,11 +27,14 @@ from captionrl.train import trl_settings
 
 if TYPE_CHECKING:
     from captionrl.backends import BackendConfig
+    from captionrl.rewards.bound import RewardBound
 
 RESUME_SAFE_KEYS = ("train.threads", "train.report_to", "train.logging_steps", "train.max_steps",
-                    "train.resume", "eval", "check", "build_rubrics")
+                    "train.resume", "eval", "check", "build_rubrics",
+                    "reward.max_unscored_frac", "reward.unscored_patience", "reward.max_fallback_frac")
 """Settings that may change between an interrupted run and its resume (they do not change what was
-learnt so far). ``train.max_steps`` may grow to train longer; everything else must match the saved config."""
+learnt so far). ``train.max_steps`` may grow to train longer, and the lost-reward bound may be loosened
+to resume a run it stopped; everything else must match the saved config."""
 
 
 # ---------------------------------------------------------------------- configs
@@ -260,8 +263,12 @@ def build_trainer(
     train_dataset: Any,
     callbacks: Sequence[Any] = (),
     peft_config: Any = None,
+    bound: RewardBound | None = None,
 ) -> Any:
-    """The TRL trainer for ``train.algorithm`` (never a home-made loop)."""
+    """The TRL trainer for ``train.algorithm`` (never a home-made loop).
+
+    ``bound``: the recipe's lost-reward bound (``rewards.bound``); the run stops, saved, when its rewards
+    stay unscored too long (``RewardBoundCallback``, registered last so every other callback ends first)."""
     if train.algorithm == "rloo":
         from trl import RLOOTrainer as Trainer
     else:
@@ -289,6 +296,10 @@ def build_trainer(
     if reason and is_main_process():
         print(f"old-policy log-probs: not recomputed, {reason}", flush=True)
     install_step_timer(trainer, train.out_dir)  # time/* metrics per step, timing.json at the end
+    if bound is not None:
+        from captionrl.train.callbacks import RewardBoundCallback
+
+        trainer.add_callback(RewardBoundCallback(bound, reward_funcs))
     return trainer
 
 

@@ -32,6 +32,7 @@ from captionrl.domains.lineup_data import LineupData, LineupDataConfig, add_char
 from captionrl.errors import ConfigError
 from captionrl.judges.identify import IdentifyConfig, IdentifyScoring
 from captionrl.judges.series_qa import SeriesQuestionsConfig
+from captionrl.rewards.bound import RewardBound
 from captionrl.rewards.shaping import ShapedReward, ShapingConfig
 from captionrl.train import common
 from captionrl.train.common import (
@@ -76,8 +77,9 @@ class JudgeFamilyConfig:
 
 
 @dataclass
-class LineupRewardConfig(ShapingConfig, IdentifyScoring):
-    """The reward family (identification, or a Table 4 baseline), its settings and the shaping around it.
+class LineupRewardConfig(ShapingConfig, RewardBound, IdentifyScoring):
+    """The reward family (identification, or a Table 4 baseline), its settings, the shaping around it and
+    the lost-reward bound every recipe shares (``RewardBound``: a run whose verifier stays down stops).
 
     ``IdentifyScoring``'s mode, k, signal and lam set the identification reward; k also sets the lineups the
     held-out identification evaluation uses under every family. The shaping keys (``reward.length_penalty``,
@@ -91,7 +93,7 @@ class LineupRewardConfig(ShapingConfig, IdentifyScoring):
     judge: JudgeFamilyConfig = field(default_factory=JudgeFamilyConfig, metadata={"help": "family judge: how the grade is asked and read"})
 
     def __post_init__(self) -> None:
-        IdentifyScoring.__post_init__(self)
+        RewardBound.__post_init__(self)  # the bound's checks, then (cooperatively) IdentifyScoring's
         if self.family not in FAMILIES:
             from captionrl.registry import suggest
 
@@ -318,7 +320,9 @@ def family_reward(cfg: LineupConfig, verifier: Any) -> Any:
 def attach_questions(cfg: LineupConfig, data: LineupData, backend: Any, out: Path, batch: int = 16) -> dict[str, Any]:
     """The answerability family's data: verified questions for every train and val series (``questions``
     column); series with fewer than ``min_verified`` leave their split. Written to ``questions.jsonl``
-    (resumable: a rerun reuses every item's questions) with the counts in ``questions_summary.json``."""
+    (resumable: a rerun reuses every item's questions) with the counts in ``questions_summary.json``. An
+    item whose generation or verification request failed is not written (an outage is not "no questions"):
+    it sits out this run and the next run retries it."""
     from captionrl.errors import DataError
     from captionrl.judges.series_qa import SeriesQuestionMaker, question_record
     from captionrl.records import RecordWriter, write_json
@@ -327,6 +331,7 @@ def attach_questions(cfg: LineupConfig, data: LineupData, backend: Any, out: Pat
     maker = SeriesQuestionMaker(backend, a, seed=cfg.seed, precision=cfg.data.precision)
     stats: dict[str, Any] = {"generator": a.generator, "verify": a.verify, "blind_check": a.blind_check,
                              "min_verified": a.min_verified}
+    failed: dict[str, str] = {}  # item -> error of a request that failed: not persisted, retried next run
     with RecordWriter(out / "questions.jsonl", key_field="item_id") as writer:
         for split in ("train", "val"):
             rows = data.rows.get(split) or []
@@ -334,25 +339,37 @@ def attach_questions(cfg: LineupConfig, data: LineupData, backend: Any, out: Pat
             for start in range(0, len(todo), batch):
                 chunk = todo[start: start + batch]
                 made = maker.generate(chunk)
-                checks = maker.verify(chunk, [qs for qs, _ in made])
-                for r, (qs, bad), ch in zip(chunk, made, checks, strict=True):
-                    writer.write({"item_id": r["item_id"], "split": split, "generated": [question_record(q) for q in qs],
-                                  "malformed": bad, "checks": ch,
-                                  "verified": [question_record(q) for q, c in zip(qs, ch, strict=True) if c["kept"]]})
+                checks = maker.verify(chunk, [m.questions for m in made])
+                for r, m, ch in zip(chunk, made, checks, strict=True):
+                    error = m.error or next((c["error"] for c in ch if c.get("error")), None)
+                    if error:
+                        failed[r["item_id"]] = error
+                        continue
+                    writer.write({"item_id": r["item_id"], "split": split,
+                                  "generated": [question_record(q) for q in m.questions], "malformed": m.malformed,
+                                  "checks": ch,
+                                  "verified": [question_record(q) for q, c in zip(m.questions, ch, strict=True) if c["kept"]]})
             recs = {rec["item_id"]: rec for rec in writer.records()}
+            n_series = len(rows)
+            rows = [r for r in rows if r["item_id"] in recs]  # failed ones sit this run out (retried next run)
             kept = [{**r, "questions": recs[r["item_id"]]["verified"]} for r in rows
                     if len(recs[r["item_id"]]["verified"]) >= a.min_verified]
-            stats[split] = {"series": len(rows), "kept": len(kept),
+            stats[split] = {"series": n_series, "kept": len(kept),
                             "generated": sum(len(recs[r["item_id"]]["generated"]) for r in rows),
                             "verified": sum(len(recs[r["item_id"]]["verified"]) for r in rows),
                             "malformed": sum(recs[r["item_id"]]["malformed"] for r in rows)}
             data.rows[split] = kept
+    stats["failed"] = {"series": len(failed), "last_error": next(reversed(failed.values()), None)}
     write_json(out / "questions_summary.json", stats)
+    if failed:
+        print(f"answerability questions: {len(failed)} series not written because a request failed "
+              f"({stats['failed']['last_error']}); the next run retries them")
     print(f"answerability questions: train {stats['train']['kept']}/{stats['train']['series']} series kept "
           f"({stats['train']['verified']}/{stats['train']['generated']} questions verified)")
     if not data.rows["train"]:
         raise DataError("reward.answerability.min_verified", a.min_verified,
-                        f"no training series has {a.min_verified} verified questions ({stats['train']})",
+                        f"no training series has {a.min_verified} verified questions ({stats['train']}; "
+                        f"{len(failed)} series failed: {stats['failed']['last_error']})",
                         "lower reward.answerability.min_verified, raise n_generated, set blind_check: false, or use a "
                         "stronger verifier (see questions.jsonl in the run folder)")
     return stats

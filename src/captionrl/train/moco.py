@@ -50,7 +50,7 @@ import numpy as np
 
 from captionrl.config import help_field
 from captionrl.domains.image_data import ImageDataConfig, ImageLoadResult, load_image_items
-from captionrl.errors import ConfigError
+from captionrl.errors import ConfigError, DataError
 from captionrl.judges.online_rubric import (
     MocoRubricJudge,
     OnlineRubricConfig,
@@ -66,6 +66,7 @@ from captionrl.judges.roles import generator_messages, policy_messages
 from captionrl.judges.rubric import RubricJudgeSettings
 from captionrl.momentum import VARIANTS, MomentumSettings, reward_interval_steps
 from captionrl.rewards import JudgeReward, completion_text
+from captionrl.rewards.bound import RewardBound, RewardHealth
 from captionrl.train import common
 from captionrl.train.common import (
     GRPOTrainConfig,
@@ -188,6 +189,7 @@ class MocoConfig:
     judge: MocoJudgeConfig = field(default_factory=MocoJudgeConfig, metadata={"help": "the text-only Judge"})
     momentum: MocoMomentumConfig = field(default_factory=MocoMomentumConfig, metadata={"help": "momentum Generator-Judge (method moco)"})
     evolm: EvolmConfig = field(default_factory=EvolmConfig, metadata={"help": "EvoLM phases (method evolm)"})
+    reward: RewardBound = field(default_factory=RewardBound, metadata={"help": "lost-reward bound: the run stops, saved, when the rubric reward stays unscored (or on the facts fallback) too long"})
     train: MocoTrainConfig = field(default_factory=MocoTrainConfig, metadata={"help": "TRL GRPO settings"})
 
     def __post_init__(self) -> None:
@@ -330,9 +332,13 @@ class MocoReward(JudgeReward):
         state = kwargs.get("trainer_state")
         kwargs["step"] = [int(state.global_step) if state is not None else -1] * len(completions)
         scores = super().__call__(prompts, completions, completion_ids, **kwargs)
+        groups = self.judge.last_groups  # type: ignore[attr-defined]
+        fallback = [g for g in groups if g.source == "facts-fallback"]
+        # a fallback rubric is the item's facts, not the Generator's: the bound stops a run living on them
+        self.health.record_fallback(len(groups), len(fallback), "; ".join(fallback[-1].errors[-1:]) if fallback else None)
         log_metric = kwargs.get("log_metric")
         if callable(log_metric):
-            for key, value in rubric_stats(self.judge.last_groups).items():  # type: ignore[attr-defined]
+            for key, value in rubric_stats(groups).items():
                 log_metric(key, value)
         return scores
 
@@ -496,9 +502,11 @@ def snapshot_captions(model: Any, processing: Any, rows: Sequence[Mapping[str, A
 class EvolmGeneratorReward:
     """Generator reward (A.2.2): ``judge_weight * (score(current) - score(earlier)) + format_weight * valid``.
 
-    The score of a caption set is the fixed Judge's mean score under the generated rubric. An invalid
-    rubric earns 0 for both terms (format validity is a verifiable outcome, not an outage); a valid rubric
-    the Judge could not score on either caption set is unscored (``None``).
+    The score of a caption set is the fixed Judge's mean score under the generated rubric. A reply the
+    parser *rejects* (``DataError``: no JSON, wrong schema, a copied example) earns 0 for both terms: format
+    validity is a verifiable outcome of the Generator's own text, not an outage. Any other failure of the
+    parser is ours, not the Generator's, so that sample is unscored (``None``, error kept), never a 0 the
+    Generator would learn from; so is a valid rubric the Judge could not score on either caption set.
     """
 
     __name__ = "evolm_generator"
@@ -506,22 +514,30 @@ class EvolmGeneratorReward:
     def __init__(self, cfg: MocoConfig, roles: RoleServer) -> None:
         self.cfg = cfg
         self.roles = roles
+        self.health = RewardHealth("evolm-generator")
 
     def __call__(self, prompts: Any = None, completions: Sequence[Any] = (), completion_ids: Any = None,
                  **kw: Any) -> list[float | None]:
         rc, ev = self.cfg.rubric, self.cfg.evolm
         texts = [completion_text(c) for c in completions]
-        rubrics = []
-        for t in texts:
+        rubrics: list[list[Any] | None] = []
+        failed: dict[int, str] = {}  # the parser itself failed: unscored, not an invalid format
+        for i, t in enumerate(texts):
             try:
                 rubrics.append(parse_generator_reply(t, rc.min_items, rc.max_items))
-            except ValueError:  # DataError is a ValueError: any schema or JSON failure is an invalid format
+            except DataError:  # the parser's verdict: the reply is not a valid rubric (format 0)
                 rubrics.append(None)
+            except ValueError as exc:  # not a verdict on the reply: the parser broke
+                rubrics.append(None)
+                failed[i] = f"rubric parser failed: {type(exc).__name__}: {exc}"
         out: list[float | None] = []
         gains: list[float] = []
         with self.roles("judge") as backend:
             judge = self.cfg.judge.factory(backend)
             for i, rub in enumerate(rubrics):
+                if i in failed:
+                    out.append(None)
+                    continue
                 if rub is None:
                     out.append(0.0)
                     continue
@@ -534,6 +550,7 @@ class EvolmGeneratorReward:
                     continue
                 gains.append(s_cur - s_old)
                 out.append(ev.judge_weight * (s_cur - s_old) + ev.format_weight * 1.0)
+        self.health.record(out, list(failed.values()))
         log_metric = kw.get("log_metric")
         if callable(log_metric):
             log_metric("evolm/format_valid", sum(r is not None for r in rubrics) / max(1, len(rubrics)))
@@ -607,7 +624,7 @@ def run_evolm(cfg: MocoConfig, out: Path, model: Any, processing: Any, rows: lis
         reward = MocoReward(judge, name="moco_rubric", log_fields=())
         pt = common.build_trainer(pcfg, common.trainer_args(pcfg, seed=int(cfg.train.seed or 0) + phase), model,
                                   processing, [reward], rows_dataset(rows),
-                                  callbacks=[MetricsLog(Path(pcfg.out_dir) / "metrics.jsonl")])
+                                  callbacks=[MetricsLog(Path(pcfg.out_dir) / "metrics.jsonl")], bound=cfg.reward)
         tp = time.perf_counter()
         pt.train()
         policy_seconds += time.perf_counter() - tp
@@ -621,7 +638,7 @@ def run_evolm(cfg: MocoConfig, out: Path, model: Any, processing: Any, rows: lis
         gt = common.build_trainer(gcfg, common.trainer_args(gcfg, seed=int(cfg.train.seed or 0) + 1000 + phase), model,
                                   processing, [EvolmGeneratorReward(cfg, roles)],
                                   rows_dataset(generator_rows(cfg, rows, current, earlier, phase)),
-                                  callbacks=[MetricsLog(Path(gcfg.out_dir) / "metrics.jsonl")])
+                                  callbacks=[MetricsLog(Path(gcfg.out_dir) / "metrics.jsonl")], bound=cfg.reward)
         gt.train()
         earlier = current
         state_path.parent.mkdir(parents=True, exist_ok=True)

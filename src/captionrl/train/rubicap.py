@@ -50,6 +50,7 @@ from captionrl.judges.ngram import NgramConfig
 from captionrl.judges.qa import QAConfig
 from captionrl.judges.rubric import RubricJudgeSettings
 from captionrl.judges.scalar import ScalarConfig
+from captionrl.rewards.bound import RewardBound
 from captionrl.train import common
 from captionrl.train.common import (
     GRPOTrainConfig,
@@ -179,10 +180,11 @@ class RubricsConfig:
 
 
 @dataclass
-class RubicapRewardConfig(RubricJudgeSettings):
+class RubicapRewardConfig(RewardBound, RubricJudgeSettings):
     """Which reward family trains the policy (``family``), and how the rubric judge decides each criterion
     (``RubricJudge``; reward = satisfied weight fraction). The rubric settings also serve the other
-    families' end-of-run check: there the rubric judge is the score the policy was not trained on."""
+    families' end-of-run check: there the rubric judge is the score the policy was not trained on. The
+    lost-reward bound (``RewardBound``) is the one every recipe shares."""
 
     FIELD_PREFIX: ClassVar[str] = "reward"
 

@@ -88,10 +88,18 @@ class Recipe:
 
         return [MetricsLog(run.out / "metrics.jsonl"), *self.extra_callbacks]
 
+    def reward_bound(self) -> Any:
+        """The lost-reward bound (``rewards.bound.RewardBound``) of the run: the ``reward`` section of every RL
+        recipe's config carries it; ``None`` (no bound) for recipes without rewards."""
+        from captionrl.rewards.bound import RewardBound
+
+        bound = getattr(self.cfg, "reward", None)
+        return bound if isinstance(bound, RewardBound) else None
+
     def build_trainer(self, run: Run) -> Any:
         return common.build_trainer(self.cfg.train, run.args, run.model, run.processing, self.reward_functions(run),
                                     self.train_dataset(run), callbacks=self.callbacks(run),
-                                    peft_config=common.lora_config(self.cfg.policy))
+                                    peft_config=common.lora_config(self.cfg.policy), bound=self.reward_bound())
 
     # ------------------------------------------------------------------ hooks
     def preflight(self, run: Run) -> None:
