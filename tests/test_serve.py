@@ -27,10 +27,10 @@ PROMPT = "Describe the time series.\n"
 class Service:
     """The service in a thread of this process, on a free port; stopped by ``close``."""
 
-    def __init__(self, **fields) -> None:
+    def __init__(self, judge=None, **fields) -> None:
         fields.setdefault("port", free_port())
         self.cfg = from_dict(RewardServiceConfig, fields)
-        self.server = make_server(self.cfg)
+        self.server = make_server(self.cfg, judge)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.url = f"http://127.0.0.1:{self.cfg.port}"
         self.thread.start()
@@ -54,8 +54,8 @@ class Service:
 def service_factory() -> Iterator:
     started: list[Service] = []
 
-    def start(**fields) -> Service:
-        s = Service(**fields)
+    def start(judge=None, **fields) -> Service:
+        s = Service(judge, **fields)
         started.append(s)
         return s
 
