@@ -82,6 +82,22 @@ def test_policy_classifies_and_never_returns_a_non_finite_reward():
             FailurePolicy(unscored_reward=bad)
 
 
+def test_a_likelihood_verifier_outage_is_classified_as_an_outage():
+    """The likelihood judges used to drop the backend's error ("verifier returned no log-likelihood"), so
+    an unreachable verifier looked like an unscorable caption and would have been given unscored_reward."""
+    from captionrl.backends.openai_http import OpenAIBackend
+    from captionrl.judges.identify import IdentificationJudge, IdentifyConfig
+    from captionrl.judges.rubric import RubricJudge
+
+    backend = OpenAIBackend("http://127.0.0.1:9/v1", model="m", max_retries=0, progress=False)
+    ident = IdentificationJudge(backend, IdentifyConfig(mode="likelihood", k=2)).judge(
+        ["It rises."], {"candidates": [[[1.0, 2.0], [2.0, 1.0]]]})[0]
+    rubric = RubricJudge(backend, mode="likelihood").judge(
+        ["A red circle."], {"rubric": [[{"criterion": "A red circle", "test": "Is it red?", "weight": 1}]]})[0]
+    for j in (ident, rubric):
+        assert classify(j) == "outage" and "connection error" in (j.error or ""), j.error
+
+
 def test_removed_nan_settings_say_what_replaces_them(monkeypatch):
     from captionrl.adapters import engine
     from captionrl.serve.config import RewardServiceConfig
