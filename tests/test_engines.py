@@ -111,6 +111,42 @@ def test_removed_nan_settings_say_what_replaces_them(monkeypatch):
         engine.failure_policy()
 
 
+def test_an_unscorable_caption_gets_the_chosen_value_or_a_422(tmp_path: Path):
+    """A judge that answered but gave no score (a parse path: a stand-in judge): with no unscored_reward the
+    request is refused (422 naming it); with one, the caption gets it, flagged, counted and recorded; a
+    judge's non-finite score is treated the same way. No reply holds NaN or inf."""
+    from starlette.testclient import TestClient
+
+    from captionrl.serve.app import create_app
+    from captionrl.serve.config import RewardServiceConfig
+
+    class NoGrade:
+        name = "no-grade"
+
+        def judge(self, captions, columns):
+            return [Judgment(score=None, error="no grade 1-10 in the reply"), Judgment(score=math.inf),
+                    Judgment(score=0.7, extra={"accuracy": math.nan})][: len(captions)]
+
+    body = {"query": ["a", "b", "c"], "labels": [{"reference": "r"}] * 3}
+    with TestClient(create_app(RewardServiceConfig(reward="scalar", batch_window_ms=0, records=None), NoGrade())) as c:
+        reply = c.post("/reward", json=body)
+        assert reply.status_code == 422 and strict_json(reply.text)["error"]["field"] == "unscored_reward"
+        assert "no grade" in reply.json()["error"]["fix"] and c.get("/health").json()["refused"] == 1
+    records = tmp_path / "r.jsonl"
+    cfg = RewardServiceConfig(reward="answerability", batch_window_ms=0, records=str(records), unscored_reward=0.25)
+    questions = [{"question": "q?", "options": ["a", "b"], "answer": "a"}]
+    body = {"query": ["a", "b", "c"], "labels": [{"questions": questions}] * 3}
+    with TestClient(create_app(cfg, NoGrade())) as c:
+        got = strict_json(c.post("/reward", json=body).text)
+        assert got["rewards"] == [0.25, 0.25, 0.7] and got["scored"] == [False, False, True]
+        assert got["extra_logs"] == {"unscored": [1.0, 1.0, 0.0], "accuracy": [0.25, 0.25, 0.7],
+                                     "cannot_answer_rate": [0.25, 0.25, 0.7]}
+        assert got["errors"][:2] == ["no grade 1-10 in the reply", "non-finite score inf"]
+        assert c.get("/health").json()["unscored"] == 2
+    (rec,) = [json.loads(line) for line in records.read_text().splitlines()]
+    assert rec["scored"] == [False, False, True] and rec["errors"][0] == "no grade 1-10 in the reply"
+
+
 # ------------------------------------------------------------------------------------ labels
 def test_malformed_labels_are_400_naming_field_and_fix(tmp_path: Path, reference_file: Path):
     """Every reward family: JSON that does not parse, a wrong type, a missing column -> 400, never a score.
