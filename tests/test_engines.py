@@ -185,6 +185,21 @@ def test_malformed_labels_are_400_naming_field_and_fix(tmp_path: Path, reference
             assert reply.status_code == 400 and strict_json(reply.text)["error"]["field"] == "query[0]"
 
 
+def test_the_eos_text_openrlhf_decodes_is_not_judged(service_factory, reference_file):  # noqa: F811
+    """OpenRLHF 0.11 decodes prompt + response with skip_special_tokens=False: the response's EOS arrives as
+    text, and CIDEr-D would count its tokens ("im", "end") as words of the caption."""
+    from captionrl.serve.app import strip_end
+
+    assert strip_end("A cat.<|im_end|>", ["<|im_end|>"]) == "A cat."
+    assert strip_end("A cat. </s> <|im_end|>\n", ["<|im_end|>", "</s>"]) == "A cat."
+    assert strip_end("A cat. ", ["</s>"]) == "A cat. "
+    svc = service_factory(reward="cider", ngram={"references": str(reference_file)}, records=None)
+    label = json.dumps({"references": REFS[0]})
+    plain, with_eos = (strict_json(svc.post({"query": [PROMPT + c], "prompts": [PROMPT], "labels": [label]}).text)
+                       for c in (REFS[0][0], REFS[0][0] + "<|im_end|>"))
+    assert with_eos["rewards"] == plain["rewards"]
+
+
 # ------------------------------------------------------------------------------------ CIDEr-D
 def test_cider_refuses_to_start_without_training_references(monkeypatch, tmp_path: Path):
     from captionrl.adapters import rewards

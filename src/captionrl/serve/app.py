@@ -12,7 +12,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,7 +86,17 @@ class Stats:
     started: float = field(default_factory=time.time)
 
 
-def parse_request(data: Any, reward: str, *, needs_main: bool = True) -> tuple[list[str], list[dict[str, Any]]]:
+def strip_end(text: str, suffixes: Sequence[str]) -> str:
+    """``text`` without its trailing end-of-turn markers (repeated, any order) and the whitespace before
+    them; unchanged when it ends with none."""
+    out, changed = text, False
+    while hit := next((m for m in suffixes if m and out.rstrip().endswith(m)), None):
+        out, changed = out.rstrip()[: -len(hit)], True
+    return out.rstrip() if changed else text
+
+
+def parse_request(data: Any, reward: str, *, needs_main: bool = True,
+                  strip_suffixes: Sequence[str] = ()) -> tuple[list[str], list[dict[str, Any]]]:
     """(captions, per-caption columns) from an OpenRLHF body; ``UserInputError`` names what is wrong
     (labels are checked by ``serve.labels``: JSON that does not parse, a wrong type, a missing column)."""
     if not isinstance(data, dict):
@@ -112,7 +122,7 @@ def parse_request(data: Any, reward: str, *, needs_main: bool = True) -> tuple[l
         if p and not q.startswith(p):  # judging the prompt as part of the caption would score the wrong text
             raise UserInputError(f"query[{i}]", q[:80], "does not start with its prompt (prompts[i])",
                                  "send query = prompt + response (OpenRLHF does), or the response alone with prompt ''")
-    captions = [q[len(p):] for q, p in zip(query, prompts, strict=True)]
+    captions = [strip_end(q[len(p):], strip_suffixes) for q, p in zip(query, prompts, strict=True)]
     rows: list[dict[str, Any]] = [label_columns(label, reward, i) for i, label in enumerate(labels or [None] * n)]
     for key, values in data.items():
         if key in RESERVED:
@@ -269,7 +279,7 @@ def create_app(cfg: RewardServiceConfig, judge: Any) -> Starlette:
             return error_response(400, "body", None, f"is not valid JSON ({exc})",
                                   'send Content-Type: application/json with {"query": [...], ...}')
         try:
-            captions, rows = parse_request(data, cfg.reward, needs_main=needs_main)
+            captions, rows = parse_request(data, cfg.reward, needs_main=needs_main, strip_suffixes=cfg.strip_suffixes)
         except UserInputError as exc:
             return error_response(400, exc.field, exc.value, exc.problem, exc.fix)
         if batcher.stats.pending + len(captions) > cfg.max_pending:
