@@ -188,7 +188,7 @@ def test_malformed_labels_are_400_naming_field_and_fix(tmp_path: Path, reference
 def test_the_eos_text_openrlhf_decodes_is_not_judged(service_factory, reference_file):  # noqa: F811
     """OpenRLHF 0.11 decodes prompt + response with skip_special_tokens=False: the response's EOS arrives as
     text, and CIDEr-D would count its tokens ("im", "end") as words of the caption."""
-    from captionrl.serve.app import strip_end
+    from captionrl.serve.text import strip_end
 
     assert strip_end("A cat.<|im_end|>", ["<|im_end|>"]) == "A cat."
     assert strip_end("A cat. </s> <|im_end|>\n", ["<|im_end|>", "</s>"]) == "A cat."
@@ -304,7 +304,8 @@ async def openrlhf_post(client: httpx.AsyncClient, url: str, data: dict[str, Any
 def openrlhf_samples(captions: list[str]) -> list[dict[str, Any]]:
     """One OpenRLHF request per sample: ``{"query": [q], "prompts": [p], "labels": [l]}``."""
     label = json.dumps({"reference": "A red circle above a blue square."})
-    return [{"query": [PROMPT + c], "prompts": [PROMPT], "labels": [label]} for c in captions]
+    # OpenRLHF decodes with skip_special_tokens=False: the response ends in its EOS text
+    return [{"query": [PROMPT + c + "<|im_end|>"], "prompts": [PROMPT], "labels": [label]} for c in captions]
 
 
 def group_advantages(rewards: list[Any], n: int) -> Any:
@@ -552,7 +553,7 @@ def test_adapters_serve_cider_with_the_same_labels_and_policy(monkeypatch, tmp_p
         same, other = compute_score("c", REFS[0][0], label), compute_score("c", "an orange cat", label)
         assert same["score"] > 1.0 > other["score"] and set(same) == set(other)
         assert asyncio.run(compute_score_async("c", REFS[0][0], label))["score"] == pytest.approx(same["score"])
-        out = reward_func([PROMPT + REFS[0][0]], [PROMPT], [label])
+        out = reward_func([PROMPT + REFS[0][0] + "<|im_end|>"], [PROMPT], [label])
         assert float(out["rewards"][0]) == pytest.approx(same["score"]) and set(out["extra_logs"]) == {"unscored"}
         with pytest.raises(DataError, match=r"labels\[0\]"):
             compute_score("c", "x", "not json {")

@@ -15,12 +15,14 @@ from typing import Any
 
 from captionrl.adapters.engine import final_score, shaped_scores, shaping_logs
 from captionrl.adapters.rewards import reward_config, scores
+from captionrl.serve.text import strip_end
 
 
 def reward_func(queries: Sequence[str], prompts: Sequence[str], labels: Sequence[Any], **kwargs: Any) -> dict[str, Any]:
     import torch
 
-    captions = [q[len(p):] if q.startswith(p) else q for q, p in zip(queries, prompts, strict=True)]
+    # the query is prompt + response decoded with special tokens: the response's EOS is cut (serve.text)
+    captions = [strip_end(q[len(p):] if q.startswith(p) else q) for q, p in zip(queries, prompts, strict=True)]
     if reward_config() is not None:
         got = scores(captions, labels)
         values = torch.tensor([s.reward for s, _ in got], dtype=torch.float32)

@@ -34,6 +34,7 @@ from captionrl.serve.failure import (
     settle,
 )
 from captionrl.serve.labels import LOG_KEYS, check_row, label_columns
+from captionrl.serve.text import strip_end
 from captionrl.types import Judgment
 
 RESERVED = ("query", "prompts", "labels")
@@ -84,15 +85,6 @@ class Stats:
     pending: int = 0
     running: int = 0
     started: float = field(default_factory=time.time)
-
-
-def strip_end(text: str, suffixes: Sequence[str]) -> str:
-    """``text`` without its trailing end-of-turn markers (repeated, any order) and the whitespace before
-    them; unchanged when it ends with none."""
-    out, changed = text, False
-    while hit := next((m for m in suffixes if m and out.rstrip().endswith(m)), None):
-        out, changed = out.rstrip()[: -len(hit)], True
-    return out.rstrip() if changed else text
 
 
 def parse_request(data: Any, reward: str, *, needs_main: bool = True,

@@ -13,6 +13,7 @@ from captionrl.judges.ngram import NgramConfig
 from captionrl.judges.qa import QAConfig
 from captionrl.judges.scalar import ScalarConfig
 from captionrl.serve.failure import FailurePolicy
+from captionrl.serve.text import END_OF_TURN
 
 REWARDS = ("identification", "rubric", "scalar", "answerability", "cider")
 MAIN_COLUMN = {"identification": "candidates", "rubric": "rubric", "scalar": "reference",
@@ -52,7 +53,7 @@ class RewardServiceConfig:
     outage_deadline_s: float = help_field(60.0, "how long captions a verifier outage left unscored are re-judged before the request fails with HTTP 503 (the engine's client then retries; OpenRLHF 0.11 gives up on a request after 180 s)")
     outage_retry_s: float = help_field(1.0, "seconds between re-judgings during an outage")
     failure_value: str | None = help_field(None, "removed: see unscored_reward")
-    strip_suffixes: list[str] = help_field(["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "</s>", "<|end|>"], "end-of-turn texts removed from the end of each caption: OpenRLHF 0.11 decodes prompt + response with skip_special_tokens=False, so a response arrives with its EOS token as text")
+    strip_suffixes: list[str] = help_field(list(END_OF_TURN), "end-of-turn texts removed from the end of each caption: OpenRLHF 0.11 decodes prompt + response with skip_special_tokens=False, so a response arrives with its EOS token as text")
     records: str | None = help_field("runs/serve/requests.jsonl", "per-request records (JSONL); null = none")
     log_level: str = help_field("warning", "uvicorn log level")
 
