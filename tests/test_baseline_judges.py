@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from captionrl.judges.ngram import CiderD, NgramJudge, tokenize
+from captionrl.judges.ngram import CiderD, CorpusRequired, NgramJudge, tokenize
 from captionrl.judges.scalar import ScalarConfig, ScalarJudge, parse_grade
 
 
@@ -28,9 +28,10 @@ def test_ngram_judge_orders_captions():
     out = judge.judge(["a red circle on the left", "two blue squares", "a red circle"],
                       {"references": [refs[0], refs[0], refs[0]]})
     assert out[0].score > out[2].score > out[1].score >= 0
-    # unfitted: document frequencies from the batch's distinct reference sets
-    out2 = NgramJudge().judge(["a red circle", "a yellow triangle"], {"reference": ["a red circle", "a yellow triangle"]})
-    assert out2[0].extra["corpus_docs"] == 2 and out2[0].score > 0
+    assert out[0].extra["corpus_docs"] == 3
+    # no corpus: refused (a per-batch fit made every idf 0 for one-sample requests), never a silent refit
+    with pytest.raises(CorpusRequired, match="references"):
+        NgramJudge()
 
 
 def test_parse_grade():

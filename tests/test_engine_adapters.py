@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import math
 
 import numpy as np
 import pytest
 
 from captionrl.adapters import engine
 from captionrl.domains.describe import describe_series
-from captionrl.errors import BackendError, DataError
+from captionrl.errors import ConfigError, DataError
 from captionrl.types import Judgment
 
 RISING = np.linspace(10, 40, 16).round(2)
@@ -50,8 +49,8 @@ def test_openrlhf_reward_func_batch(embedded_judge):
     out = reward_func(queries, prompts, [LABEL, LABEL])
     assert out["rewards"].shape == (2,) and out["scores"].shape == (2,)
     assert float(out["rewards"][0]) > float(out["rewards"][1])  # the falling caption does not describe the wave
-    assert set(out["extra_logs"]) == {"identification_hard", "caption_chars", "copied_values", "transcription_share",
-                                      "transcription_penalty", "red_share"}
+    assert set(out["extra_logs"]) == {"identification_hard", "caption_chars", "unscored", "copied_values",
+                                      "transcription_share", "transcription_penalty", "red_share"}
 
 
 def test_adapters_apply_the_training_guard(monkeypatch):
@@ -69,12 +68,36 @@ def test_adapters_apply_the_training_guard(monkeypatch):
     assert compute_score("lineup", describe_series(WAVE), LABEL)["score"] == pytest.approx(1.0)
 
 
-def test_failures_raise_or_become_nan_never_zero(monkeypatch):
-    failed = Judgment(score=None, error="ConnectError: refused")
-    with pytest.raises(BackendError, match="refusing to return a 0 reward"):
-        engine.score_or_fail(failed)
-    monkeypatch.setenv(engine.FAILURE_ENV, "nan")
-    assert math.isnan(engine.score_or_fail(failed))
+def test_failures_raise_or_take_the_chosen_value_never_nan_or_zero(monkeypatch):
+    """The adapters' policy is the service's (``serve.failure``): an outage is re-judged until the deadline,
+    then raises; an unscorable caption takes ``CAPTIONRL_UNSCORED_REWARD`` or raises; never NaN."""
+    from captionrl.adapters.verl import compute_score
+    from captionrl.serve.failure import UnscorableCaption, VerifierOutage
+
+    down = Judgment(score=None, error="verifier failed on 3/3 rotations: connection error from http://x (refused)")
+    calls: list[int] = []
+
+    class _Down:
+        def judge(self, captions, columns):
+            calls.append(len(captions))
+            return [down for _ in captions]
+
+    monkeypatch.setattr(engine, "identification_judge", lambda: _Down())
+    monkeypatch.setenv(engine.DEADLINE_ENV, "2.5")
+    with pytest.raises(VerifierOutage, match="refusing to invent a reward"):
+        compute_score("lineup", "It rises.", LABEL)
+    assert len(calls) >= 2  # re-judged (1 s apart) before giving up
+    unscorable = Judgment(score=None, error="no letter in the reply")
+    with pytest.raises(UnscorableCaption, match=engine.UNSCORED_ENV):
+        engine.score_or_fail(unscorable)
+    monkeypatch.setenv(engine.UNSCORED_ENV, "-0.5")
+    assert engine.score_or_fail(unscorable) == -0.5
+    monkeypatch.setattr(engine, "identification_judge", lambda: type("J", (), {"judge": lambda self, c, col: [unscorable]})())
+    got = compute_score("lineup", "It rises.", LABEL)
+    assert got["score"] == -0.5 and got["unscored"] == 1.0
+    monkeypatch.setenv(engine.UNSCORED_ENV, "nan")
+    with pytest.raises(ConfigError, match=engine.UNSCORED_ENV):
+        engine.score_or_fail(unscorable)
 
 
 def test_bad_label_is_named():

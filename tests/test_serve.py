@@ -1,10 +1,10 @@
 """The reward service on 127.0.0.1: OpenRLHF's contract, replica failover mid-batch, pooling across
-clients, clear 400s, failures unscored (NaN + flag), never 0."""
+clients, clear 400s, an outage past the deadline is a 503 (never NaN, never 0). The engines' own client
+patterns are replayed in test_engines.py."""
 
 from __future__ import annotations
 
 import json
-import math
 import threading
 import time
 from collections.abc import Iterator
@@ -27,10 +27,10 @@ PROMPT = "Describe the time series.\n"
 class Service:
     """The service in a thread of this process, on a free port; stopped by ``close``."""
 
-    def __init__(self, **fields) -> None:
+    def __init__(self, judge=None, **fields) -> None:
         fields.setdefault("port", free_port())
         self.cfg = from_dict(RewardServiceConfig, fields)
-        self.server = make_server(self.cfg)
+        self.server = make_server(self.cfg, judge)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.url = f"http://127.0.0.1:{self.cfg.port}"
         self.thread.start()
@@ -54,14 +54,24 @@ class Service:
 def service_factory() -> Iterator:
     started: list[Service] = []
 
-    def start(**fields) -> Service:
-        s = Service(**fields)
+    def start(judge=None, **fields) -> Service:
+        s = Service(judge, **fields)
         started.append(s)
         return s
 
     yield start
     for s in started:
         s.close()
+
+
+@pytest.fixture
+def references_file(tmp_path: Path) -> Path:
+    """Training references for CIDEr-D's document frequencies (it refuses to start without them)."""
+    refs = [["a red circle above a blue square"], ["a green triangle on the left"], ["an orange cat on a sofa"],
+            ["a white boat on a lake"]]
+    p = tmp_path / "refs.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in refs))
+    return p
 
 
 def openrlhf_batch(captions: list[str]) -> dict:
@@ -107,13 +117,14 @@ def test_openrlhf_batch_survives_a_replica_killed_mid_batch(llama_server_factory
     assert rec["n"] == 8 and rec["rewards"] == body["rewards"] and rec["columns"] == ["candidates"]
 
 
-def test_bad_requests_get_a_400_naming_field_and_fix(service_factory, tmp_path: Path):
-    svc = service_factory(reward="cider", records=str(tmp_path / "r.jsonl"))
+def test_bad_requests_get_a_400_naming_field_and_fix(service_factory, tmp_path: Path, references_file: Path):
+    svc = service_factory(reward="cider", ngram={"references": str(references_file)}, records=str(tmp_path / "r.jsonl"))
     cases = [
         ({"prompts": ["p"]}, "query"),
         ({"query": ["a", "b"], "prompts": ["a"]}, "prompts"),
         ({"query": ["a"], "labels": [{"references": ["a"]}], "weights": 3}, "weights"),
-        ({"query": ["a"], "labels": [{"not_references": 1}]}, "labels.columns.reference"),
+        ({"query": ["a"], "labels": [{"not_references": 1}]}, "labels[0].references"),
+        ({"query": ["a"], "labels": ["not json {"]}, "labels[0]"),
     ]
     for body, field in cases:
         reply = svc.post(body)
@@ -124,8 +135,9 @@ def test_bad_requests_get_a_400_naming_field_and_fix(service_factory, tmp_path: 
     assert reply.status_code == 400 and reply.json()["error"]["field"] == "body"
 
 
-def test_concurrent_clients_share_one_judge_call(service_factory, tmp_path: Path):
-    svc = service_factory(reward="cider", batch_window_ms=400, records=str(tmp_path / "r.jsonl"))
+def test_concurrent_clients_share_one_judge_call(service_factory, tmp_path: Path, references_file: Path):
+    svc = service_factory(reward="cider", ngram={"references": str(references_file)}, batch_window_ms=400,
+                          records=str(tmp_path / "r.jsonl"))
     refs = ["a red circle above a blue square", "a green triangle on the left"]
     results: dict[int, httpx.Response] = {}
 
@@ -145,21 +157,22 @@ def test_concurrent_clients_share_one_judge_call(service_factory, tmp_path: Path
     assert svc.health()["batches"] == 1
 
 
-def test_unreachable_verifier_gives_nan_with_a_flag_never_zero(service_factory, tmp_path: Path):
+def test_unreachable_verifier_is_a_503_past_the_deadline_never_nan_or_zero(service_factory, tmp_path: Path):
     svc = service_factory(
-        reward="identification", identify={"mode": "letter", "k": 2},
+        reward="identification", identify={"mode": "letter", "k": 2}, outage_deadline_s=0.6, outage_retry_s=0.2,
         backend={"kind": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1|http://127.0.0.1:7/v1",
                  "max_retries": 0},
         records=str(tmp_path / "r.jsonl"),
     )
-    body = svc.post(openrlhf_batch(["It rises.", "It falls."])).json()
-    assert all(math.isnan(r) for r in body["rewards"]) and body["scored"] == [False, False]
-    assert all("connection error" in e for e in body["errors"])
-    assert body["extra_logs"]["unscored"] == [1.0, 1.0]
-    null = service_factory(reward="identification", identify={"mode": "letter", "k": 2}, failure_value="null",
-                           backend={"kind": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1",
-                                    "max_retries": 0}, records=None)
-    assert null.post(openrlhf_batch(["It rises."])).json()["rewards"] == [None]
+    reply = svc.post(openrlhf_batch(["It rises.", "It falls."]))
+    assert reply.status_code == 503 and reply.headers["retry-after"] == "1"
+    err = reply.json()["error"]
+    assert err["field"] == "verifier" and "connection error" in err["value"] and "refusing to invent" in err["problem"]
+    assert "rewards" not in reply.json()
+    health = svc.health()
+    assert health["outages"] == 1 and health["retries"] == 0 and health["requests"] == 0
+    (rec,) = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert rec["status"] == 503 and "connection error" in rec["error"]
 
 
 @pytest.mark.slow
@@ -190,7 +203,7 @@ def test_service_shapes_identification_like_training(embedded_backend):
 
 def test_a_bug_in_the_judge_is_a_500_not_an_unscored_batch(tmp_path):
     """A judge that raises a TypeError (our bug) answers HTTP 500 naming it; a RuntimeError from the model
-    (out of memory, engine error) leaves the captions unscored (NaN, ``scored: false``), never 0."""
+    (out of memory) is an outage: re-judged until the deadline, then HTTP 503 naming it, never NaN or 0."""
     from starlette.testclient import TestClient
 
     from captionrl.serve.app import create_app
@@ -205,7 +218,8 @@ def test_a_bug_in_the_judge_is_a_500_not_an_unscored_batch(tmp_path):
         def judge(self, captions, columns):
             raise self.exc
 
-    cfg = RewardServiceConfig(reward="cider", batch_window_ms=0, records=str(tmp_path / "r.jsonl"))
+    cfg = RewardServiceConfig(reward="cider", batch_window_ms=0, records=str(tmp_path / "r.jsonl"),
+                              outage_deadline_s=0.3, outage_retry_s=0.1)
     body = {"query": ["a red square"], "prompts": [""], "labels": [{"references": ["a red square"]}]}
     with TestClient(create_app(cfg, Raising(TypeError("unsupported operand")))) as client:
         resp = client.post("/reward", json=body)
@@ -213,5 +227,4 @@ def test_a_bug_in_the_judge_is_a_500_not_an_unscored_batch(tmp_path):
     with TestClient(create_app(cfg, Raising(RuntimeError("out of memory")))) as client:
         resp = client.post("/reward", json=body)
     got = resp.json()
-    assert resp.status_code == 200 and got["scored"] == [False] and math.isnan(got["rewards"][0])
-    assert "out of memory" in got["errors"][0]
+    assert resp.status_code == 503 and "out of memory" in got["error"]["value"]

@@ -11,27 +11,33 @@ sample's label / ground truth as JSON: ``{"candidates": [[true series...], [dist
 ``"series_text"`` (the numbers as the prompt printed them, e.g. normalised) when the prompt's numbers differ
 from the series: the guard then counts copies of either, as training does.
 
-Neither engine can skip a sample, so a verifier failure cannot become ``None`` there. It must not become
-a silent 0 either: by default it raises (the run stops with the cause); ``CAPTIONRL_ON_FAILURE=nan``
-returns NaN instead, for engines set up to mask non-finite rewards.
+Neither engine masks a reward (OpenRLHF 0.11 and verl read as ``docs/engines.md`` cites), so the
+adapters follow ``captionrl.serve.failure``, the policy the reward service and its client follow too: a
+verifier outage is re-judged until ``CAPTIONRL_OUTAGE_DEADLINE_S`` (default 60 s), then raises
+``VerifierOutage`` (verl's step fails; OpenRLHF leaves the reward ``None`` and its batch fails: the run
+stops naming the cause); a caption the verifier answered for but could not score gets
+``CAPTIONRL_UNSCORED_REWARD`` (a finite value you choose for this engine, logged as ``unscored``), and
+without it raises ``UnscorableCaption``. Never NaN, never a silent 0.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
-from captionrl.errors import BackendError, DataError
+from captionrl.errors import ConfigError, DataError
 from captionrl.judges.identify import IdentificationJudge, IdentifyConfig
 from captionrl.rewards.shaping import Shaped, ShapedReward, ShapingConfig
+from captionrl.serve.failure import FailurePolicy, judge_through_outages_sync, settle
 from captionrl.types import Judgment
 
 CONFIG_ENV = "CAPTIONRL_REWARD_CONFIG"
-FAILURE_ENV = "CAPTIONRL_ON_FAILURE"
+UNSCORED_ENV = "CAPTIONRL_UNSCORED_REWARD"
+DEADLINE_ENV = "CAPTIONRL_OUTAGE_DEADLINE_S"
+REMOVED_ENV = "CAPTIONRL_ON_FAILURE"
 
 
 def encode_label(candidates: Sequence[Sequence[float]], series_text: str | None = None) -> str:
@@ -86,21 +92,41 @@ def shaped_reward() -> ShapedReward:
     return ShapedReward(lambda *a, **k: [], shaping_config(data.get("shaping")), name="lineup")
 
 
+def failure_policy() -> FailurePolicy:
+    """The adapters' ``serve.failure`` policy from the environment (read per call: a test or a launcher may
+    set it late)."""
+    if os.environ.get(REMOVED_ENV):
+        raise ConfigError(REMOVED_ENV, os.environ[REMOVED_ENV], "was removed: NaN reaches OpenRLHF and verl as a "
+                          "reward they do not mask", f"unset it; export {UNSCORED_ENV}=<a finite reward> for captions "
+                          "the verifier cannot score (an outage is retried, then raises)")
+    values: dict[str, float | None] = {}
+    for env, default in ((UNSCORED_ENV, None), (DEADLINE_ENV, 60.0)):
+        raw = os.environ.get(env)
+        try:
+            values[env] = default if raw in (None, "") else float(raw)  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise ConfigError(env, raw, "is not a number", f"export {env}=<number>") from exc
+    return FailurePolicy(unscored_reward=values[UNSCORED_ENV], outage_deadline_s=float(values[DEADLINE_ENV] or 0.0),
+                         setting=UNSCORED_ENV)
+
+
 def score_or_fail(judgment: Judgment) -> float:
-    if judgment.scored:
-        return float(judgment.score)  # type: ignore[arg-type]
-    if os.environ.get(FAILURE_ENV, "raise") == "nan":
-        return math.nan
-    raise BackendError(
-        f"the identification verifier could not score this caption ({judgment.error}); refusing to return "
-        f"a 0 reward. Fix the verifier, or set {FAILURE_ENV}=nan if your engine masks non-finite rewards."
-    )
+    """The reward an engine receives for one judgment whose outages were already retried (``serve.failure``)."""
+    return settle([judgment], failure_policy())[0].reward
+
+
+def _judge(captions: Sequence[str], cands: list[Any]) -> list[Judgment]:
+    """Identification judgments, an outage re-judged until the policy's deadline."""
+    judge = identification_judge()
+    return judge_through_outages_sync(
+        lambda idx: judge.judge([captions[i] for i in idx], {"candidates": [cands[i] for i in idx]}),
+        len(captions), failure_policy())
 
 
 def shaped_scores(captions: Sequence[str], labels: Sequence[Any]) -> list[tuple[Judgment, Shaped]]:
     """Judge, then shape exactly as training does (guard and factuality against the true series)."""
     cands = [decode_label(lab) for lab in labels]
-    judgments = identification_judge().judge(list(captions), {"candidates": cands})
+    judgments = _judge(captions, cands)
     texts = [_label(lab).get("series_text") for lab in labels]
     shaped = shaped_reward().shape(list(captions), [j.score if j.scored else None for j in judgments],
                                    series=[c[0] for c in cands], series_text=texts if any(texts) else None)
@@ -108,9 +134,9 @@ def shaped_scores(captions: Sequence[str], labels: Sequence[Any]) -> list[tuple[
 
 
 def final_score(judgment: Judgment, shaped: Shaped) -> float:
-    """The shaped reward, or the failure policy of ``score_or_fail`` when the judge could not score."""
+    """The shaped reward, or what ``score_or_fail``'s policy gives a caption the judge could not score."""
     base = score_or_fail(judgment)
-    return base if shaped.reward is None or math.isnan(base) else float(shaped.reward)
+    return base if not judgment.scored or shaped.reward is None else float(shaped.reward)
 
 
 def shaping_logs(shaped: Shaped) -> dict[str, float]:

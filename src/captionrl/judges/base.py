@@ -43,3 +43,12 @@ def require_columns(columns: Columns, names: Sequence[str], n: int, judge: str) 
 def unscored(error: str, **extra: Any) -> Judgment:
     """A judgment that could not be made (backend failure, unparseable reply)."""
     return Judgment(score=None, error=error, extra=extra)
+
+
+def backend_error(backend: Any, default: str) -> str:
+    """The cause of the backend's last failed ``loglikelihood`` call (``last_errors`` of the openai and vllm
+    backends, ``last_error`` of hf), so an unscored judgment says "connection error ..." rather than only
+    that it failed: the engines' failure policy (``serve.failure``) retries an outage, not a bad reply."""
+    errors = [e for e in (getattr(backend, "last_errors", None) or []) if e]
+    return getattr(backend, "last_error", None) or (errors[0] if errors else default)
+

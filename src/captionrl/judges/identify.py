@@ -33,7 +33,7 @@ from captionrl.backends.base import Backend, Message, option_letters
 from captionrl.config import help_field
 from captionrl.domains.lineup_data import validate_candidate_set, validate_values
 from captionrl.errors import ConfigError, DataError
-from captionrl.judges.base import Columns, require_columns, unscored
+from captionrl.judges.base import Columns, backend_error, require_columns, unscored
 from captionrl.types import Judgment
 
 LETTER_C2S = (
@@ -251,9 +251,7 @@ class IdentificationJudge:
 
     def _from_scores(self, scores: Sequence[float | None], pmi: bool = False) -> Judgment:
         if any(s is None or math.isnan(s) for s in scores):
-            errors = getattr(self.backend, "last_errors", None) or []  # openai: one per pair; hf: last_error
-            err = (getattr(self.backend, "last_error", None) or next((e for e in errors if e), None)
-                   or "verifier returned no log-likelihood")
+            err = backend_error(self.backend, "verifier returned no log-likelihood")
             return unscored(f"verifier failed: {err}", mode="likelihood", direction=self.cfg.direction)
         vals = [float(s) for s in scores]  # type: ignore[arg-type]
         hard = argmax_credit(vals)

@@ -8,18 +8,24 @@ a Gaussian length penalty exp(-(l_c - l_r)^2 / (2 σ^2)) with σ = 6 (lengths co
 as coco-caption does), averaged over references and over n,
 and scaled by 10. Tokens are lower-cased alphanumeric runs (punctuation dropped, as the PTB tokenizer does).
 
-The corpus matters: fit the document frequencies once on the training references (``fit``). Without a
-fit, the judge uses the distinct reference sets of the batch it is given (deduplicated, so a group of G
-captions of one item counts that item once), which is unstable for small batches.
+The corpus matters: the document frequencies are fitted once on the training references, as coco-caption
+does for self-critical training (its ``coco-train-idxs``). Fitting them on the batch being scored, as this
+judge once did, makes every idf log(1) - log(1) = 0 for a per-sample caller (OpenRLHF 0.11 and verl's
+reward loop send one sample per request), so CIDEr-D was 0 for every caption. ``NgramJudge`` therefore
+refuses to start without a corpus (``CorpusRequired``): the run's training rows (``train rubicap``), a
+prepared folder's train split, or a reference file (``NgramConfig.references``, see ``load_reference_sets``).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from captionrl.config import help_field
 from captionrl.errors import ConfigError, DataError
@@ -42,6 +48,7 @@ class NgramConfig:
     n: int = help_field(4, "largest n-gram order")
     sigma: float = help_field(6.0, "length-penalty width (CIDEr-D)")
     scale: float = help_field(10.0, "final multiplier (10 in CIDEr-D)")
+    references: str | None = help_field(None, "the training references the document frequencies are fitted on, once: a prepared folder (captionrl data prepare; its train split's captions) or a file (.jsonl: one item per line, a list of captions or {\"references\": [...]}; .json: a list of those). Training without it fits on the run's own training rows; the reward service refuses CIDEr-D without it")
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -100,23 +107,74 @@ class CiderD:
         return self.cfg.scale * total / len(references)
 
 
+class CorpusRequired(ConfigError):
+    """CIDEr-D was asked for without the training references its document frequencies need."""
+
+
+def load_reference_sets(path: str | Path, field: str = "ngram.references") -> list[list[str]]:
+    """Reference sets (one per training item) from a prepared folder (train split) or a reference file."""
+    p = Path(path)
+    if p.is_dir():
+        from captionrl.domains.prepare.folder import load_prepared
+
+        sets = [list(s.meta.get("captions", [])) for s in load_prepared(p, field=field).items["train"]]
+    elif p.is_file():
+        text = p.read_text(encoding="utf-8")
+        try:
+            rows: Any = json.loads(text) if p.suffix == ".json" else [json.loads(x) for x in text.splitlines() if x.strip()]
+        except ValueError as exc:
+            raise DataError(field, str(p), f"is not valid JSON{'' if p.suffix == '.json' else ' lines'} ({exc})",
+                            'write one item per line: ["ref 1", "ref 2"] or {"references": [...]}') from exc
+        if not isinstance(rows, list):
+            raise DataError(field, str(p), "must hold a list of items", 'write [["ref 1", ...], ...]')
+        sets = [_reference_set(r, f"{field}:{p.name}[{i}]") for i, r in enumerate(rows)]
+    else:
+        raise DataError(field, str(p), "does not exist", "give a prepared folder or a reference file (.json/.jsonl)")
+    sets = [s for s in sets if s]
+    if not sets:
+        raise DataError(field, str(p), "has no reference captions in its training items",
+                        "point it at the training references (a split with captions)")
+    return sets
+
+
+def _reference_set(row: Any, where: str) -> list[str]:
+    refs = row.get("references", row.get("captions")) if isinstance(row, dict) else row
+    if isinstance(refs, str):
+        refs = [refs]
+    if not isinstance(refs, list) or not all(isinstance(r, str) for r in refs):
+        raise DataError(where, row, "must be a list of caption strings or {\"references\": [...]}",
+                        'write ["ref 1", "ref 2"] or {"references": ["ref 1", ...]}')
+    return refs
+
+
 class NgramJudge:
-    """CIDEr-D reward; column ``references`` (per row a list of captions) or ``reference`` (one caption)."""
+    """CIDEr-D reward; column ``references`` (per row a list of captions) or ``reference`` (one caption).
+
+    The document frequencies are fitted once, at construction, on ``corpus`` (reference sets) or on
+    ``cfg.references``; with neither it raises ``CorpusRequired`` (never a per-batch fit)."""
 
     name = "ngram"
 
-    def __init__(self, cfg: NgramConfig | None = None, corpus: Iterable[Sequence[str]] | None = None) -> None:
+    def __init__(self, cfg: NgramConfig | None = None, corpus: Iterable[Sequence[str]] | None = None, *,
+                 field_prefix: str = "ngram") -> None:
         self.scorer = CiderD(cfg)
-        self.fitted = corpus is not None
-        if corpus is not None:
-            self.scorer.fit(corpus)
+        cfg = self.scorer.cfg
+        if corpus is None and cfg.references:
+            corpus = load_reference_sets(cfg.references, field=f"{field_prefix}.references")
+        if corpus is None:
+            raise CorpusRequired(
+                f"{field_prefix}.references", None, "CIDEr-D needs document frequencies fitted on the training "
+                "references (with one item per request every idf is log(1) - log(1) = 0)",
+                f"set {field_prefix}.references to a prepared folder or a reference file (.jsonl, one item's "
+                "captions per line)")
+        self.scorer.fit(corpus)
+        if self.scorer.n_docs < 2:
+            raise CorpusRequired(f"{field_prefix}.references", self.scorer.n_docs, "fits on fewer than 2 items: "
+                                 "every idf is 0", "give the references of all training items")
 
     def judge(self, captions: Sequence[str], columns: Columns) -> list[Judgment]:
         col = "references" if "references" in columns else "reference"
         require_columns(columns, [col], len(captions), self.name)
         refs = [[r] if isinstance(r, str) else [str(x) for x in r] for r in columns[col]]
-        scorer = self.scorer
-        if not self.fitted:
-            scorer = CiderD(self.scorer.cfg).fit(list(dict.fromkeys(tuple(r) for r in refs)))
-        return [Judgment(score=scorer.score(c, r), method="cider-d",
-                         extra={"corpus_docs": scorer.n_docs}) for c, r in zip(captions, refs, strict=True)]
+        return [Judgment(score=self.scorer.score(c, r), method="cider-d",
+                         extra={"corpus_docs": self.scorer.n_docs}) for c, r in zip(captions, refs, strict=True)]

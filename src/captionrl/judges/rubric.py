@@ -36,7 +36,7 @@ from captionrl.backends.base import Backend, ChatRequest
 from captionrl.config import help_field
 from captionrl.errors import ConfigError, DataError
 from captionrl.judges import prompts as P
-from captionrl.judges.base import Columns, require_columns, unscored
+from captionrl.judges.base import Columns, backend_error, require_columns, unscored
 from captionrl.records import RecordWriter
 from captionrl.types import Judgment, RubricItem
 
@@ -321,7 +321,7 @@ class RubricJudge:
             for c in conts:  # do not keep a failed baseline
                 if self._null_cache.get(c) is None:
                     self._null_cache.pop(c, None)
-            return None, {}, "loglikelihood failed"
+            return None, {}, f"loglikelihood failed: {backend_error(self.backend, 'no log-likelihood')}"
         pmi = [(a - b) / max(1, len(c.split())) for a, b, c in zip(lls, nulls, conts, strict=True)]  # type: ignore[operator]
         values = pmi if self.decision == "hard" else [_sigmoid(v - self.threshold) for v in pmi]
         return values, {"pmi_per_word": pmi}, None

@@ -12,7 +12,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,27 +25,37 @@ from starlette.routing import Route
 
 from captionrl.backends.base import as_model_failure
 from captionrl.errors import UserInputError
-from captionrl.serve.config import MAIN_COLUMN, RewardServiceConfig
+from captionrl.serve.config import RewardServiceConfig
+from captionrl.serve.failure import (
+    UnscorableCaption,
+    VerifierOutage,
+    finite_logs,
+    judge_through_outages,
+    settle,
+)
+from captionrl.serve.labels import LOG_KEYS, check_row, label_columns
+from captionrl.serve.text import strip_end
 from captionrl.types import Judgment
 
 RESERVED = ("query", "prompts", "labels")
-NUMERIC_EXTRA = ("hard", "soft", "mass", "grade")
-"""``Judgment.extra`` fields sent back as per-item ``extra_logs`` when a judge provides them."""
 
 
-class NaNJSONResponse(Response):
-    """JSON that may hold NaN (Python's json reads it; Starlette's JSONResponse refuses to write it)."""
+class JSONReply(Response):
+    """Strict JSON: a NaN or inf anywhere in a reply raises here (a bug) instead of reaching an engine
+    that does not mask it (``serve.failure``)."""
 
     media_type = "application/json"
 
     def render(self, content: Any) -> bytes:
-        return json.dumps(content, allow_nan=True, ensure_ascii=False, default=str).encode("utf-8")
+        return json.dumps(content, allow_nan=False, ensure_ascii=False, default=str).encode("utf-8")
 
 
-def error_response(status: int, field: str, value: Any, problem: str, fix: str) -> NaNJSONResponse:
-    shown = value if isinstance(value, (int, float, bool)) or value is None else str(value)[:200]
-    return NaNJSONResponse({"error": {"field": field, "value": shown, "problem": problem, "fix": fix}},
-                           status_code=status)
+def error_response(status: int, field: str, value: Any, problem: str, fix: str,
+                   headers: dict[str, str] | None = None) -> JSONReply:
+    finite = isinstance(value, (int, float, bool)) and math.isfinite(float(value))
+    shown = value if finite or value is None else str(value)[:200]
+    return JSONReply({"error": {"field": field, "value": shown, "problem": problem, "fix": fix}},
+                     status_code=status, headers=headers)
 
 
 @dataclass
@@ -64,14 +74,23 @@ class Stats:
     requests: int = 0
     captions: int = 0
     unscored: int = 0
+    """captions given ``unscored_reward`` (unscorable, flagged in the reply)"""
+    retries: int = 0
+    """re-judgings of captions an outage left unscored"""
+    outages: int = 0
+    """requests answered 503 (the verifier stayed down past the deadline)"""
+    refused: int = 0
+    """requests answered 422 (an unscorable caption and no ``unscored_reward``)"""
     batches: int = 0
     pending: int = 0
     running: int = 0
     started: float = field(default_factory=time.time)
 
 
-def parse_request(data: Any, reward: str) -> tuple[list[str], list[dict[str, Any]]]:
-    """(captions, per-caption columns) from an OpenRLHF body; ``UserInputError`` names what is wrong."""
+def parse_request(data: Any, reward: str, *, needs_main: bool = True,
+                  strip_suffixes: Sequence[str] = ()) -> tuple[list[str], list[dict[str, Any]]]:
+    """(captions, per-caption columns) from an OpenRLHF body; ``UserInputError`` names what is wrong
+    (labels are checked by ``serve.labels``: JSON that does not parse, a wrong type, a missing column)."""
     if not isinstance(data, dict):
         raise UserInputError("body", type(data).__name__, "must be a JSON object",
                              'send {"query": [...], "prompts": [...], "labels": [...]}')
@@ -91,10 +110,12 @@ def parse_request(data: Any, reward: str) -> tuple[list[str], list[dict[str, Any
         raise UserInputError("labels", labels if not isinstance(labels, list) else f"{len(labels)} items",
                              f"must be a list of {n} labels, one per query",
                              "send one label per query (e.g. the JSON of the item's judge columns)")
-    captions = [q[len(p):] if p and q.startswith(p) else q for q, p in zip(query, prompts, strict=True)]
-    rows: list[dict[str, Any]] = [{} for _ in range(n)]
-    for i, label in enumerate(labels or []):
-        rows[i].update(_label_columns(label, reward, i))
+    for i, (q, p) in enumerate(zip(query, prompts, strict=True)):
+        if p and not q.startswith(p):  # judging the prompt as part of the caption would score the wrong text
+            raise UserInputError(f"query[{i}]", q[:80], "does not start with its prompt (prompts[i])",
+                                 "send query = prompt + response (OpenRLHF does), or the response alone with prompt ''")
+    captions = [strip_end(q[len(p):], strip_suffixes) for q, p in zip(query, prompts, strict=True)]
+    rows: list[dict[str, Any]] = [label_columns(label, reward, i) for i, label in enumerate(labels or [None] * n)]
     for key, values in data.items():
         if key in RESERVED:
             continue
@@ -104,26 +125,13 @@ def parse_request(data: Any, reward: str) -> tuple[list[str], list[dict[str, Any
                                  f"send {key!r} as a list aligned with query, or drop it")
         for i, v in enumerate(values):
             rows[i][key] = v
+    for i, row in enumerate(rows):
+        check_row(row, reward, i, needs_main=needs_main)
     keys = {frozenset(r) for r in rows}
     if len(keys) > 1:
         raise UserInputError("labels", sorted(map(sorted, keys))[:3], "items of one request give different columns",
                              "give every item of a request the same label fields")
     return captions, rows
-
-
-def _label_columns(label: Any, reward: str, i: int) -> dict[str, Any]:
-    if label is None:
-        return {}
-    value = label
-    if isinstance(label, (str, bytes)):
-        text = label.decode() if isinstance(label, bytes) else label
-        try:
-            value = json.loads(text)
-        except ValueError:
-            value = text
-    if isinstance(value, dict):
-        return dict(value)
-    return {MAIN_COLUMN[reward]: value}
 
 
 class Batcher:
@@ -251,7 +259,8 @@ def create_app(cfg: RewardServiceConfig, judge: Any) -> Starlette:
     """The ASGI app serving ``judge`` under ``cfg`` (see ``captionrl.serve``)."""
     batcher = Batcher(judge, cfg)
     records = RecordLog(cfg.records)
-    failure = math.nan if cfg.failure_value == "nan" else None
+    policy = cfg.failure_policy()
+    needs_main = cfg.reward != "scalar" or cfg.scalar.use_reference
     backend = getattr(judge, "backend", None) or getattr(getattr(judge, "answerer", None), "backend", None)
 
     async def reward(request: Request) -> Response:
@@ -263,50 +272,70 @@ def create_app(cfg: RewardServiceConfig, judge: Any) -> Starlette:
             return error_response(400, "body", None, f"is not valid JSON ({exc})",
                                   'send Content-Type: application/json with {"query": [...], ...}')
         try:
-            captions, rows = parse_request(data, cfg.reward)
+            captions, rows = parse_request(data, cfg.reward, needs_main=needs_main, strip_suffixes=cfg.strip_suffixes)
         except UserInputError as exc:
             return error_response(400, exc.field, exc.value, exc.problem, exc.fix)
         if batcher.stats.pending + len(captions) > cfg.max_pending:
             return error_response(503, "max_pending", cfg.max_pending, "the service is at capacity",
                                   "retry shortly, or start it with a larger max_pending / more replicas")
+        jobs: list[Job] = []
+
+        async def judge_subset(indices: list[int]) -> list[Judgment]:
+            job = await batcher.submit([captions[i] for i in indices], [rows[i] for i in indices])
+            jobs.append(job)
+            return job.future.result()
+
         try:
-            job = await batcher.submit(captions, rows)
-            judgments = job.future.result()
+            judgments, retries = await judge_through_outages(judge_subset, len(captions), policy)
+            settled = settle(judgments, policy, waited_s=time.perf_counter() - t0)
         except UserInputError as exc:
             return error_response(400, f"labels.{exc.field}", exc.value, exc.problem, exc.fix)
+        except (VerifierOutage, UnscorableCaption) as exc:
+            outage = isinstance(exc, VerifierOutage)
+            batcher.stats.outages += int(outage)
+            batcher.stats.refused += int(not outage)
+            records.write({"received": received, "client": request.client.host if request.client else None,
+                           "n": len(captions), "status": 503 if outage else 422, "error": str(exc),
+                           "captions": captions, "columns": sorted(rows[0])})
+            if outage:
+                return error_response(503, "verifier", exc.error, str(exc), "the engine's client retries a 503; "
+                                      "restart the verifier or add replicas, or raise outage_deadline_s",
+                                      headers={"Retry-After": str(max(1, round(policy.retry_interval_s)))})
+            return error_response(422, "unscored_reward", None, str(exc),
+                                  f"start the service with unscored_reward=<value> (see captionrl serve reward "
+                                  f"--help); the caption's error: {exc.error}")
         except Exception as exc:  # a bug in the judge: say so (HTTP 500), do not score the batch as unscored
             return error_response(500, "judge", cfg.reward, f"raised {type(exc).__name__}: {exc}",
                                   "this is a bug in captionrl: report it with the service's records")
-        scored = [j.score is not None and not math.isnan(float(j.score)) for j in judgments]
-        rewards = [float(j.score) if ok else failure for j, ok in zip(judgments, scored, strict=True)]  # type: ignore[arg-type]
-        errors = [None if ok else (j.error or "unscored") for j, ok in zip(judgments, scored, strict=True)]
-        extra: dict[str, list[float]] = {"unscored": [0.0 if ok else 1.0 for ok in scored]}
-        for name in NUMERIC_EXTRA:
-            vals = [j.extra.get(name) for j in judgments]
-            if any(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
-                extra[name] = [float(v) if isinstance(v, (int, float)) else math.nan for v in vals]
+        rewards = [s.reward for s in settled]
+        scored = [s.scored for s in settled]
+        errors = [s.error for s in settled]
+        extra = finite_logs(judgments, settled, LOG_KEYS[cfg.reward])
         batcher.stats.requests += 1
         batcher.stats.captions += len(captions)
         batcher.stats.unscored += scored.count(False)
+        batcher.stats.retries += retries
         latency = time.perf_counter() - t0
         records.write({"received": received, "client": request.client.host if request.client else None,
-                       "n": len(captions), "batch_id": job.batch_id, "batch_size": job.batch_size,
-                       "latency_s": round(latency, 4), "rewards": rewards, "errors": errors,
-                       "captions": captions, "columns": sorted(rows[0])})
-        return NaNJSONResponse({"rewards": rewards, "scores": list(rewards), "extra_logs": extra,
-                                "scored": scored, "errors": errors})
+                       "n": len(captions), "status": 200, "batch_id": jobs[0].batch_id,
+                       "batch_size": jobs[0].batch_size, "retries": retries, "latency_s": round(latency, 4),
+                       "rewards": rewards, "scored": scored, "errors": errors, "captions": captions,
+                       "columns": sorted(rows[0])})
+        return JSONReply({"rewards": rewards, "scores": list(rewards), "extra_logs": extra,
+                          "scored": scored, "errors": errors})
 
     async def health(request: Request) -> Response:
         s = batcher.stats
         body: dict[str, Any] = {"status": "ok", "reward": cfg.reward, "judge": getattr(judge, "name", None),
                                 "backend": getattr(backend, "name", None), "requests": s.requests,
-                                "captions": s.captions, "unscored": s.unscored, "batches": s.batches,
+                                "captions": s.captions, "unscored": s.unscored, "retries": s.retries,
+                                "outages": s.outages, "refused": s.refused, "batches": s.batches,
                                 "pending": s.pending, "running": s.running,
                                 "uptime_s": round(time.time() - s.started, 1)}
         status = getattr(backend, "replica_status", None)
         if callable(status):
             body["replicas"] = status()
-        return NaNJSONResponse(body)
+        return JSONReply(body)
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:

@@ -13,6 +13,8 @@ from captionrl.judges.ngram import NgramConfig
 from captionrl.judges.qa import QAConfig
 from captionrl.judges.scalar import ScalarConfig
 from captionrl.rewards.shaping import ShapingConfig
+from captionrl.serve.failure import FailurePolicy
+from captionrl.serve.text import END_OF_TURN
 
 REWARDS = ("identification", "rubric", "scalar", "answerability", "cider")
 MAIN_COLUMN = {"identification": "candidates", "rubric": "rubric", "scalar": "reference",
@@ -48,7 +50,11 @@ class RewardServiceConfig:
     max_batch: int = help_field(256, "most captions per judge call")
     max_concurrency: int = help_field(1, "judge calls running at once (raise it for an openai verifier with replicas)")
     max_pending: int = help_field(16384, "captions waiting or running before new requests get HTTP 503")
-    failure_value: str = help_field("nan", "reward of an unscored caption: nan (OpenRLHF/verl mask it) or null; never 0")
+    unscored_reward: float | None = help_field(None, "reward of a caption the judge answered for but could not score (no grade in its reply): a finite value you choose for this engine (e.g. the reward's minimum), flagged unscored and counted; null = refuse such a request (HTTP 422). Neither OpenRLHF nor verl masks NaN, so there is no NaN option (docs/engines.md)")
+    outage_deadline_s: float = help_field(60.0, "how long captions a verifier outage left unscored are re-judged before the request fails with HTTP 503 (the engine's client then retries; OpenRLHF 0.11 gives up on a request after 180 s)")
+    outage_retry_s: float = help_field(1.0, "seconds between re-judgings during an outage")
+    failure_value: str | None = help_field(None, "removed: see unscored_reward")
+    strip_suffixes: list[str] = help_field(list(END_OF_TURN), "end-of-turn texts removed from the end of each caption: OpenRLHF 0.11 decodes prompt + response with skip_special_tokens=False, so a response arrives with its EOS token as text")
     records: str | None = help_field("runs/serve/requests.jsonl", "per-request records (JSONL); null = none")
     log_level: str = help_field("warning", "uvicorn log level")
 
@@ -58,9 +64,16 @@ class RewardServiceConfig:
             from captionrl.registry import suggest
 
             raise ConfigError("reward", self.reward, "unknown reward", suggest(self.reward, list(REWARDS)))
-        if self.failure_value not in ("nan", "null"):
-            raise ConfigError("failure_value", self.failure_value, "unknown failure value",
-                              "use nan or null (an unscored caption is never 0)")
+        if self.failure_value is not None:
+            raise ConfigError("failure_value", self.failure_value, "was removed: NaN or null reach OpenRLHF and verl "
+                              "as rewards they do not mask", "drop it; set unscored_reward: <a finite value> for "
+                              "captions the judge cannot score (an outage is retried, then HTTP 503)")
+        self.failure_policy()  # rejects a non-finite unscored_reward or a negative deadline, naming the field
+
+    def failure_policy(self) -> FailurePolicy:
+        """The ``serve.failure`` policy these settings choose (one policy for every path to an engine)."""
+        return FailurePolicy(unscored_reward=self.unscored_reward, outage_deadline_s=self.outage_deadline_s,
+                             retry_interval_s=self.outage_retry_s)
         for name, ok in (("batch_window_ms", self.batch_window_ms >= 0), ("max_batch", self.max_batch >= 1),
                          ("max_concurrency", self.max_concurrency >= 1), ("max_pending", self.max_pending >= 1),
                          ("port", 0 <= self.port < 65536)):
@@ -73,7 +86,7 @@ def build_judge(cfg: RewardServiceConfig, backend: Any = None) -> Any:
     if cfg.reward == "cider":
         from captionrl.judges.ngram import NgramJudge
 
-        return NgramJudge(cfg.ngram)
+        return NgramJudge(cfg.ngram, field_prefix="ngram")  # refuses to start without the training references
     if backend is None:
         from captionrl.backends import make_backend
 

@@ -383,12 +383,14 @@ def make_judge(cfg: RubicapConfig, backend: Any) -> Any:
 
 
 def make_reward_judge(cfg: RubicapConfig, backend: Any, rows: Sequence[Mapping[str, Any]]) -> Any:
-    """The judge of ``reward.family``; CIDEr-D fits its document frequencies on the training references."""
+    """The judge of ``reward.family``; CIDEr-D fits its document frequencies once, here, on the training
+    references (``reward.cider.references`` when set, else the run's training rows), never per batch."""
     family = cfg.reward.family
     if family == "cider":
         from captionrl.judges.ngram import NgramJudge
 
-        return NgramJudge(cfg.reward.cider, corpus=[list(r["references"]) for r in rows])
+        own = None if cfg.reward.cider.references else [list(r["references"]) for r in rows]  # fitted once, here
+        return NgramJudge(cfg.reward.cider, corpus=own, field_prefix="reward.cider")
     if family == "likert":
         from captionrl.judges.scalar import ScalarJudge
 
