@@ -41,7 +41,7 @@ from captionrl.domains.scenes import rubric_from_facts
 from captionrl.errors import ConfigError, DataError
 from captionrl.judges import prompts as P
 from captionrl.judges.base import Columns, require_columns, unscored
-from captionrl.judges.roles import generator_messages, judge_messages
+from captionrl.judges.roles import generator_messages, judge_messages, rubric_schema, structured
 from captionrl.judges.rubric import RubricJudge, parse_rubric_reply
 from captionrl.records import RecordWriter
 from captionrl.types import Judgment, RubricItem
@@ -302,13 +302,14 @@ class OnlineRubricJudge:
                 _references(columns["references"][i]), [captions[j] for j in g.subset], image, image_text,
                 with_image=cfg.with_image)
         pending = list(groups)
+        schema = structured(rubric_schema(cfg.min_items, cfg.max_items))  # in-process Generators decode under it
         with self.roles("generator") as backend:
             for attempt in range(cfg.max_attempts):
                 if not pending:
                     break
                 temp = 0.0 if attempt == 0 else cfg.retry_temperature
                 seeds = [None if attempt == 0 else stable_int(f"{g.subset_seed}|{attempt}") for g in pending]
-                reqs = [ChatRequest(prompts[id(g)], max_new_tokens=cfg.max_new_tokens, temperature=temp, seed=s)
+                reqs = [ChatRequest(prompts[id(g)], max_new_tokens=cfg.max_new_tokens, temperature=temp, seed=s, **schema)
                         for g, s in zip(pending, seeds, strict=True)]
                 gens = backend.generate(reqs)
                 still = []

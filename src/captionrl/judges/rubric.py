@@ -331,11 +331,10 @@ class RubricJudge:
         return [{"role": "user", "content": P.JUDGE_GENERATE_TEMPLATE.format(caption=caption.strip(), criteria=crits)}]
 
     def _generate(self, caption: str, rubric: Sequence[RubricItem]) -> tuple[list[bool] | None, dict, str | None]:
-        from captionrl.judges.roles import judgment_schema, response_format
+        from captionrl.judges.roles import judgment_schema, structured
 
-        fmt = response_format(judgment_schema(len(rubric)), self.structured_output)
-        gen = self.backend.generate([ChatRequest(self.generate_prompt(caption, rubric),
-                                                 max_new_tokens=self.max_new_tokens, response_format=fmt)])[0]
+        gen = self.backend.generate([ChatRequest(self.generate_prompt(caption, rubric), max_new_tokens=self.max_new_tokens,
+                                                 **structured(judgment_schema(len(rubric)), self.structured_output))])[0]
         extra: dict[str, Any] = {"raw": gen.text}
         if gen.text is None:
             return None, extra, f"backend error: {gen.error}"

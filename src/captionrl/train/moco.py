@@ -278,20 +278,31 @@ def _rng_untouched() -> Iterator[None]:
         yield
 
 
+def served_by(momentum: Any, role: str) -> str:
+    """Which weights play ``role``: ``momentum:adapter=<name>`` (LoRA: the adapter switched on for the
+    request) or ``momentum:copy=<slot>`` (a full copy: ``ema``, or ``frozen`` for the one-sided variants).
+    It names the backend, so every rubric record's ``source`` says which weights wrote that rubric."""
+    if hasattr(momentum, "adapter_for"):
+        return f"momentum:adapter={momentum.adapter_for(role)}"
+    return f"momentum:copy={momentum.settings.slot_for(role)}"
+
+
 def momentum_roles(box: Mapping[str, Any], processing: Any, batch_size: int = 8) -> RoleServer:
-    """Serve each role from the momentum model (``box["momentum"]``, set once the trainer exists)."""
+    """Serve each role from the momentum model (``box["momentum"]``, set once the trainer exists); the
+    backend's name is ``served_by`` (one backend per model and weights, so compiled grammars are reused)."""
     from captionrl.backends.hf import HFBackend
 
-    cache: dict[int, Any] = {}
+    cache: dict[tuple[int, str], Any] = {}
 
     @contextlib.contextmanager
     def serve(role: str) -> Iterator[Any]:
         momentum = box["momentum"]
+        label = served_by(momentum, role)
         with momentum.serving(role) as model, _rng_untouched():
-            backend = cache.get(id(model))
+            backend = cache.get((id(model), label))
             if backend is None:
-                backend = HFBackend.from_model(model, processing, name="momentum", batch_size=batch_size)
-                cache[id(model)] = backend
+                backend = HFBackend.from_model(model, processing, name=label, batch_size=batch_size)
+                cache[(id(model), label)] = backend
             yield backend
 
     return serve
