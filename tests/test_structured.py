@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -133,3 +134,56 @@ def test_without_the_constraint_the_random_model_writes_no_valid_reply(tiny):
     for g in free.generate(reqs):
         with pytest.raises(ValueError):
             parse_generator_reply(g.text, 2, 3)
+
+
+# ---------------------------------------------------------------------- the recipes' roles in process
+@pytest.mark.slow
+def test_rubicap_writer_and_generate_judge_in_process_produce_records_the_recipe_accepts(tiny, tmp_path):
+    """RubiCap's ``rubrics build`` (committee captions -> writer) and its generate-mode rubric reward, both
+    on the random model: every stored rubric validates, every caption is scored by the reward's formula."""
+    from captionrl.domains.image_data import ImageDataConfig, load_image_items
+    from captionrl.judges.rubric import RubricJudge, RubricStore
+    from captionrl.judges.rubric_build import RubricWriter, build_rubrics
+
+    items = load_image_items(ImageDataConfig(source="scenes", n=2, image_size=96), seed=0).items
+    writer = RubricWriter(tiny, max_attempts=3, max_new_tokens=rubric_budget(3), min_items=2, max_items=3,
+                          with_image=True)
+    assert writer.structured["json_schema"]["maxItems"] == 3 and writer.structured["response_format"] is None
+    summary = build_rubrics(items, teachers=[tiny], writer=writer, out_dir=tmp_path / "rubrics", max_new_tokens=16,
+                            progress=False)
+    store = RubricStore(tmp_path / "rubrics" / "rubrics.jsonl")
+    assert len(store) == 2 and all(store.get(str(it.id)) is not None for it in items), summary  # all parsed
+
+    judge = RubricJudge(tiny, mode="generate", store=store, max_new_tokens=judgment_budget(3))
+    caps = ["Two red circles on a white background.", "A blue square."]
+    got = judge.judge(caps, {"item_id": [str(it.id) for it in items]})
+    for j, it in zip(got, items, strict=True):
+        assert j.scored, j.error
+        rubric = store.get(str(it.id))
+        decisions = [d["decision"] == "yes" for d in json.loads(j.extra["raw"])]
+        assert j.score == pytest.approx(sum(r.weight for r, d in zip(rubric, decisions, strict=True) if d)
+                                        / sum(r.weight for r in rubric))
+
+
+@pytest.mark.slow
+def test_moco_records_in_process_writer_and_judge_are_accepted_by_train_moco_sft(tiny, tmp_path):
+    """``moco records`` with the random model as teacher, writer and judge (language-only: the image's text
+    rendering), then the multi-role SFT rows built from them: nothing rejected, nothing dropped."""
+    from captionrl.config import load_config
+    from captionrl.records import read_jsonl
+    from captionrl.train.moco_records import MocoRecordsConfig, build_records
+    from captionrl.train.sft import RoleRecords, build_multirole_rows
+
+    spec = {"kind": "hf", "model": "tiny-qwen3-vl", "dtype": "float32"}
+    cfg = load_config(MocoRecordsConfig, None, [
+        f"out_dir={tmp_path / 'rec'}", "data.n_train=2", "data.image_size=96", "samples=2", "max_attempts=3",
+        f"teachers=[{json.dumps(spec)}]", f"writer={json.dumps(spec)}", "image_text=references", "n_candidates=2",
+        "min_items=2", "max_items=3", "caption_max_new_tokens=16", f"writer_max_new_tokens={rubric_budget(3)}",
+        f"judge_max_new_tokens={judgment_budget(3)}"])
+    s = build_records(cfg, [tiny], tiny, tiny)
+    assert s["records"] == {"captions": 4, "rubrics": 2, "judgments": 4} and s["rejected_this_run"] == {}, s
+    out = Path(cfg.out_dir)
+    for r in read_jsonl(out / "rubrics.jsonl"):
+        assert parse_generator_reply(r["raws"][-1], 2, 3)[0].to_dict() == r["rubric"][0]
+    rows = build_multirole_rows(RoleRecords.from_files(out / "captions.jsonl", out / "rubrics.jsonl", out / "judgments.jsonl"))
+    assert [r["role"] for r in rows].count("judge") == 4 and len(rows) == 4 + 2 + 4

@@ -11,6 +11,10 @@ captions under the same yardstick. TRL hands a reward function the G completions
 each other (facts.md), so groups are the runs of equal ``item_id`` (cut into ``group_size`` chunks when
 the same item occurs twice in a row).
 
+Each Generator request carries the rubric JSON schema (``judges.roles.rubric_schema``), so an in-process
+Generator decodes under it (``backends.structured``) and its reply is complete JSON of the right shape;
+the parser still checks what a schema cannot state (no repeated criterion, no copied example item).
+
 Failure handling (design.md: an outage is never a 0): a Generator reply that fails the rubric schema is
 retried (attempt 1 greedy, retries sampled with recorded seeds); if every attempt fails, every caption
 of the group is *unscored* (``Judgment(score=None)``), unless ``fallback="facts"`` is chosen, which

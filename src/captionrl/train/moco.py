@@ -4,7 +4,10 @@ MoCo Rubric (paper §3.3): GRPO updates the Policy only. For each group of G cap
 writes a rubric from the image, two references and a seeded subset of 4 current captions, and a
 text-only Judge scores all G captions against it (``judges.online_rubric``). Generator and Judge are
 served by the *momentum* model, an EMA of the Policy (``captionrl.momentum``): with a LoRA Policy the
-``momentum`` adapter on the same base weights, otherwise a full copy. One switch, ``momentum.variant``,
+``momentum`` adapter on the same base weights, otherwise a full copy. Both decode under their JSON schemas
+(the rubric and the judgment schema of ``judges.roles``; ``backends.structured``), and the backend that
+serves a role is named after its weights (``served_by``: ``momentum:adapter=momentum``), so each rubric
+record's ``source`` says which weights wrote it. One switch, ``momentum.variant``,
 runs the paper's ablations (joint, generator_only, judge_only, full_sync, frozen); ``momentum.m`` and
 ``momentum.interval`` (H) are checked against TRL's reward interval, so the momentum never changes
 inside a generation batch whose rewards were already computed. ``MomentumCallback`` applies the EMA
@@ -116,7 +119,7 @@ class MocoJudgeConfig(RubricJudgeSettings):
     def factory(self, backend: Any) -> MocoRubricJudge:
         return MocoRubricJudge(backend, mode=self.mode, decision=self.decision, threshold=self.threshold,  # type: ignore[arg-type]
                                max_new_tokens=self.max_new_tokens, name=f"moco-judge-{self.mode}",
-                               structured_output=self.structured_output)
+                               structured_output=self.structured_output, temperature=self.temperature)
 
 
 @dataclass
@@ -455,8 +458,8 @@ def separate_state(cfg: MocoConfig) -> dict[str, Any]:
 
 def run(cfg: MocoConfig, wrap_roles: Callable[[RoleServer], RoleServer] | None = None) -> dict[str, Any]:
     """Train (MoCo or EvoLM), save, plot; returns what the result file holds, with the step time.
-    ``wrap_roles`` wraps the momentum role server (rehearsals: a scripted stand-in for one role, entered
-    inside the momentum's own serving context)."""
+    ``wrap_roles`` wraps the momentum role server (the rehearsal records which weights served each role
+    request through it; a wrapper is entered inside the momentum's own serving context)."""
     recipe = MocoRecipe(cfg, wrap_roles)
     if cfg.method == "evolm":
         prepared = prepare(recipe)
