@@ -104,23 +104,34 @@ def test_random_model_writes_one_decision_per_item_in_order_every_time(tiny):
 
 
 @pytest.mark.slow
-def test_mixed_batch_constrains_only_the_rows_with_a_schema_and_caches_grammars(tiny):
+def test_mixed_batch_constrains_each_row_to_its_own_schema_and_caches_grammars(tiny, monkeypatch):
     from captionrl.backends.structured import grammar_cache, model_vocab_size
 
     cache = grammar_cache(tiny.tokenizer, model_vocab_size(tiny.model))
     before = cache.compiled
-    schema = judgment_schema(2)
-    reqs = [ChatRequest(judge_messages(RUBRIC[:2], "A red circle."), max_new_tokens=judgment_budget(2), temperature=1.0,
-                        seed=10 + i, **structured(schema)) for i in range(3)]
-    free = ChatRequest(WRITER, max_new_tokens=24, temperature=1.0, seed=9)
-    gens = tiny.generate([reqs[0], free, reqs[1], reqs[2]])  # one generate() call: rows differ in constraint
-    for g in (gens[0], gens[2], gens[3]):
-        parse_judge_reply(g.text, 2)
+    batches: list[int] = []
+    generate = tiny.model.generate
+
+    def counting(*a, **kw):
+        batches.append(int(kw["input_ids"].shape[0]))
+        return generate(*a, **kw)
+
+    monkeypatch.setattr(tiny.model, "generate", counting)
+    budget = judgment_budget(3)  # same settings for every row, so the four share one generate() call
+    reqs = [ChatRequest(judge_messages(RUBRIC[:2], "A red circle."), max_new_tokens=budget, **structured(judgment_schema(2))),
+            ChatRequest(WRITER, max_new_tokens=budget),
+            ChatRequest(judge_messages(RUBRIC, "Two red circles."), max_new_tokens=budget, **structured(judgment_schema(3))),
+            ChatRequest(judge_messages(RUBRIC[:2], "A blue square."), max_new_tokens=budget, **structured(judgment_schema(2)))]
+    gens = tiny.generate(reqs)
+    assert batches == [4]
+    for g, n in ((gens[0], 2), (gens[2], 3), (gens[3], 2)):
+        assert len(parse_judge_reply(g.text, n)[0]) == n
     with pytest.raises(ValueError):
         parse_judge_reply(gens[1].text, 2)  # the free row is the random model's own noise
-    assert cache.compiled - before <= 1  # one schema, compiled at most once (here or by an earlier test)
+    assert cache.compiled - before <= 2  # two schemas, each compiled at most once (here or by an earlier test)
+    compiled = cache.compiled
     tiny.generate(reqs[:1])
-    assert cache.compiled - before <= 1
+    assert cache.compiled == compiled and batches == [4, 1]  # the second call reuses the compiled grammar
 
 
 @pytest.mark.slow
