@@ -83,10 +83,12 @@ def main() -> None:
             mask_s += timer.seconds
             try:
                 parse_generator_reply(g.text, 3, args.max_items)
-                ok = True
-            except ValueError:
-                ok = False
+                ok, why = True, ""
+            except ValueError as exc:  # what the recipe's parser says of this reply
+                ok, why = False, str(exc)[:160]
             rows[path].append((len(tok(g.text or "", add_special_tokens=False)["input_ids"]), dt, g.finish_reason or "?", ok))
+            if why:
+                print(f"{path}: not a usable rubric: {why}")
     print(f"model {backend.name} (float32, batch 1), rubric schema 3..{args.max_items} items, budget "
           f"{args.max_new_tokens} tokens, {args.rounds} round(s); grammar compile {compile_s:.3f} s (once per schema)")
     print(f"{'path':<12} {'tokens':>7} {'seconds':>8} {'ms/token':>9} {'512-token rubric s':>19} {'parses':>7}  finish")
