@@ -1,96 +1,114 @@
-"""Rehearsal of MoCo Rubric's paper path on CPU (README "The papers' paths" and docs/paper-paths.md, steps 1-4):
+"""Rehearsal of MoCo Rubric's paper path on CPU (README "The papers' paths" and docs/paper-paths.md, steps
+1-4), every model role played by a tiny randomly initialised Qwen3-VL (the paper's family: real processor,
+chat template, TRL collation), in process, nothing scripted and nothing served:
 
-1. ``captionrl moco records``: caption teacher, rubric writer and judge teacher served over HTTP (the
-   llama.cpp test server with the embedded SmolLM2, constrained to each reply's JSON schema) write the
-   caption / rubric / judgment records of real PNG images (scenes written by the command);
-2. ``captionrl train moco-sft`` on those records: shared multi-role SFT of a tiny randomly initialised
-   Qwen3-VL (the paper's family: real processor, chat template and TRL collation);
+1. ``captionrl moco records``: the tiny model is caption teacher, rubric writer and judge teacher of real
+   PNG images (scenes written by the command), its rubric and judgment replies decoded under their JSON
+   schemas (``backends.structured``) and read by the recipe's own parsers;
+2. ``captionrl train moco-sft`` on those records: the shared multi-role SFT;
 3. ``captionrl train moco`` with ``configs/moco-paper.yaml`` on the SFT checkpoint (models and sizes
-   replaced): 2 GRPO steps with online rubrics, the Judge in the paper's generate mode, EMA updates;
+   replaced): 2 GRPO steps in which the *momentum* LoRA adapter (the config's ``lora: true`` with
+   ``momentum.implementation: auto``) writes each group's rubric from the image and judges every caption
+   against it in the paper's generate mode, both under their schemas, and the EMA moves that adapter;
 4. evaluation: the run's own held-out check (CIDEr-D of greedy captions) and a pairwise comparison of the
-   trained and the initial captioner by the HTTP judge.
+   trained and the initial captioner in both orders.
 
-What is scripted, and why: a random 4-layer Qwen cannot write rubric or judgment JSON, so inside the RL
-run the Generator role is a scripted writer *entered in the momentum model's serving context* (so the
-rubric is written while the EMA parameters serve the role), and the generate-mode Judge is SmolLM2 over
-HTTP. Everything else is the shipped code path.
+An observer wraps the momentum role server only to record, per request, the role, the backend's name and
+the adapter active on the model at the moment of the call, and the replies; it changes nothing served.
+Budgets are set so a complete reply always fits (every token of plain schema text carries >= 1 character),
+so a random model's reply can only fail the parsers' rules beyond the schema (a repeated criterion), which
+the Generator's sampled retry handles, as it would for a real model.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from captionrl.backends.base import Generation
 from captionrl.config import load_config
 from captionrl.records import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
+ITEMS, MAX_CHARS, REASON_CHARS = 2, 160, 100
+RUBRIC_TOKENS = ITEMS * (2 * MAX_CHARS + 48) + 2  # the longest reply rubric_schema(2, 2) allows, in characters
+JUDGE_TOKENS = ITEMS * (REASON_CHARS + 48) + 2  # the longest judgment_schema(2) reply
+TINY = {"kind": "hf", "model": "tiny-qwen3-vl", "dtype": "float32", "batch_size": 8}
 
-class ScriptedGenerator:
-    """A stand-in Generator: a valid rubric built from the prompt's reference captions (the issue allows a
-    scripted Generator for the assertion that a group is scored with a generated rubric)."""
 
-    name = "scripted-generator"
+class Observer:
+    """Wraps the momentum role server and records every role request (it serves what it was given)."""
 
     def __init__(self) -> None:
-        self.calls = 0
+        self.calls: list[dict] = []
 
-    def generate(self, requests):
-        out = []
-        for r in requests:
-            self.calls += 1
-            text = " ".join(p.get("text", "") for p in r.messages[0]["content"]) if isinstance(
-                r.messages[0]["content"], list) else r.messages[0]["content"]
-            ref = re.search(r"Reference caption 1: (.*)", text).group(1)
-            words = [w.strip(".,") for w in ref.split() if len(w) > 3][:3] or ["shape", "colour", "count"]
-            out.append(Generation(text=json.dumps([
-                {"criterion": f"The caption mentions {w}", "test": f"Yes if the caption says {w}.", "weight": 3 - i % 3}
-                for i, w in enumerate(dict.fromkeys(words))] + [
-                {"criterion": "The caption states the background", "test": "Yes if a background is named.", "weight": 1}])))
-        return out
+    def wrap(self, momentum_roles):
+        observer = self
+
+        class Recording:
+            def __init__(self, role, backend) -> None:
+                self.role, self.backend, self.name = role, backend, backend.name
+
+            def generate(self, requests):
+                adapter = self.backend.model.active_adapter  # the weights switched on for this very call
+                gens = self.backend.generate(requests)
+                for r, g in zip(requests, gens, strict=True):
+                    observer.calls.append({"role": self.role, "backend": self.name, "adapter": adapter,
+                                           "schema": r.json_schema, "text": g.text, "finish": g.finish_reason})
+                return gens
+
+            def __getattr__(self, name):
+                return getattr(self.backend, name)
+
+        @contextlib.contextmanager
+        def serve(role):
+            with momentum_roles(role) as backend:
+                yield Recording(role, backend)
+
+        return serve
 
 
-class CountingJudge:
-    """The HTTP judge, counting requests and keeping their response formats."""
-
-    def __init__(self, backend) -> None:
-        self.backend, self.name, self.formats = backend, f"http-{backend.name}", []
-
-    def generate(self, requests):
-        self.formats += [r.response_format for r in requests]
-        return self.backend.generate(requests)
+def _score(rubric, reply):
+    """The rubric reward's formula, from the Judge's raw reply: sum(w * yes) / sum(w)."""
+    decisions = [d["decision"] == "yes" for d in json.loads(reply)]
+    weights = [r["weight"] for r in rubric]
+    return sum(w for w, d in zip(weights, decisions, strict=True) if d) / sum(weights)
 
 
-def test_moco_paper_path_records_sft_grpo_eval(tmp_path, llama_server, monkeypatch):
-    from captionrl.train import moco
+def test_moco_paper_path_with_the_momentum_model_in_every_role(tmp_path, monkeypatch):
+    from captionrl.eval.pairwise import PairwiseEvalConfig
+    from captionrl.eval.pairwise import run as pairwise_run
+    from captionrl.judges.ngram import CiderD
+    from captionrl.judges.online_rubric import parse_generator_reply
+    from captionrl.judges.rubric import parse_judge_reply
+    from captionrl.train import common, moco
     from captionrl.train.curves import load_metrics
+    from captionrl.train.image_checks import greedy_captions
     from captionrl.train.moco_records import MocoRecordsConfig, build_records
     from captionrl.train.sft import SFTRunConfig
     from captionrl.train.sft import run as sft_run
 
     monkeypatch.chdir(tmp_path)
-    server = {"kind": "openai", "model": "smollm2", "base_url": llama_server.base_url, "timeout_s": 120}
-    data = ["data.source=scenes", "data.n_train=2", "data.image_size=96", "data.max_groups=1", "data.scene_seed=0"]
+    data = [f"data.n_train={ITEMS}", "data.source=scenes", "data.image_size=96", "data.max_groups=1", "data.scene_seed=0"]
 
-    # 1. records: teachers over HTTP
+    # 1. records: the tiny model in process as teacher, writer and judge
     rec_cfg = load_config(MocoRecordsConfig, None, [
-        "out_dir=records", *data, f"teachers=[{json.dumps(server)}]", f"writer={json.dumps(server)}",
-        "samples=2", "n_candidates=2", "min_items=2", "max_items=3", "max_attempts=2", "image_text=references",
-        "structured_output=json_object", "caption_max_new_tokens=40", "writer_max_new_tokens=200",
-        "judge_max_new_tokens=120"])
+        "out_dir=records", *data, f"teachers=[{json.dumps(TINY)}]", f"writer={json.dumps(TINY)}",
+        "samples=2", "n_candidates=2", "min_items=2", f"max_items={ITEMS}", "max_attempts=3", "image_text=none",
+        "caption_max_new_tokens=24", f"writer_max_new_tokens={RUBRIC_TOKENS}", f"judge_max_new_tokens={JUDGE_TOKENS}"])
     rec = build_records(rec_cfg)
-    counts = rec["records"]
-    assert counts["captions"] == 4 and counts["rubrics"] >= 1 and counts["judgments"] >= 1, rec
-    total_judgeable = 2 * counts["rubrics"]
-    assert counts["judgments"] + rec["rejected_this_run"].get("judgment", 0) == total_judgeable, "no silent drop"
-    assert counts["rubrics"] + rec["rejected_this_run"].get("rubric", 0) == 2
+    counts, rejected = rec["records"], rec["rejected_this_run"]
+    assert counts["captions"] == 2 * ITEMS, rec
+    assert counts["rubrics"] == ITEMS and rejected.get("rubric", 0) == 0, rec  # every image got a parsed rubric
+    assert counts["judgments"] == 2 * ITEMS and rejected.get("judgment", 0) == 0, rec  # every caption judged
+    for r in read_jsonl(Path("records/rubrics.jsonl")):
+        assert all(json.loads(raw) is not None for raw in r["raws"])  # every attempt is schema-valid JSON
+        assert parse_generator_reply(r["raws"][-1], 2, ITEMS)[0].to_dict() == r["rubric"][0]
     caps = list(read_jsonl(Path("records/captions.jsonl")))
     assert all(Path(c["image"]).read_bytes()[:4] == b"\x89PNG" for c in caps)
 
@@ -99,61 +117,108 @@ def test_moco_paper_path_records_sft_grpo_eval(tmp_path, llama_server, monkeypat
         "recipe=moco-sft", "policy.model=tiny-qwen3-vl", "policy.dtype=float32",
         "data.captions=records/captions.jsonl", "data.rubrics=records/rubrics.jsonl",
         "data.judgments=records/judgments.jsonl", "train.out_dir=sft", "train.max_steps=2",
-        "train.per_device_train_batch_size=2", "train.max_length=1024", "train.report_to=[]", "train.save_steps=2",
+        "train.per_device_train_batch_size=2", "train.max_length=2048", "train.report_to=[]", "train.save_steps=2",
         "train.logging_steps=1", "train.learning_rate=0.001", "train.use_cpu=true", "train.bf16=false",
         "train.gradient_checkpointing=false"])
     sft = sft_run(sft_cfg)
-    assert sft["rows"] == {"policy": 4, "generator": counts["rubrics"], "judge": counts["judgments"]}
+    assert sft["rows"] == {"policy": 2 * ITEMS, "generator": ITEMS, "judge": 2 * ITEMS}
     assert sft["steps"] == 2 and sft["train_loss"] > 0 and Path(sft["model"], "config.json").is_file()
 
-    # 3. MoCo Rubric with the paper config on the SFT checkpoint
-    gen = ScriptedGenerator()
-    judge = CountingJudge(llama_server.backend())
-    served: list[tuple[str, str]] = []
-
-    def wrap(momentum_roles):
-        @contextlib.contextmanager
-        def serve(role):
-            with momentum_roles(role) as momentum_backend:  # the EMA parameters serve this role now
-                served.append((role, momentum_backend.name))
-                yield gen if role == "generator" else judge
-
-        return serve
-
+    # 3. MoCo Rubric with the paper config on the SFT checkpoint: the momentum adapter writes and judges
+    observer = Observer()
     cfg = load_config(moco.CONFIG, ROOT / "configs" / "moco-paper.yaml", [
         f"policy.model={sft['model']}", "policy.dtype=float32", "policy.lora_r=4", "policy.lora_alpha=8",
         *data, "train.num_generations=4", "train.per_device_train_batch_size=4",
         "train.gradient_accumulation_steps=1", "train.max_completion_length=8", "train.max_steps=2",
         "train.save_steps=2", "train.report_to=[]", "train.threads=1", "train.use_cpu=true", "train.bf16=false",
         "train.gradient_checkpointing=false", "train.learning_rate=0.001", "train.out_dir=moco",
-        "rubric.max_new_tokens=64", "judge.max_new_tokens=160", "judge.structured_output=json_object",
-        # No preflight here: its requests shift the served judge's sampling, and with 2 groups of 2 captions
-        # both steps then got equal rewards (no update, EMA distance 0). tests/test_moco_preflight.py runs it.
+        "rubric.min_items=2", f"rubric.max_items={ITEMS}", f"rubric.max_new_tokens={RUBRIC_TOKENS}",
+        f"judge.max_new_tokens={JUDGE_TOKENS}",
+        # A greedy Judge with near-random weights answers every caption alike (all "yes": no advantage, no
+        # update); sampling its reply (seeds recorded) gives the groups unequal scores, so GRPO moves.
+        "judge.temperature=1.0",
+        # tests/test_moco_preflight.py runs the preflight; here it would only add minutes of generation.
         "train.preflight_items=0"])
-    assert (cfg.judge.mode, cfg.rubric.fallback, cfg.momentum.m, cfg.momentum.variant) == ("generate", "none", 0.99, "joint")
-    result = moco.run(cfg, wrap_roles=wrap)
+    assert (cfg.judge.mode, cfg.rubric.fallback, cfg.momentum.m, cfg.momentum.variant, cfg.policy.lora) == (  # the paper's
+        "generate", "none", 0.99, "joint", True)
+    result = moco.run(cfg, wrap_roles=observer.wrap)
+    assert result["momentum"]["implementation"] == "LoraAdapterMomentum" and result["momentum"]["updates"] == 2
+
+    # Every role request was served by the momentum adapter, under its schema.
+    gen_calls = [c for c in observer.calls if c["role"] == "generator"]
+    judge_calls = [c for c in observer.calls if c["role"] == "judge"]
+    assert gen_calls and judge_calls
+    assert {(c["backend"], c["adapter"]) for c in observer.calls} == {("momentum:adapter=momentum", "momentum")}
+    assert all(c["schema"] is not None and c["schema"]["maxItems"] == ITEMS for c in gen_calls)
+    assert all(c["schema"] is not None and len(c["schema"]["prefixItems"]) == ITEMS for c in judge_calls)
+    assert all(c["finish"] == "stop" for c in observer.calls), "every reply completed within its budget"
+    assert all(isinstance(json.loads(c["text"]), list) for c in observer.calls), "every reply is schema-valid JSON"
+
+    # Each group was scored with a rubric the momentum model wrote; every caption was judged.
+    groups = list(read_jsonl(Path("moco/rubrics.rank0.jsonl")))
+    assert [g["step"] for g in groups] == [0, 1]
+    assert sum(g["attempts"] for g in groups) == len(gen_calls)
+    for g in groups:
+        assert g["source"] == "generator:momentum:adapter=momentum" and g["rubric"] is not None
+        assert [r.to_dict() for r in parse_generator_reply(g["raws"][-1], 2, ITEMS)] == g["rubric"]
+        assert len(g["scores"]) == 4 and all(s is not None for s in g["scores"])
+    replies = [c["text"] for c in judge_calls]
+    assert len(replies) == 4 * len(groups)
+    for k, g in enumerate(groups):
+        for j, s in enumerate(g["scores"]):
+            reply = replies[4 * k + j]
+            parse_judge_reply(reply, ITEMS)
+            assert s == pytest.approx(_score(g["rubric"], reply))
+
+    # GRPO moved the Policy where a group's scores differed; the EMA trails it.
     metrics = [m for m in load_metrics(Path("moco/metrics.jsonl")) if "reward" in m]
     assert [m["step"] for m in metrics] == [1, 2]
-    # A group whose captions all tie gets no advantage, so the Policy (and the EMA) stay put that step: the
-    # judge is a real served model and ties happen. Where the Policy moved, the EMA must trail it.
-    moved = [m["momentum/policy_to_initial"] > 0 for m in metrics]
-    assert any(moved), f"no group of 4 captions had unequal rewards: {metrics}"
-    for m, mv in zip(metrics, moved, strict=True):
-        if mv:
-            assert m["momentum/distance"] > 0, "the EMA follows the Policy with a lag"
+    for m, g in zip(metrics, groups, strict=True):
+        assert m["reward"] == pytest.approx(np.mean(g["scores"]), abs=1e-6)
+        assert m["rubric/generator_valid_frac"] == 1.0 and m["rubric/unscored_groups_frac"] == 0.0
+        if len(set(g["scores"])) > 1:
+            assert m["momentum/policy_to_initial"] > 0 and m["momentum/distance"] > 0
             assert m["momentum/momentum_to_initial"] < m["momentum/policy_to_initial"]
         else:
-            assert m["momentum/distance"] == 0 and m["frac_reward_zero_std"] == 1.0
-    if all(moved):
-        assert metrics[0]["momentum/distance"] < metrics[1]["momentum/distance"], "the lag grows while the Policy moves"
-    assert result["momentum"]["updates"] == 2
-    groups = list(read_jsonl(Path("moco/rubrics.rank0.jsonl")))
-    assert len(groups) == 2 and all(g["source"] == "generator:scripted-generator" for g in groups)
-    scored = [g for g in groups if any(s is not None for s in g["scores"])]
-    assert scored, "at least one group is scored with the momentum Generator's rubric by the generate-mode Judge"
-    assert all(0.0 <= s <= 1.0 for g in scored for s in g["scores"] if s is not None)
-    assert gen.calls >= 2 and len(judge.formats) >= 4 and set(served) == {("generator", "momentum"), ("judge", "momentum")}
+            assert m["frac_reward_zero_std"] == 1.0
+    assert any(len(set(g["scores"])) > 1 for g in groups), f"no group had unequal scores: {groups}"
 
-    # 4. evaluation: the run's own held-out check was written
-    assert Path("moco/eval/final_checks.md").is_file()
-    assert all(f["type"] == "json_object" and f["schema"]["minItems"] == f["schema"]["maxItems"] for f in judge.formats)
+    # 4a. the run's own held-out check: CIDEr-D of the trained Policy's greedy captions, recomputed
+    checks = json.loads(Path("moco/eval/final_checks.json").read_text())
+    trained = next(r for r in checks["rows"] if r["system"] == "trained")
+    assert trained["n"] == ITEMS and "cider_d" in checks["held_out"]
+    rows = moco.build_rows(cfg)
+    refs = {r["item_id"]: r["references"] for r in rows}
+    cider = CiderD().fit([list(v) for v in refs.values()])
+    ex = checks["examples"]
+    assert trained["cider_d"] == pytest.approx(np.mean([cider.score(ex[i], refs[i]) for i in ex]), abs=1e-4)
+    assert trained["length_chars"] == pytest.approx(np.mean([len(c) for c in ex.values()]), abs=0.05)
+
+    # 4b. pairwise: trained vs initial captioner, both orders, judged by the SFT model (letter probabilities)
+    def caption_file(name, model_path, adapter=None):
+        policy = common.PolicyConfig(model=model_path, dtype="float32", lora=False)
+        model, processing, _ = common.load_policy(policy)
+        if adapter:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+        caps, _ = greedy_captions(model, processing, rows, 24, name)
+        path = Path(f"{name}.jsonl")
+        path.write_text("".join(json.dumps({"id": i, "caption": c, "reference": refs[i][0]}) + "\n" for i, c in caps.items()))
+        return f"{name}={path}"
+
+    systems = [caption_file("trained", sft["model"], result["model"]), caption_file("initial", sft["model"])]
+    pw = pairwise_run(PairwiseEvalConfig(captions=systems, baseline="initial", judge=f"hf:{sft['model']},dtype=float32",
+                                         mode="choose", out="pairwise"))
+    records = list(read_jsonl(Path("pairwise/records.jsonl")))
+    assert len(records) == 2 * ITEMS and {r["order"] for r in records} == {1, 2}
+    for item in refs:
+        orders = {r["order"]: r for r in records if r["id"] == item}
+        assert (orders[1]["system_a"], orders[2]["system_a"]) == ("trained", "initial")  # both orders
+    assert all(r["valid"] and r["method"] == "logits" for r in records)
+    row = next(r for r in pw.rows if r["system"] == "trained")
+    wins = sum(r["winner"] == "trained" for r in records)
+    ties = sum(r["winner"] == "tie" for r in records)
+    assert (row["wins"], row["ties"], row["losses"]) == (wins, ties, len(records) - wins - ties)
+    assert row["win_rate"] == pytest.approx((wins + ties / 2) / len(records))
+    assert row["caparena"] == row["wins"] - row["losses"]

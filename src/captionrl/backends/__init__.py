@@ -24,6 +24,7 @@ class BackendConfig:
     device: str = help_field("cpu", "hf: cpu, cuda, cuda:N or auto")
     dtype: str = help_field("auto", "hf: auto (bf16 on GPUs and CPUs with native bf16, float32 elsewhere), float32, bfloat16 or float16")
     batch_size: int = help_field(8, "hf: requests per forward pass")
+    constrain: bool = help_field(True, "hf: decode a JSON role's reply under its schema (xgrammar); false only to measure unconstrained decoding")
     concurrency: int = help_field(8, "openai: requests in flight at once")
     timeout_s: float = help_field(120.0, "openai: seconds before a request is abandoned and retried")
     max_retries: int = help_field(3, "openai: retries on 429/5xx/connection errors (exponential backoff)")
@@ -57,7 +58,7 @@ class BackendConfig:
 def _make_hf(cfg: BackendConfig) -> Backend:
     from captionrl.backends.hf import HFBackend
 
-    return HFBackend(cfg.model, device=cfg.device, dtype=cfg.dtype, batch_size=cfg.batch_size)
+    return HFBackend(cfg.model, device=cfg.device, dtype=cfg.dtype, batch_size=cfg.batch_size, constrain=cfg.constrain)
 
 
 @BACKENDS.register("openai")

@@ -79,6 +79,9 @@ class ChatRequest:
     backends convert between the two. ``response_format`` asks a server for constrained decoding (sent
     as the OpenAI ``response_format`` field, e.g. a JSON schema; llama.cpp and vLLM honour it); backends
     that cannot constrain ignore it, so a reply is always schema-checked by its reader anyway.
+    ``json_schema`` is the JSON schema the reply must follow, for backends that constrain in process
+    (``hf`` decodes under it with a grammar, ``backends.structured``); servers ignore it and read
+    ``response_format`` instead, whose wire form depends on the server (``judges.roles.structured``).
     """
 
     messages: Sequence[Message]
@@ -88,6 +91,7 @@ class ChatRequest:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     response_format: Any = field(default=None, compare=False)
+    json_schema: dict[str, Any] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

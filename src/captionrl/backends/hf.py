@@ -90,6 +90,8 @@ class HFBackend:
             ``dtype_chosen`` and ``dtype_reason`` say what was picked and why.
         batch_size: requests per forward pass.
         share_prefix: run a common token prefix of a batch once (see module doc). Off only to measure.
+        constrain: decode a request that carries a ``json_schema`` under that schema (xgrammar,
+            ``backends.structured``), so JSON roles always get schema-valid replies. Off only to measure.
     """
 
     def __init__(
@@ -101,6 +103,7 @@ class HFBackend:
         batch_size: int = 8,
         share_prefix: bool = True,
         trust_remote_code: bool = False,
+        constrain: bool = True,
         _loaded: tuple[Any, Any] | None = None,
     ) -> None:
         if batch_size < 1:
@@ -110,6 +113,7 @@ class HFBackend:
         self.model_spec = model
         self.batch_size = batch_size
         self.share_prefix = share_prefix
+        self.constrain = constrain
         self.dtype_name = dtype
         self.dtype_chosen: str | None = None
         """The dtype the weights were loaded in (``None`` until loaded, or for a wrapped model)."""
@@ -206,6 +210,11 @@ class HFBackend:
     def generate(self, requests: Sequence[ChatRequest]) -> list[Generation]:
         check_model_calls_allowed(self.name)
         self._ensure_loaded()
+        schemas = [r.json_schema if self.constrain else None for r in requests]
+        if any(s is not None for s in schemas):
+            from captionrl.backends.structured import require_xgrammar
+
+            require_xgrammar()  # a missing install is raised, not recorded as a failed reply
         results: list[Generation | None] = [None] * len(requests)
         # Group requests with identical sampling settings so one batch shares one generate() call.
         groups: dict[tuple, list[int]] = {}
@@ -217,7 +226,8 @@ class HFBackend:
                 t0 = time.perf_counter()
                 try:
                     texts = self._generate_retrying(
-                        [requests[i].messages for i in chunk], max_new, temperature, top_p, seed
+                        [requests[i].messages for i in chunk], max_new, temperature, top_p, seed,
+                        [schemas[i] for i in chunk],
                     )
                 except Exception as exc:  # model_failure re-raises anything that is a bug
                     error = str(model_failure(exc))  # one failing batch must not lose the others
@@ -230,18 +240,19 @@ class HFBackend:
         return [r for r in results if r is not None]
 
     def _generate_retrying(
-        self, conversations: list[Sequence[Message]], max_new: int, temperature: float, top_p: float, seed: int | None
+        self, conversations: list[Sequence[Message]], max_new: int, temperature: float, top_p: float, seed: int | None,
+        schemas: Sequence[dict[str, Any] | None] = (),
     ) -> list[tuple[str, str]]:
         """``_generate_batch``, retried once as two half batches when the whole batch runs out of memory."""
         try:
-            return self._generate_batch(conversations, max_new, temperature, top_p, seed)
+            return self._generate_batch(conversations, max_new, temperature, top_p, seed, schemas)
         except Exception as exc:
             if not is_out_of_memory(exc) or len(conversations) < 2:
                 raise
             _free_memory()
             half = len(conversations) // 2
-            return [*self._generate_batch(conversations[:half], max_new, temperature, top_p, seed),
-                    *self._generate_batch(conversations[half:], max_new, temperature, top_p, seed)]
+            return [*self._generate_batch(conversations[:half], max_new, temperature, top_p, seed, schemas[:half]),
+                    *self._generate_batch(conversations[half:], max_new, temperature, top_p, seed, schemas[half:])]
 
     def _retry_smaller(self, call: Callable[[], Any]) -> Any:
         """``call()``, retried once at half ``batch_size`` when it runs out of memory (scoring passes)."""
@@ -287,7 +298,8 @@ class HFBackend:
                     "that item; a caption this long is usually a paste gone wrong")
 
     def _generate_batch(
-        self, conversations: list[Sequence[Message]], max_new: int, temperature: float, top_p: float, seed: int | None
+        self, conversations: list[Sequence[Message]], max_new: int, temperature: float, top_p: float, seed: int | None,
+        schemas: Sequence[dict[str, Any] | None] = (),
     ) -> list[tuple[str, str]]:
         import torch
 
@@ -323,6 +335,7 @@ class HFBackend:
             gen_kw.update(do_sample=True, temperature=temperature, top_p=top_p)
         else:
             gen_kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        gen_kw.update(_schema_kwargs(tok, self.model, schemas))
         with torch.inference_mode():
             out = self.model.generate(**enc, **gen_kw)
         new = out[:, enc["input_ids"].shape[1] :]
@@ -530,6 +543,17 @@ def _free_memory() -> None:
 
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def _schema_kwargs(tok: Any, model: Any, schemas: Sequence[dict[str, Any] | None]) -> dict[str, Any]:
+    """``generate`` keywords that hold each row to its JSON schema (none when no row has one)."""
+    if not any(s is not None for s in schemas):
+        return {}
+    from transformers import LogitsProcessorList
+
+    from captionrl.backends.structured import schema_processor
+
+    return {"logits_processor": LogitsProcessorList([schema_processor(tok, model, schemas)])}
 
 
 def _takes_logits_to_keep(model: Any) -> bool:

@@ -11,6 +11,10 @@ captions under the same yardstick. TRL hands a reward function the G completions
 each other (TRL 1.16's reward contract), so groups are the runs of equal ``item_id`` (cut into ``group_size`` chunks when
 the same item occurs twice in a row).
 
+Each Generator request carries the rubric JSON schema (``judges.roles.rubric_schema``), so an in-process
+Generator decodes under it (``backends.structured``) and its reply is complete JSON of the right shape;
+the parser still checks what a schema cannot state (no repeated criterion, no copied example item).
+
 Failure handling (an outage is never a 0): a Generator reply that fails the rubric schema is
 retried (attempt 1 greedy, retries sampled with recorded seeds); if every attempt fails, every caption
 of the group is *unscored* (``Judgment(score=None)``), unless ``fallback="facts"`` is chosen, which
@@ -41,7 +45,7 @@ from captionrl.domains.scenes import rubric_from_facts
 from captionrl.errors import ConfigError, DataError
 from captionrl.judges import prompts as P
 from captionrl.judges.base import Columns, require_columns, unscored
-from captionrl.judges.roles import generator_messages, judge_messages
+from captionrl.judges.roles import generator_messages, judge_messages, rubric_schema, structured
 from captionrl.judges.rubric import RubricJudge, extract_json, validate_rubric
 from captionrl.records import RecordWriter
 from captionrl.types import Judgment, RubricItem
@@ -310,13 +314,14 @@ class OnlineRubricJudge:
                 _references(columns["references"][i]), [captions[j] for j in g.subset], image, image_text,
                 with_image=cfg.with_image)
         pending = list(groups)
+        schema = structured(rubric_schema(cfg.min_items, cfg.max_items))  # in-process Generators decode under it
         with self.roles("generator") as backend:
             for attempt in range(cfg.max_attempts):
                 if not pending:
                     break
                 temp = 0.0 if attempt == 0 else cfg.retry_temperature
                 seeds = [None if attempt == 0 else stable_int(f"{g.subset_seed}|{attempt}") for g in pending]
-                reqs = [ChatRequest(prompts[id(g)], max_new_tokens=cfg.max_new_tokens, temperature=temp, seed=s)
+                reqs = [ChatRequest(prompts[id(g)], max_new_tokens=cfg.max_new_tokens, temperature=temp, seed=s, **schema)
                         for g, s in zip(pending, seeds, strict=True)]
                 gens = backend.generate(reqs)
                 still = []

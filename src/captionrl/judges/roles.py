@@ -90,9 +90,25 @@ form (``{"type": "json_object", "schema": ...}``); ``none`` sends nothing. Const
 teacher hit the format: every reply is still schema-checked by the same parsers as an unconstrained one."""
 
 
+TEXT_CHARS = "[A-Za-z0-9 ,.;:!?'()/%&+-]"
+"""The characters a constrained criterion, test or reason may use: plain text, no quotes, backslashes or
+control characters, so a reply needs no escapes and every criterion reads as text (a weak model under a
+schema that allows any character writes raw control bytes, which JSON forbids, or ``"???"`` placeholders)."""
+
+
+def text_schema(min_chars: int, max_chars: int, *, letter_first: bool = True) -> dict[str, Any]:
+    """A bounded plain-text string (``TEXT_CHARS``); ``letter_first`` rules out placeholders such as
+    ``"..."``. The bounds live in the pattern alone: grammar engines (xgrammar, llama.cpp) ignore
+    minLength/maxLength next to a pattern, and a bound is what lets a weak model's string end."""
+    head, rest = ("[A-Za-z]", max(0, min_chars - 1)) if letter_first else ("", min_chars)
+    tail = max_chars - (1 if letter_first else 0)
+    return {"type": "string", "pattern": f"^{head}{TEXT_CHARS}{{{rest},{tail}}}$"}
+
+
 def rubric_schema(min_items: int, max_items: int, max_chars: int = 160) -> dict[str, Any]:
-    """JSON schema of the Generator's reply: ``min_items..max_items`` of ``{criterion, test, weight 1|2|3}``."""
-    text = {"type": "string", "minLength": 3, "maxLength": max_chars}
+    """JSON schema of the Generator's reply: ``min_items..max_items`` of ``{criterion, test, weight 1|2|3}``,
+    criterion and test plain text of 3..``max_chars`` characters starting with a letter."""
+    text = text_schema(3, max_chars)
     return {"type": "array", "minItems": min_items, "maxItems": max_items,
             "items": {"type": "object", "properties": {"criterion": text, "test": text,
                                                        "weight": {"type": "integer", "enum": [1, 2, 3]}},
@@ -100,12 +116,18 @@ def rubric_schema(min_items: int, max_items: int, max_chars: int = 160) -> dict[
 
 
 def judgment_schema(n_items: int, max_chars: int = 100) -> dict[str, Any]:
-    """JSON schema of the Judge's reply: exactly one ``{id, reason, decision yes|no}`` per rubric item."""
+    """JSON schema of the Judge's reply: exactly one ``{id, reason, decision yes|no}`` per rubric item, in
+    rubric order (item k has ``id`` k: ``prefixItems`` with a ``const`` id, so a constrained Judge cannot
+    repeat or skip an id, which ``parse_judge_reply`` would reject); the reason comes before the decision."""
+
+    def item(k: int) -> dict[str, Any]:
+        return {"type": "object", "properties": {"id": {"type": "integer", "const": k},
+                                                 "reason": text_schema(0, max_chars, letter_first=False),
+                                                 "decision": {"type": "string", "enum": ["yes", "no"]}},
+                "required": ["id", "reason", "decision"], "additionalProperties": False}
+
     return {"type": "array", "minItems": n_items, "maxItems": n_items,
-            "items": {"type": "object", "properties": {"id": {"type": "integer", "minimum": 1, "maximum": n_items},
-                                                       "reason": {"type": "string", "maxLength": max_chars},
-                                                       "decision": {"type": "string", "enum": ["yes", "no"]}},
-                      "required": ["id", "reason", "decision"], "additionalProperties": False}}
+            "prefixItems": [item(k) for k in range(1, n_items + 1)], "items": False}
 
 
 def response_format(schema: dict[str, Any], style: str) -> dict[str, Any] | None:
@@ -119,3 +141,10 @@ def response_format(schema: dict[str, Any], style: str) -> dict[str, Any] | None
     from captionrl.errors import ConfigError
 
     raise ConfigError("structured_output", style, "unknown style", f"use one of {', '.join(STRUCTURED_OUTPUTS)}")
+
+
+def structured(schema: dict[str, Any], style: str = "none") -> dict[str, Any]:
+    """``ChatRequest`` keywords of a JSON role: the schema itself (in-process backends decode under it:
+    ``backends.structured``) and the ``response_format`` a server of ``style`` needs for it. One call per
+    role, so the served and the in-process paths constrain a reply to the same schema."""
+    return {"json_schema": schema, "response_format": response_format(schema, style)}

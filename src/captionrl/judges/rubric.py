@@ -27,6 +27,7 @@ import itertools
 import json
 import math
 import re
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,7 +174,8 @@ class RubricJudgeSettings:
     decision: str = help_field("hard", "hard (each criterion 0/1, the paper) or soft (p(yes), or a sigmoid of the likelihood evidence: a denser signal for weak judges)")
     threshold: float | None = help_field(None, "decision threshold (null = the mode's default: choose 0.5, likelihood 1.4 PMI per word, calibrated for SmolLM2)")
     max_new_tokens: int = help_field(512, "generate mode: judge reply length")
-    structured_output: str = help_field("none", "generate mode: ask the server to constrain each reply to the judgment JSON schema: none, json_schema (OpenAI/vLLM) or json_object (llama.cpp); replies are parsed the same either way")
+    structured_output: str = help_field("none", "generate mode: ask the server to constrain each reply to the judgment JSON schema: none, json_schema (OpenAI/vLLM) or json_object (llama.cpp); in-process (hf) judges always decode under it; replies are parsed the same either way")
+    temperature: float = help_field(0.0, "generate mode: sampling temperature of the judge's reply (0 = greedy); each sample's seed derives from the caption and rubric and is recorded in the judgment")
 
     def __post_init__(self) -> None:
         from captionrl.judges.roles import STRUCTURED_OUTPUTS
@@ -186,6 +188,8 @@ class RubricJudgeSettings:
             raise ConfigError(f"{f}.mode", self.mode, "unknown rubric judge mode", "use choose, generate or likelihood")
         if self.decision not in ("hard", "soft"):
             raise ConfigError(f"{f}.decision", self.decision, "unknown decision rule", "use hard or soft")
+        if self.temperature < 0:
+            raise ConfigError(f"{f}.temperature", self.temperature, "must be >= 0", "use 0 (greedy) or e.g. 1.0")
 
 
 class RubricJudge:
@@ -208,6 +212,7 @@ class RubricJudge:
         max_new_tokens: int = 512,
         name: str | None = None,
         structured_output: str = "none",
+        temperature: float = 0.0,
     ) -> None:
         if mode not in DEFAULT_THRESHOLDS:
             raise ConfigError("judge.mode", mode, "unknown rubric judge mode", "use choose, generate or likelihood")
@@ -224,6 +229,7 @@ class RubricJudge:
         self.options = options
         self.max_new_tokens = max_new_tokens
         self.structured_output = structured_output
+        self.temperature = float(temperature)
         self.name = name or f"rubric-{mode}"
         self._null_cache: dict[str, float | None] = {}
 
@@ -331,12 +337,13 @@ class RubricJudge:
         return [{"role": "user", "content": P.JUDGE_GENERATE_TEMPLATE.format(caption=caption.strip(), criteria=crits)}]
 
     def _generate(self, caption: str, rubric: Sequence[RubricItem]) -> tuple[list[bool] | None, dict, str | None]:
-        from captionrl.judges.roles import judgment_schema, response_format
+        from captionrl.judges.roles import judgment_schema, structured
 
-        fmt = response_format(judgment_schema(len(rubric)), self.structured_output)
-        gen = self.backend.generate([ChatRequest(self.generate_prompt(caption, rubric),
-                                                 max_new_tokens=self.max_new_tokens, response_format=fmt)])[0]
-        extra: dict[str, Any] = {"raw": gen.text}
+        prompt = self.generate_prompt(caption, rubric)
+        seed = zlib.crc32(json.dumps(prompt).encode()) if self.temperature > 0 else None  # same question, same sample
+        gen = self.backend.generate([ChatRequest(prompt, max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+                                                 seed=seed, **structured(judgment_schema(len(rubric)), self.structured_output))])[0]
+        extra: dict[str, Any] = {"raw": gen.text, **({"seed": seed} if seed is not None else {})}
         if gen.text is None:
             return None, extra, f"backend error: {gen.error}"
         try:

@@ -22,7 +22,7 @@ from captionrl.domains.captioning import IMAGE_CAPTION_INSTRUCTION
 from captionrl.domains.scenes import rubric_from_facts
 from captionrl.errors import ConfigError, DataError
 from captionrl.judges import prompts as P
-from captionrl.judges.roles import response_format, rubric_schema
+from captionrl.judges.roles import rubric_schema, structured
 from captionrl.judges.rubric import RubricItem, RubricStore, parse_rubric_reply
 from captionrl.records import RecordWriter, write_json
 
@@ -154,7 +154,8 @@ class RubricWriter:
         self.min_items = min_items
         self.max_items = max_items
         self.with_image = with_image
-        self.response_format = response_format(rubric_schema(min_items, max_items), structured_output)
+        self.structured = structured(rubric_schema(min_items, max_items), structured_output)
+        """The request keywords that constrain the writer's reply to the rubric schema (server or in process)."""
 
     def prompt(self, teachers: Sequence[str], students: Sequence[str]) -> str:
         fmt = lambda cs: "\n".join(f"{i + 1}. {c.strip()}" for i, c in enumerate(cs)) or P.NO_STUDENT  # noqa: E731
@@ -176,7 +177,7 @@ class RubricWriter:
                 break
             temp = 0.0 if attempt == 0 else self.retry_temperature
             reqs = [ChatRequest(self._messages(items[i], prompts[i]), max_new_tokens=self.max_new_tokens,
-                                temperature=temp, seed=self.seed + attempt, response_format=self.response_format)
+                                temperature=temp, seed=self.seed + attempt, **self.structured)
                     for i in pending]
             still = []
             for i, gen in zip(pending, self.backend.generate(reqs), strict=True):

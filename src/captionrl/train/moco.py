@@ -4,7 +4,10 @@ MoCo Rubric (paper §3.3): GRPO updates the Policy only. For each group of G cap
 writes a rubric from the image, two references and a seeded subset of 4 current captions, and a
 text-only Judge scores all G captions against it (``judges.online_rubric``). Generator and Judge are
 served by the *momentum* model, an EMA of the Policy (``captionrl.momentum``): with a LoRA Policy the
-``momentum`` adapter on the same base weights, otherwise a full copy. One switch, ``momentum.variant``,
+``momentum`` adapter on the same base weights, otherwise a full copy. Both decode under their JSON schemas
+(the rubric and the judgment schema of ``judges.roles``; ``backends.structured``), and the backend that
+serves a role is named after its weights (``served_by``: ``momentum:adapter=momentum``), so each rubric
+record's ``source`` says which weights wrote it. One switch, ``momentum.variant``,
 runs the paper's ablations (joint, generator_only, judge_only, full_sync, frozen); ``momentum.m`` and
 ``momentum.interval`` (H) are checked against TRL's reward interval, so the momentum never changes
 inside a generation batch whose rewards were already computed. ``MomentumCallback`` applies the EMA
@@ -117,7 +120,7 @@ class MocoJudgeConfig(RubricJudgeSettings):
     def factory(self, backend: Any) -> MocoRubricJudge:
         return MocoRubricJudge(backend, mode=self.mode, decision=self.decision, threshold=self.threshold,  # type: ignore[arg-type]
                                max_new_tokens=self.max_new_tokens, name=f"moco-judge-{self.mode}",
-                               structured_output=self.structured_output)
+                               structured_output=self.structured_output, temperature=self.temperature)
 
 
 @dataclass
@@ -280,20 +283,31 @@ def _rng_untouched() -> Iterator[None]:
         yield
 
 
+def served_by(momentum: Any, role: str) -> str:
+    """Which weights play ``role``: ``momentum:adapter=<name>`` (LoRA: the adapter switched on for the
+    request) or ``momentum:copy=<slot>`` (a full copy: ``ema``, or ``frozen`` for the one-sided variants).
+    It names the backend, so every rubric record's ``source`` says which weights wrote that rubric."""
+    if hasattr(momentum, "adapter_for"):
+        return f"momentum:adapter={momentum.adapter_for(role)}"
+    return f"momentum:copy={momentum.settings.slot_for(role)}"
+
+
 def momentum_roles(box: Mapping[str, Any], processing: Any, batch_size: int = 8) -> RoleServer:
-    """Serve each role from the momentum model (``box["momentum"]``, set once the trainer exists)."""
+    """Serve each role from the momentum model (``box["momentum"]``, set once the trainer exists); the
+    backend's name is ``served_by`` (one backend per model and weights, so compiled grammars are reused)."""
     from captionrl.backends.hf import HFBackend
 
-    cache: dict[int, Any] = {}
+    cache: dict[tuple[int, str], Any] = {}
 
     @contextlib.contextmanager
     def serve(role: str) -> Iterator[Any]:
         momentum = box["momentum"]
+        label = served_by(momentum, role)
         with momentum.serving(role) as model, _rng_untouched():
-            backend = cache.get(id(model))
+            backend = cache.get((id(model), label))
             if backend is None:
-                backend = HFBackend.from_model(model, processing, name="momentum", batch_size=batch_size)
-                cache[id(model)] = backend
+                backend = HFBackend.from_model(model, processing, name=label, batch_size=batch_size)
+                cache[(id(model), label)] = backend
             yield backend
 
     return serve
@@ -450,8 +464,8 @@ def separate_state(cfg: MocoConfig) -> dict[str, Any]:
 
 def run(cfg: MocoConfig, wrap_roles: Callable[[RoleServer], RoleServer] | None = None) -> dict[str, Any]:
     """Train (MoCo or EvoLM), save, plot; returns what the result file holds, with the step time.
-    ``wrap_roles`` wraps the momentum role server (rehearsals: a scripted stand-in for one role, entered
-    inside the momentum's own serving context)."""
+    ``wrap_roles`` wraps the momentum role server (the rehearsal records which weights served each role
+    request through it; a wrapper is entered inside the momentum's own serving context)."""
     recipe = MocoRecipe(cfg, wrap_roles)
     if cfg.method == "evolm":
         prepared = prepare(recipe)

@@ -28,7 +28,8 @@ and recorded (the Generator prompt needs two).
 server) stand in for VLM teachers: the image is replaced by a text rendering (its reference captions),
 and the records carry that ``image_text`` so ``moco-sft`` can train a language-only model on them too.
 ``structured_output`` asks servers that support it (llama.cpp, vLLM) to constrain the writer's and the
-judge's replies to their JSON schemas; replies are schema-checked either way.
+judge's replies to their JSON schemas; in-process (``hf``) teachers always decode under those schemas
+(``backends.structured``); replies are schema-checked either way.
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ from captionrl.judges.roles import (
     judge_messages,
     judgment_schema,
     policy_messages,
-    response_format,
     rubric_schema,
+    structured,
 )
 from captionrl.judges.rubric import parse_judge_reply
 from captionrl.records import RecordWriter, write_json
@@ -261,7 +262,7 @@ class RecordsBuilder:
                                               im.load() if self._with_image() else None, im.image_text,
                                               with_image=self._with_image())
             todo.append((im, cand, msgs))
-        fmt = response_format(rubric_schema(cfg.min_items, cfg.max_items), cfg.structured_output)
+        fmt = structured(rubric_schema(cfg.min_items, cfg.max_items), cfg.structured_output)
         for start in range(0, len(todo), 8):
             chunk = todo[start: start + 8]
             results = self._attempts(
@@ -297,7 +298,7 @@ class RecordsBuilder:
             sizes = [len(r) for *_, r in chunk]
             results = self._attempts(
                 self.judge, [judge_messages(r, c["caption"]) for _, _, c, r in chunk], cfg.judge_max_new_tokens,
-                [response_format(judgment_schema(n), cfg.structured_output) for n in sizes],
+                [structured(judgment_schema(n), cfg.structured_output) for n in sizes],
                 [stable_int(f"{cfg.seed}|{k}|judge") for k, *_ in chunk],
                 lambda text, i, sizes=sizes: parse_judge_reply(text, sizes[i]))
             for (key, im, cap, _), (parsed, raws, errors) in zip(chunk, results, strict=True):
@@ -311,7 +312,7 @@ class RecordsBuilder:
                                       "judge": self.judge.name, "attempts": len(raws)})
                 self.new["judgments"] += 1
 
-    def _attempts(self, backend: Any, messages: Sequence[Any], max_new_tokens: int, formats: Sequence[Any],
+    def _attempts(self, backend: Any, messages: Sequence[Any], max_new_tokens: int, formats: Sequence[dict[str, Any]],
                   seeds: Sequence[int], parse: Any) -> list[tuple[Any, list[str | None], list[str]]]:
         """Attempt 1 greedy, retries sampled with recorded seeds, batched over what is still unparsed;
         returns (parsed or None, raw replies, errors) per prompt."""
@@ -325,7 +326,7 @@ class RecordsBuilder:
                 break
             temp = 0.0 if attempt == 0 else cfg.retry_temperature
             reqs = [ChatRequest(messages[i], max_new_tokens=max_new_tokens, temperature=temp,
-                                seed=seeds[i] + attempt, response_format=formats[i]) for i in pending]
+                                seed=seeds[i] + attempt, **formats[i]) for i in pending]
             still = []
             for i, gen in zip(pending, backend.generate(reqs), strict=True):
                 raws[i].append(gen.text)

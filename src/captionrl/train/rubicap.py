@@ -379,7 +379,8 @@ def make_judge(cfg: RubicapConfig, backend: Any) -> Any:
 
     r = cfg.reward
     return RubricJudge(backend, mode=r.mode, decision=r.decision, threshold=r.threshold,  # type: ignore[arg-type]
-                       max_new_tokens=r.max_new_tokens, name=f"rubric-{r.mode}", structured_output=r.structured_output)
+                       max_new_tokens=r.max_new_tokens, name=f"rubric-{r.mode}", structured_output=r.structured_output,
+                       temperature=r.temperature)
 
 
 def make_reward_judge(cfg: RubicapConfig, backend: Any, rows: Sequence[Mapping[str, Any]]) -> Any:
