@@ -101,6 +101,18 @@ class MomentumCallback(TrainerCallback):
         )
 
 
+class PreflightCallback(TrainerCallback):
+    """Runs a recipe's reward preflight at ``on_train_begin``: after the Trainer has placed the model on
+    its accelerator (DeepSpeed wraps and moves it only inside ``train()``), on every rank (under ZeRO-3
+    the momentum roles' forward passes are collectives), after a resume has restored the checkpoint."""
+
+    def __init__(self, preflight: Any) -> None:
+        self.preflight = preflight
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.preflight()
+
+
 class ResumeShuffleCallback(TrainerCallback):
     """A run resumed in epoch e >= 1 continues with epoch e's data order, not epoch 0's.
 

@@ -109,7 +109,7 @@ class TrainConfig:
     log_completions: bool = help_field(False, "let TRL print/log a table of sampled captions every logging step")
     preflight_items: int = help_field(8, "reward preflight: training items on which an honest reference must beat every hacking probe before step 1 (0 = skip)")
     force_preflight: bool = help_field(False, "start training even when a hacking probe beats the honest reference in the reward preflight")
-    extra: dict[str, Any] = help_field({}, "any other RLOOConfig/GRPOConfig field, passed through unchanged (e.g. deepspeed: configs/accelerate/ds_zero2.json)")
+    extra: dict[str, Any] = help_field({}, "any other RLOOConfig/GRPOConfig field, passed through unchanged (e.g. vllm_server_port: 8010); DeepSpeed comes from the launcher: accelerate launch --config_file configs/accelerate/multi-gpu-zero2.yaml")
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
