@@ -41,6 +41,7 @@ def _tiny_initial_weights() -> dict:
 @pytest.mark.parametrize("stage", STAGES)
 def test_lineup_under_deepspeed(stage, tmp_path):
     out = tmp_path / "run"
+    initial = _tiny_initial_weights()  # built here, once: two ranks building the cached fixture would race
     log, wall = launch(stage, "lineup", "lineup-cpu.yaml", [*LINEUP, f"train.out_dir={out}"])
     print(f"lineup {stage}: {wall:.0f} s wall")
     assert f"stage {stage[-1]}" in log.lower() or "zero" in log.lower()
@@ -52,7 +53,7 @@ def test_lineup_under_deepspeed(stage, tmp_path):
     ck1, ck2 = out / "checkpoints" / "checkpoint-1", out / "checkpoints" / "checkpoint-2"
     assert json.loads((ck2 / "trainer_state.json").read_text())["global_step"] == 2
     # parameters moved (the final model is the gathered full state dict under ZeRO-3)
-    initial, final = _tiny_initial_weights(), weights(out / "model")
+    final = weights(out / "model")
     assert moved_fraction(initial, final) > 0.9, moved_fraction(initial, final)
     # final checks ran on rank 0: checkpoint selection over both checkpoints, then the held-out evaluation
     assert set(result["selection"]["scores"]) <= {"checkpoint-1", "checkpoint-2"} and result["selection"]["scores"]
