@@ -92,3 +92,25 @@ def test_the_run_stops_before_any_model_loads(tmp_path, monkeypatch, capsys):
                  f"train.out_dir={tmp_path / 'run'}"])
     err = capsys.readouterr().err
     assert code == 2 and "policy.dtype" in err and "master weights" in err, err  # not the verifier probe's error
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed (the dev extra)")
+def test_models_a_process_loads_for_itself_are_never_zero3_partitioned(tmp_path, monkeypatch):
+    """A ZeRO-3 run's trainer arguments register zero.Init with transformers; an in-process verifier or a
+    checkpoint rank 0 evaluates must load plain inside ``no_zero3_init`` (the ZeRO-3 rehearsal runs both)."""
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    from captionrl.devices import no_zero3_init
+
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
+    args = trainer_args(TrainConfig(out_dir=str(tmp_path), **CPU), seed=0)
+    assert args.deepspeed_plugin is not None
+    if not is_deepspeed_zero3_enabled():
+        pytest.skip("accelerate registered no ZeRO-3 config with transformers here")
+    with no_zero3_init():
+        assert not is_deepspeed_zero3_enabled()
+    assert is_deepspeed_zero3_enabled()  # restored for the policy and the trainer
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    unset_hf_deepspeed_config()  # leave no ZeRO-3 registration to the next test

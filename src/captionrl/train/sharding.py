@@ -10,9 +10,9 @@ and the final checks run on rank 0 only. Both would hang. So:
   number of times everywhere: once per reward call, once for the final checks) and removes the ZeRO-3
   hooks, so that whatever runs inside is plain local computation, as TRL does for its own generation
   (``ds3_gather_for_generation``). Outside ZeRO-3 it does nothing.
-- :func:`no_zero3_init` lets rank 0 load a checkpoint or the initial model as a plain model while a
-  ZeRO-3 run's ``zero.Init`` is still registered with transformers (else the load would be partitioned,
-  and a collective only rank 0 enters never returns).
+- :func:`no_zero3_init` (``captionrl.devices``, where the backends use it too) lets rank 0 load a
+  checkpoint or the initial model as a plain model while a ZeRO-3 run's ``zero.Init`` is still registered
+  with transformers (else the load would be partitioned, and a collective only rank 0 enters never returns).
 - :func:`inference_device` is the accelerator this process trains on, where loaded models go.
 """
 
@@ -22,6 +22,10 @@ import contextlib
 import os
 from collections.abc import Iterator
 from typing import Any
+
+from captionrl.devices import no_zero3_init
+
+__all__ = ["full_weights", "inference_device", "no_zero3_init", "to_inference_device", "zero_stage"]
 
 
 def zero_stage(trainer: Any) -> int | None:
@@ -49,22 +53,6 @@ def full_weights(trainer: Any) -> Iterator[None]:
             yield
         finally:
             add_hooks(engine)
-
-
-@contextlib.contextmanager
-def no_zero3_init() -> Iterator[None]:
-    """Models loaded in the block are plain (not ``zero.Init``-partitioned), even in a ZeRO-3 run."""
-    try:
-        from transformers.integrations import deepspeed as hf_ds
-    except ImportError:  # pragma: no cover - transformers always has it
-        yield
-        return
-    saved = hf_ds._hf_deepspeed_config_weak_ref
-    hf_ds._hf_deepspeed_config_weak_ref = None
-    try:
-        yield
-    finally:
-        hf_ds._hf_deepspeed_config_weak_ref = saved
 
 
 def inference_device() -> Any:
