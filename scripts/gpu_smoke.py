@@ -57,6 +57,15 @@ class Joint:
     tail: str
 
 
+def free_port() -> int:
+    """A free TCP port for the DeepSpeed joint's rendezvous."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def device_flags(dry_run: bool) -> list[str]:
     """The trainer's device settings: the GPU path (bf16 autocast, vLLM colocate) or its CPU stand-in."""
     if dry_run:
@@ -97,7 +106,7 @@ def joints(dry_run: bool, out: Path) -> list[tuple[str, list[str]]]:
     config, overrides = RECIPES["lineup"]
     ds_config = "cpu-zero3.yaml" if dry_run else "multi-gpu-zero3.yaml"
     todo.append(("lineup-zero3", [accelerate, "launch", "--config_file", str(ROOT / "configs" / "accelerate" / ds_config),
-                                  "--num_processes", "1", "--main_process_port", "29561",
+                                  "--num_processes", "1", "--main_process_port", str(free_port()),
                                   "-m", "captionrl.cli", "train", "lineup", "--config", str(ROOT / "configs" / config),
                                   *overrides, *COMMON, *[f for f in flags if not f.startswith("train.use_vllm")],
                                   "train.use_vllm=false", f"train.out_dir={out / 'lineup-zero3'}"]))
