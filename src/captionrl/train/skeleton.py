@@ -135,7 +135,8 @@ def train(recipe: Recipe) -> Run:
     run.trainer = recipe.build_trainer(run)
     from captionrl.train.callbacks import PreflightCallback
 
-    run.trainer.add_callback(PreflightCallback(lambda: recipe.preflight(run)))  # once the model is on the accelerator, every rank
+    preflight = PreflightCallback(lambda: recipe.preflight(run))  # once the model is on the accelerator, every rank
+    run.trainer.add_callback(preflight)
     if run.resume_from is not None:
         print(f"resuming from {run.resume_from}")
     t0 = time.perf_counter()
@@ -143,7 +144,7 @@ def train(recipe: Recipe) -> Run:
         run.train_output = run.trainer.train(resume_from_checkpoint=str(run.resume_from) if run.resume_from else None)
     finally:
         recipe.close(run)
-    run.train_seconds = time.perf_counter() - t0
+    run.train_seconds = time.perf_counter() - t0 - preflight.seconds
     run.result.update(out_dir=str(run.out), train_seconds=round(run.train_seconds, 1),
                       steps=int(run.trainer.state.global_step))
     run.result["model"] = str(common.save_final_model(run.trainer, run.out / "model"))  # every rank: ZeRO-3 gathers
