@@ -32,7 +32,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def launch(stage: str, recipe: str, config: str, overrides: list[str], timeout: int = 600) -> tuple[str, float]:
+def launch(stage: str, recipe: str, config: str, overrides: list[str], timeout: int = 900) -> tuple[str, float]:
     """Run one training command under DeepSpeed ``stage`` on 2 CPU processes; returns (output, wall seconds).
     A non-zero exit (any rank failing) fails the test with the output's tail."""
     accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or "accelerate"
