@@ -4,11 +4,13 @@ the first GPU hour."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
 import yaml
 
+from captionrl.errors import ConfigError
 from captionrl.train.common import cuda_available, trainer_args
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,3 +54,49 @@ def test_paper_config_loads_validates_and_resolves_trainer_args(path, monkeypatc
     assert args.beta == resolved.beta and args.num_generations == raw["train"]["num_generations"]
     assert Path(args.output_dir) == Path(raw["train"]["out_dir"]) / "checkpoints"
     assert args.seed == (raw["train"].get("seed") or raw.get("seed", 0))
+
+
+def _base_urls(node, path=""):
+    """(config field, base_url) of every server a preset names (verifier, judge, committee, eval verifiers)."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == "base_url" and isinstance(v, str):
+                yield path or "(top)", v
+            else:
+                yield from _base_urls(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _base_urls(v, f"{path}[{i}]")
+
+
+@pytest.mark.parametrize("path", PAPER, ids=[p.stem for p in PAPER])
+def test_paper_config_builds_the_intended_gpu_arguments(path, monkeypatch):
+    """vLLM rollouts colocated, a server port no verifier or judge uses, bounded checkpoints, and the
+    GPU checks of the run (master weights, vLLM, ports) as a GPU launch under DeepSpeed would meet them."""
+    from captionrl.train.gpu_checks import check_master_weights, check_vllm_port, server_address
+
+    monkeypatch.setenv("CAPTIONRL_FORBID_MODEL_CALLS", "1")
+    raw = yaml.safe_load(path.read_text())
+    load = _loader(path)
+    cfg = load(path, ["train.use_cpu=true", "train.gradient_checkpointing=false", "train.bf16=false"])
+    args = trainer_args(cfg.train, seed=cfg.seed)  # use_vllm stays on: TRL builds the config without vLLM
+    assert args.use_vllm is True and args.vllm_mode == "colocate"
+    assert args.vllm_gpu_memory_utilization == 0.3
+    assert args.save_total_limit is not None and 1 <= args.save_total_limit <= 5
+    assert args.save_steps == raw["train"]["save_steps"]
+    ports = {server_address(url)[1]: field for field, url in _base_urls(raw) if server_address(url)}
+    assert args.vllm_server_port == 8010 and args.vllm_server_port not in ports, ports
+    if path.stem != "moco-paper":
+        assert {8000} <= set(ports)  # TRL's default vLLM port is the one these presets serve a model on
+
+    servers = [(type("S", (), {"base_url": url})(), field) for field, url in _base_urls(raw)]
+    server_mode = trainer_args(load(path, ["train.use_cpu=true", "train.gradient_checkpointing=false",
+                                           "train.bf16=false", "train.vllm_mode=server"]).train, seed=0)
+    check_vllm_port(server_mode, servers)  # switching to server mode keeps clear of every served model
+    if not cfg.policy.lora:  # full fine-tune of bf16 weights: DeepSpeed's launch is the only one allowed
+        assert cfg.policy.dtype == "bfloat16"
+        with pytest.raises(ConfigError, match="master weights"):
+            check_master_weights(args, cfg.policy)
+        monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")  # what `accelerate launch` with a DEEPSPEED config sets
+        if importlib.util.find_spec("deepspeed") is not None:
+            check_master_weights(trainer_args(cfg.train, seed=cfg.seed), cfg.policy)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import re
 import types
 import typing
@@ -150,9 +151,13 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
 
 def save_config(cfg: Any, path: str | Path) -> None:
+    """Write ``cfg`` as YAML, atomically: every rank of a multi-process run saves the run's config while
+    the others may be reading it to compare with a resumed run (a torn read looked like 100 changed keys)."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    tmp = p.with_name(f"{p.name}.tmp{os.getpid()}")
+    tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    os.replace(tmp, p)
 
 
 def load_config(cls: type[C], path: str | Path | None = None, overrides: Sequence[str] = ()) -> C:

@@ -16,7 +16,9 @@ Low level on purpose (only torch and /proc): backends, training and benches all 
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -116,3 +118,25 @@ def record_dtype(name: str, dtype: Any, reason: str, *, echo: bool = True) -> No
     if echo and DTYPE_CHOICES.get(name) != entry:
         print(f"{name} dtype: {entry['dtype']} ({reason})", flush=True)
     DTYPE_CHOICES[name] = entry
+
+
+@contextlib.contextmanager
+def no_zero3_init() -> Iterator[None]:
+    """Models loaded in the block are plain, even inside a DeepSpeed ZeRO-3 run.
+
+    Once a ZeRO-3 run's trainer arguments exist, transformers builds every ``from_pretrained`` model under
+    ``deepspeed.zero.Init`` (partitioned across ranks). That is right for the policy and wrong for
+    everything else a process loads for itself: an in-process verifier or judge (each rank scores its own
+    samples), or a checkpoint rank 0 evaluates alone; their forward passes would become collectives that
+    the other ranks never join (a hang or an empty-weight error)."""
+    try:
+        from transformers.integrations import deepspeed as hf_ds
+    except ImportError:  # pragma: no cover - transformers always ships it
+        yield
+        return
+    saved = hf_ds._hf_deepspeed_config_weak_ref
+    hf_ds._hf_deepspeed_config_weak_ref = None
+    try:
+        yield
+    finally:
+        hf_ds._hf_deepspeed_config_weak_ref = saved

@@ -46,9 +46,13 @@ as they are would silently skip parameters, so each pair is gathered one at a ti
 (``deepspeed.zero.GatheredParameters``) and a sharded parameter with no way to gather it is an error.
 FSDP2 DTensors need no gather: the EMA is elementwise and both sides are sharded alike.
 
-Precision: the EMA runs in the momentum's own dtype. With a pure bf16 Policy, ``(1-m) * (theta - phi)``
-at m=0.99 is often below bf16's resolution and rounds away; keep the parameters in float32 (bf16 mixed
-precision, the Trainer's ``bf16=True``, does) when the momentum must follow small updates.
+Precision: the EMA always runs in float32. DeepSpeed casts the whole module (Policy, momentum adapter or
+copy) to bf16 when bf16 is on, and at m=0.99 and lr 1e-6 ``(1-m) * (theta - phi)`` is below half a bf16
+ulp: an EMA kept in the parameters' dtype would round to no change, step after step. So every EMA
+parameter that is not float32 gets a float32 master copy (``_master``); the update runs on the master and
+the served parameter is the master rounded to its dtype. The master travels with the momentum checkpoint
+(resume continues the same float32 EMA). Memory: one float32 copy of what the EMA covers (the adapter for
+:class:`LoraAdapterMomentum`); under ZeRO-3 each rank keeps the gathered full tensor.
 """
 
 from __future__ import annotations
@@ -220,6 +224,7 @@ class Momentum:
         self._theta0: dict[str, torch.Tensor] = {}  # the Policy's initial weights (Figure 4)
         self._phi0: dict[str, torch.Tensor] = {}  # the momentum's initial weights (theta_0 when shared)
         self._snapshots: set[str] = set()  # which of the two are our own copies (saved with the checkpoint)
+        self._master: dict[str, torch.Tensor] = {}  # float32 EMA of each non-float32 momentum parameter
 
     # -- to implement
     def _pairs(self, slot: str) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
@@ -257,13 +262,24 @@ class Momentum:
         if slot is None:
             return
         m = self.settings.effective_m
-        for _name, theta, phi in self._pairs(slot):
+        for name, theta, phi in self._pairs(slot):
             with gathered([theta, phi], self.gather):
-                if m == 0.0:
+                if m == 0.0:  # a copy: nothing to accumulate, no master needed
                     phi.copy_(theta)
-                else:
-                    phi.mul_(m).add_(theta.to(phi.dtype), alpha=1.0 - m)
+                    self._master.pop(name, None)
+                elif phi.dtype == torch.float32:
+                    phi.mul_(m).add_(theta.float(), alpha=1.0 - m)
+                else:  # bf16/fp16: the EMA runs on a float32 master, the parameter is its rounding
+                    master = self._master.get(name)
+                    if master is None or master.shape != phi.shape:
+                        master = self._master[name] = phi.detach().float().clone()
+                    master.mul_(m).add_(theta.float(), alpha=1.0 - m)
+                    phi.copy_(master)
         self.updates += 1
+
+    def master_of(self, name: str) -> torch.Tensor | None:
+        """The float32 master of a momentum parameter (``None`` while the parameter is its own master)."""
+        return self._master.get(name)
 
     @torch.no_grad()
     def distance(self, slot: str | None = None) -> float:
@@ -340,6 +356,7 @@ class Momentum:
                               "give a checkpoint of the Policy's architecture: a model folder, or a LoRA adapter folder "
                               "of the same LoRA configuration for a LoRA momentum")
         self.init = "separate"
+        self._master.clear()  # the momentum restarts from the loaded weights
         self.snapshot_initial()
         return loaded
 
@@ -393,7 +410,8 @@ class Momentum:
             slots[slot] = {}
             for name, theta, phi in self._pairs(slot):
                 with gathered([theta, phi], self.gather):
-                    slots[slot][name] = _full(phi).detach().to("cpu", copy=True)
+                    value = self._master.get(name) if slot == self.momentum_slot else None  # float32 EMA
+                    slots[slot][name] = (value if value is not None else _full(phi)).detach().to("cpu", copy=True)
         initial = {k: {n: t.detach().to("cpu", copy=True) for n, t in getattr(self, f"_{k}").items()}
                    for k in sorted(self._snapshots)}
         return {"settings": asdict(self.settings), "updates": self.updates,
@@ -414,6 +432,8 @@ class Momentum:
                                       "resume with the same model and adapter configuration")
                 with gathered([theta, phi], self.gather):
                     phi.copy_(saved[name].to(phi.device, phi.dtype))
+                    if slot == self.momentum_slot and phi.dtype != torch.float32:
+                        self._master[name] = saved[name].to(phi.device, torch.float32, copy=True)
         self.updates = int(state.get("updates", 0))
         self.last_update_step = state.get("last_update_step")
         saved_init = state.get("init", "shared")

@@ -142,7 +142,7 @@ class HFBackend:
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM, AutoProcessor, AutoTokenizer
 
-        from captionrl.devices import dtype_name, record_dtype, resolve_dtype
+        from captionrl.devices import dtype_name, no_zero3_init, record_dtype, resolve_dtype
 
         t0 = time.perf_counter()
         path, gguf = resolve_model_path(self.model_spec)
@@ -157,14 +157,15 @@ class HFBackend:
             kw["gguf_file"] = gguf
         config = AutoConfig.from_pretrained(path, **kw)
         is_vlm = hasattr(config, "vision_config")
-        if is_vlm:
-            from transformers import AutoModelForImageTextToText
+        with no_zero3_init():  # a backend's model is this process's own, never ZeRO-3 partitioned
+            if is_vlm:
+                from transformers import AutoModelForImageTextToText
 
-            model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype, **kw)
-            processor = AutoProcessor.from_pretrained(path, **kw)
-        else:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw)
-            processor = AutoTokenizer.from_pretrained(path, **kw)
+                model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype, **kw)
+                processor = AutoProcessor.from_pretrained(path, **kw)
+            else:
+                model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw)
+                processor = AutoTokenizer.from_pretrained(path, **kw)
         model.to(device)
         model.eval()
         self._model, self._processor = model, processor

@@ -159,6 +159,23 @@ def _summed_over_ranks(counts: Sequence[int]) -> tuple[int, ...]:
     return tuple(int(x) for x in total.tolist())
 
 
+class PreflightCallback(TrainerCallback):
+    """Runs a recipe's reward preflight at ``on_train_begin``: after the Trainer has placed the model on
+    its accelerator (DeepSpeed wraps and moves it only inside ``train()``), on every rank (under ZeRO-3
+    the momentum roles' forward passes are collectives), after a resume has restored the checkpoint."""
+
+    def __init__(self, preflight: Any) -> None:
+        self.preflight = preflight
+        self.seconds = 0.0  # kept out of the run's training time
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        import time
+
+        t0 = time.perf_counter()
+        self.preflight()
+        self.seconds = time.perf_counter() - t0
+
+
 class ResumeShuffleCallback(TrainerCallback):
     """A run resumed in epoch e >= 1 continues with epoch e's data order, not epoch 0's.
 

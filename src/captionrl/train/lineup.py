@@ -388,6 +388,7 @@ def load_checkpoint_policy(cfg: LineupConfig, ckpt: Path) -> Any:
     import dataclasses
 
     from captionrl.train.common import load_policy
+    from captionrl.train.sharding import to_inference_device
 
     if (ckpt / "adapter_config.json").exists():
         from peft import PeftModel
@@ -397,7 +398,7 @@ def load_checkpoint_policy(cfg: LineupConfig, ckpt: Path) -> Any:
     else:
         model, _, _ = load_policy(dataclasses.replace(cfg.policy, model=str(ckpt)))
     model.eval()
-    return model
+    return to_inference_device(model)  # the training GPU, not rank 0's CPU
 
 
 def select_checkpoint(cfg: LineupConfig, data: LineupData, processing: Any, reward: ShapedReward, out: Path,
@@ -478,9 +479,10 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
                                                        clipped["trained"]))]
     if cfg.eval.compare_initial:
         from captionrl.train.common import load_policy
+        from captionrl.train.sharding import to_inference_device
 
         base, base_proc, _ = load_policy(cfg.policy)
-        base.eval()
+        base = to_inference_device(base).eval()
         systems.append(CaptionSet("initial", generate_captions(base, base_proc, rows, max_new, use_chart, "initial",
                                                                clipped["initial"])))
         del base

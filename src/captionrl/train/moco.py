@@ -339,13 +339,18 @@ def model_roles(generator_model: Any, judge_model: Any, processing: Any, batch_s
 
 class MocoReward(JudgeReward):
     """The online rubric judge as a TRL reward: passes the optimizer step (seeds the subsets) and logs the
-    rubric diagnostics every call; unscored groups stay ``None``."""
+    rubric diagnostics every call; unscored groups stay ``None``. ``weights`` is entered around each call on
+    every rank (``sharding.full_weights``: under ZeRO-3 the momentum roles then generate on gathered weights,
+    however many generate calls each rank's groups need)."""
+
+    weights: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
 
     def __call__(self, prompts: Sequence[Any] | None = None, completions: Sequence[Any] = (),
                  completion_ids: Any = None, **kwargs: Any) -> list[float | None]:
         state = kwargs.get("trainer_state")
         kwargs["step"] = [int(state.global_step) if state is not None else -1] * len(completions)
-        scores = super().__call__(prompts, completions, completion_ids, **kwargs)
+        with self.weights():
+            scores = super().__call__(prompts, completions, completion_ids, **kwargs)
         groups = self.judge.last_groups  # type: ignore[attr-defined]
         fallback = [g for g in groups if g.source == "facts-fallback"]
         # a fallback rubric is the item's facts, not the Generator's: the bound stops a run living on them
@@ -415,6 +420,9 @@ class MocoRecipe(Recipe):
             n = self.box["momentum"].load_initial(separate_state(self.cfg))
             print(f"momentum: separate initialisation from {self.cfg.momentum.init_from} ({n} tensors)")
         MomentumCallback(self.box["momentum"], resume_dir=run.resume_from).attach(trainer)
+        from captionrl.train.sharding import full_weights
+
+        self.reward.weights = lambda: full_weights(trainer)  # ZeRO-3: the roles read gathered weights
         return trainer
 
     def preflight(self, run: Run) -> None:

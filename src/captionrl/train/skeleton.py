@@ -7,8 +7,9 @@ A recipe (LineupRL, RubiCap, MoCo Rubric, SFT) is its config, its dataset and it
 subclasses ``Recipe`` and fills in ``dataset`` and ``reward_functions`` (and, where it differs, the
 step it changes). Two hooks are named for what they are for:
 
-- ``preflight(run)``: runs once the trainer exists, before step 1 (e.g. checking that the reward scores
-  the policy's captions at all). Default: nothing.
+- ``preflight(run)``: runs before step 1, at the trainer's ``on_train_begin`` (the model is on its
+  accelerator by then, on every rank), e.g. checking that the reward scores the policy's captions at
+  all. Default: nothing.
 - ``final_evaluation(run) -> dict``: runs on the main process after the model is saved; what it returns
   joins the result file. Default: nothing.
 
@@ -26,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from captionrl.train import common
+from captionrl.train.gpu_checks import check_gpu_settings
+from captionrl.train.sharding import full_weights, no_zero3_init
 
 
 @dataclass
@@ -125,8 +128,9 @@ def prepare(recipe: Recipe) -> Run:
     common.quiet_offline_env(run.out)
     run.resume_from = common.prepare_run_dir(cfg, run.out, cfg.train.resume,  # config diff check, before any load
                                              recipe.checkpoint_files)
-    common.probe_servers(recipe.servers())
     run.args = recipe.trainer_args(run)
+    check_gpu_settings(run.args, getattr(cfg, "policy", None), recipe.servers())  # GPU-only mistakes, before any load
+    common.probe_servers(recipe.servers())
     run.data = recipe.dataset(run)
     common.apply_threads(cfg.train.threads)
     recipe.load_policy(run)
@@ -137,7 +141,10 @@ def train(recipe: Recipe) -> Run:
     """Run ``recipe`` through every step; returns the ``Run`` (its ``result`` is what the result file holds)."""
     run = prepare(recipe)
     run.trainer = recipe.build_trainer(run)
-    recipe.preflight(run)
+    from captionrl.train.callbacks import PreflightCallback
+
+    preflight = PreflightCallback(lambda: recipe.preflight(run))  # once the model is on the accelerator, every rank
+    run.trainer.add_callback(preflight)
     if run.resume_from is not None:
         print(f"resuming from {run.resume_from}")
     t0 = time.perf_counter()
@@ -145,20 +152,24 @@ def train(recipe: Recipe) -> Run:
         run.train_output = run.trainer.train(resume_from_checkpoint=str(run.resume_from) if run.resume_from else None)
     finally:
         recipe.close(run)
-    run.train_seconds = time.perf_counter() - t0
+    run.train_seconds = time.perf_counter() - t0 - preflight.seconds
     run.result.update(out_dir=str(run.out), train_seconds=round(run.train_seconds, 1),
                       steps=int(run.trainer.state.global_step))
     run.result["model"] = str(common.save_final_model(run.trainer, run.out / "model"))  # every rank: ZeRO-3 gathers
-    if not run.trainer.accelerator.is_main_process:
-        return run
-    run.result.update(recipe.final_evaluation(run))
+    summary = recipe.summary(run)  # every rank: under ZeRO-3 the momentum's distances gather parameters
+    # ZeRO-3: every rank gathers the trained weights once, then rank 0 evaluates them locally (and loads
+    # checkpoints as plain models); a forward over partitioned weights on one rank alone would hang.
+    with full_weights(run.trainer), no_zero3_init():
+        if not run.trainer.accelerator.is_main_process:
+            return run
+        run.result.update(recipe.final_evaluation(run))
     run.result.update(curves(recipe, run))
     timing = run.out / "timing.json"  # written by train.timing's StepTimer: parts of a step and the dtypes chosen
     if timing.is_file():
         import json
 
         run.result["timing"] = json.loads(timing.read_text())
-    run.result.update(recipe.summary(run))
+    run.result.update(summary)
     from captionrl.records import write_json
 
     write_json(run.out / recipe.result_file, run.result)

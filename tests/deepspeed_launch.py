@@ -1,0 +1,73 @@
+"""Shared by the DeepSpeed rehearsals: launch ``captionrl train`` on 2 CPU processes through ``accelerate
+launch`` with the project's own ``configs/accelerate/cpu-zero{2,3}.yaml``, and read back saved weights.
+
+DeepSpeed's CPU accelerator runs the collectives over gloo when oneCCL is absent, so ZeRO-2 and ZeRO-3
+shard for real across the two processes. One torch thread per process (the machine is shared)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGES = ("zero2", "zero3")
+
+requires_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
+                                        reason="needs deepspeed (pip install -e '.[dev]')")
+
+
+def free_port() -> int:
+    """A free TCP port for the rendezvous (two rehearsals in two pytest workers must not share one)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch(stage: str, recipe: str, config: str, overrides: list[str], timeout: int = 900) -> tuple[str, float]:
+    """Run one training command under DeepSpeed ``stage`` on 2 CPU processes; returns (output, wall seconds).
+    A non-zero exit (any rank failing) fails the test with the output's tail."""
+    accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or "accelerate"
+    cmd = [accelerate, "launch", "--config_file", str(ROOT / "configs" / "accelerate" / f"cpu-{stage}.yaml"),
+           "--main_process_port", str(free_port()),
+           "-m", "captionrl.cli", "train", recipe, "--config", str(ROOT / "configs" / config), *overrides]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    wall = time.perf_counter() - t0
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    return out, wall
+
+
+def weights(folder: Path) -> dict[str, Any]:
+    """The tensors of a saved model or adapter folder (``*.safetensors``), float32 for comparisons."""
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    assert files, f"no safetensors in {folder}"
+    out: dict[str, Any] = {}
+    for f in files:
+        out.update({k: v.float() for k, v in load_file(str(f)).items()})
+    return out
+
+
+def moved_fraction(before: dict[str, Any], after: dict[str, Any]) -> float:
+    """Share of the common tensors whose values changed."""
+    common = [k for k in before if k in after and before[k].shape == after[k].shape]
+    assert common, (sorted(before)[:3], sorted(after)[:3])
+    return sum(not bool((before[k] == after[k]).all()) for k in common) / len(common)
+
+
+def max_difference(a: dict[str, Any], b: dict[str, Any]) -> float:
+    assert a.keys() == b.keys(), sorted(set(a) ^ set(b))[:5]
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
