@@ -47,3 +47,12 @@ def embedded_backend():
     backend = HFBackend("embedded", dtype="float32", batch_size=8)  # exact comparisons: pinned
     backend._ensure_loaded()
     return backend
+
+
+@pytest.fixture(scope="session")
+def tiny_llama() -> str:
+    """Folder of the tiny random SmolLM2-shaped policy (``captionrl.testing.tiny_llama``): the policy of the
+    training-mechanics tests, whose checks need a model that trains, not one that writes English."""
+    from captionrl.testing.tiny_llama import tiny_llama_dir
+
+    return str(tiny_llama_dir())

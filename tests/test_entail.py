@@ -18,13 +18,27 @@ REFS = ["The series rises.", "The maximum is 20.", "The series falls sharply to 
 
 @pytest.mark.slow
 def test_llm_judge_scores_share_of_references(embedded_backend):
-    for method in ("yesno", "letters"):
+    """P(entails) of each (caption, reference) is the model's probability of the first option for the
+    premise-then-hypothesis question, and the scores are the share / mean of them.
+
+    SmolLM2-135M cannot tell entailment from contradiction (measured: P(Yes) 0.40-0.49 and P(A) 0.87-0.88
+    for references that hold, contradict the caption, or are about cooking), so no assertion here can be
+    that the contradicting reference scores lower; what a wrong implementation breaks is which prompt is
+    asked (premise and hypothesis swapped), which option is read (No for Yes), and which reference a value
+    lands on. Each is checked against the model's own answer to the question built here from the template.
+    """
+    from captionrl.judges.entail import LETTERS_TAIL, QUESTION, YESNO_TAIL
+
+    for method, options, tail in (("yesno", ["Yes", "No"], YESNO_TAIL), ("letters", ["A", "B"], LETTERS_TAIL)):
         judge = EntailmentJudge(embedded_backend, method=method)
         assert isinstance(judge, Judge)
         (j,) = judge.judge([CAPTION], {"references": [REFS]})
         assert j.scored and j.method == method and j.extra["path"] == "logits"
         p = j.extra["p_entail"]
-        assert len(p) == 3 and all(0.0 <= x <= 1.0 for x in p)
+        asked = [[{"role": "user", "content": QUESTION.format(premise=CAPTION, hypothesis=r) + tail}] for r in REFS]
+        expected = [r.probs[options[0]] for r in embedded_backend.choose(asked, options)]
+        assert p == pytest.approx(expected, abs=1e-6), (method, p, expected)
+        assert len(set(p)) == 3  # three different questions, three different answers
         assert j.score == pytest.approx(sum(x > 0.5 for x in p) / 3)
         assert j.extra["soft"] == pytest.approx(sum(p) / 3)
     (empty,) = EntailmentJudge(embedded_backend).judge([""], {"references": [REFS]})

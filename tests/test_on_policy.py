@@ -1,7 +1,8 @@
 """RLOO on-policy shortcut: skipping TRL's old-policy pass changes nothing but the work done.
 
-Two real 1-step RLOO runs of the embedded model from the same seed and data, one with TRL's pass and one
-without, sample the same captions and move the weights the same way (AdamW's first step is about
+Two real 1-step RLOO runs of a tiny random SmolLM2-shaped policy (the embedded tokenizer and chat template,
+``captionrl.testing.tiny_llama``; the check is about TRL's mechanics, not the model) from the same seed and
+data, one with TRL's pass and one without, sample the same captions and move the weights the same way (AdamW's first step is about
 ``lr * sign(grad)``, so a wrong gradient shows as an lr-sized difference); only the patched trainer skips
 the no-grad pass. Off-policy settings (mu > 1, a KL term, GRPO) keep TRL's pass.
 """
@@ -42,9 +43,9 @@ def train_config(tmp_path, name: str, **kw) -> common.TrainConfig:
     return common.TrainConfig(**{**base, **kw})
 
 
-def one_step(tmp_path, name: str, skip: bool) -> tuple[dict[str, torch.Tensor], dict, list[str]]:
+def one_step(tmp_path, policy: str, name: str, skip: bool) -> tuple[dict[str, torch.Tensor], dict, list[str]]:
     train = train_config(tmp_path, name)
-    model, tok, _ = common.load_policy(common.PolicyConfig(model="embedded"))
+    model, tok, _ = common.load_policy(common.PolicyConfig(model=policy))
     args = common.trainer_args(train, seed=0)
     from trl import RLOOTrainer
 
@@ -66,12 +67,12 @@ def one_step(tmp_path, name: str, skip: bool) -> tuple[dict[str, torch.Tensor], 
     return params, (state or {}), captions
 
 
-def test_skipping_the_old_policy_pass_gives_the_same_update(tmp_path):
-    model0, _, _ = common.load_policy(common.PolicyConfig(model="embedded"))
+def test_skipping_the_old_policy_pass_gives_the_same_update(tmp_path, tiny_llama):
+    model0, _, _ = common.load_policy(common.PolicyConfig(model=tiny_llama))
     initial = {n: p.detach().clone() for n, p in model0.named_parameters()}
     del model0
-    plain, _, plain_captions = one_step(tmp_path, "plain", skip=False)
-    fast, state, fast_captions = one_step(tmp_path, "fast", skip=True)
+    plain, _, plain_captions = one_step(tmp_path, tiny_llama, "plain", skip=False)
+    fast, state, fast_captions = one_step(tmp_path, tiny_llama, "fast", skip=True)
 
     assert state["skipped"] == 1  # one generation batch, one skipped no-grad pass
     assert fast_captions == plain_captions and len(set(plain_captions)) > 1  # same samples, varied rewards
@@ -81,10 +82,10 @@ def test_skipping_the_old_policy_pass_gives_the_same_update(tmp_path):
     assert diff < 0.05 * LR, f"updates differ by {diff:.3g} (lr {LR})"
 
 
-def test_off_policy_settings_keep_trls_pass(tmp_path):
+def test_off_policy_settings_keep_trls_pass(tmp_path, tiny_llama):
     from trl import GRPOTrainer, RLOOTrainer
 
-    model, tok, _ = common.load_policy(common.PolicyConfig(model="embedded"))
+    model, tok, _ = common.load_policy(common.PolicyConfig(model=tiny_llama))
     cases = {
         "mu2": (RLOOTrainer, {"num_iterations": 2}),
         "kl": (RLOOTrainer, {"beta": 0.05}),

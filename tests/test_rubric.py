@@ -164,14 +164,32 @@ def test_facts_rubric_separates_true_from_contradicting_captions_with_smollm2(em
 
 @pytest.mark.slow
 def test_choose_mode_with_smollm2_records_method_and_probabilities(embedded_backend):
+    """Soft choose mode: each criterion's value is the model's P(yes) for that caption and criterion, read
+    from the logits, and the score is their weighted mean.
+
+    SmolLM2-135M's yes/no does not separate the true caption from the contradicting one here (measured:
+    soft score 0.623 true vs 0.634 contradicting on this scene; the likelihood mode above does separate
+    them), so the comparison is not asserted; what a wrong implementation breaks (P(no) read for P(yes),
+    caption and criterion swapped, values on the wrong criterion, an unweighted mean) is.
+    """
+    from captionrl.judges.prompts import JUDGE_CHOOSE_TEMPLATE
+
     scene = generate_scenes(1, seed=3)[0]
     rubric = rubric_from_facts(scene)
     judge = RubricJudge(embedded_backend, mode="choose", decision="soft")
-    got = judge.judge([scene.reference_caption, scene.contradicting_caption], {"rubric": [rubric, rubric]})
-    for j in got:
+    captions = [scene.reference_caption, scene.contradicting_caption]
+    got = judge.judge(captions, {"rubric": [rubric, rubric]})
+    weights = [item.weight for item in rubric]
+    assert len(set(weights)) > 1  # a weighted and an unweighted mean differ
+    for caption, j in zip(captions, got, strict=True):
         assert j.scored and 0.0 <= j.score <= 1.0
         assert j.extra["backend_method"] == "logits" and len(j.extra["values"]) == len(rubric)
-    print(f"\nchoose mode (soft): true={got[0].score:.3f} contradicting={got[1].score:.3f}")
+        asked = [[{"role": "user", "content": JUDGE_CHOOSE_TEMPLATE.format(
+            caption=caption.strip(), criterion=item.criterion, test=item.test)}] for item in rubric]
+        expected = [r.probs["yes"] for r in embedded_backend.choose(asked, ["yes", "no"])]
+        assert j.extra["values"] == pytest.approx(expected, abs=1e-6)
+        assert j.score == pytest.approx(np.dot(weights, expected) / sum(weights), abs=1e-6)
+    assert got[0].extra["values"] != pytest.approx(got[1].extra["values"], abs=1e-4)  # the caption was read
 
 
 class Interrupting:

@@ -1,5 +1,6 @@
-"""Shared multi-role SFT and SFT distillation: record linking, role prompts, and real training steps of
-the embedded SmolLM2 in which every trainable parameter changes (full and LoRA), with resume."""
+"""Shared multi-role SFT and SFT distillation: record linking, role prompts, and real training steps in which
+every trainable parameter changes (full and LoRA), with resume. The steps train a tiny random SmolLM2-shaped
+model (the embedded tokenizer and chat template, ``captionrl.testing.tiny_llama``): they check mechanics."""
 
 from __future__ import annotations
 
@@ -154,18 +155,28 @@ def _changed(model, before) -> tuple[list[str], list[str]]:
     return trainable, unchanged
 
 
+@pytest.fixture(scope="module")
+def tiny_policy(tiny_llama):
+    """The tiny policy, loaded once: (model, tokenizer); each test trains a deep copy."""
+    from captionrl.train.common import PolicyConfig, load_policy
+
+    model, tok, _ = load_policy(PolicyConfig(model=tiny_llama))
+    return model, tok
+
+
 @pytest.mark.slow
-def test_full_multirole_sft_changes_every_parameter(embedded_backend, tmp_path) -> None:
+def test_full_multirole_sft_changes_every_parameter(tiny_policy, tmp_path) -> None:
     from captionrl.train.sft import run
 
-    model = copy.deepcopy(embedded_backend.model)
+    base, tok = tiny_policy
+    model = copy.deepcopy(base)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     cfg = load_config(SFTRunConfig, None, [
         "data.demo=true", "data.demo_images=1", f"train.out_dir={tmp_path}", "train.max_steps=2",
         "train.per_device_train_batch_size=1", "train.max_length=320", "train.report_to=[]",
         "train.logging_steps=1", "train.save_steps=2", "train.learning_rate=0.0001",
     ])
-    result = run(cfg, model=model, processing=embedded_backend.tokenizer)
+    result = run(cfg, model=model, processing=tok)
     assert result["steps"] == 2 and result["rows"] == {"policy": 2, "generator": 1, "judge": 2}
     trainable, unchanged = _changed(result["trainer"].model, before)
     assert len(trainable) == len(before) and not unchanged, unchanged[:5]
@@ -176,10 +187,11 @@ def test_full_multirole_sft_changes_every_parameter(embedded_backend, tmp_path) 
 
 
 @pytest.mark.slow
-def test_lora_sft_changes_every_adapter_weight_and_resumes(embedded_backend, tmp_path) -> None:
+def test_lora_sft_changes_every_adapter_weight_and_resumes(tiny_policy, tmp_path) -> None:
     from captionrl.train.sft import run
 
-    base_before = {n: p.detach().clone() for n, p in embedded_backend.model.named_parameters()}
+    base, tok = tiny_policy
+    base_before = {n: p.detach().clone() for n, p in base.named_parameters()}
     # captions-only rows keep the prompts short; the roles are the same code path
     args = ["data.demo=true", "data.demo_images=2", "data.roles=[policy]", f"train.out_dir={tmp_path}",
             "train.per_device_train_batch_size=1", "train.max_length=160", "train.report_to=[]",
@@ -194,7 +206,7 @@ def test_lora_sft_changes_every_adapter_weight_and_resumes(embedded_backend, tmp
             start.update({n: p.detach().clone() for n, p in model.named_parameters()})
 
     cfg = load_config(SFTRunConfig, None, [*args, "train.max_steps=2"])
-    result = run(cfg, model=copy.deepcopy(embedded_backend.model), processing=embedded_backend.tokenizer,
+    result = run(cfg, model=copy.deepcopy(base), processing=tok,
                  callbacks=[Snapshot()])
     peft_model = result["trainer"].model
     trainable, unchanged = _changed(peft_model, start)
@@ -207,7 +219,7 @@ def test_lora_sft_changes_every_adapter_weight_and_resumes(embedded_backend, tmp
             assert (p == base_before[key]).all(), n
     # rerunning with the same folder resumes from checkpoint-2 and trains only the missing step
     cfg3 = load_config(SFTRunConfig, None, [*args, "train.max_steps=3"])
-    again = run(cfg3, model=copy.deepcopy(embedded_backend.model), processing=embedded_backend.tokenizer)
+    again = run(cfg3, model=copy.deepcopy(base), processing=tok)
     assert again["resumed_from"].endswith("checkpoint-2") and again["steps"] == 3
     losses = [h["step"] for h in again["log_history"] if "loss" in h]
     assert losses == [1, 2, 3]  # steps 1-2 come from the checkpoint's history, step 3 is new

@@ -1,5 +1,6 @@
-"""Per-step time breakdown: a real 2-step RLOO run on the embedded model, with a real verifier backend
-inside its reward, logs every ``time/*`` part, the parts fit inside the step, and the verifier's share
+"""Per-step time breakdown: a real 2-step RLOO run of a tiny random SmolLM2-shaped policy (the breakdown is
+mechanics; ``captionrl.testing.tiny_llama``), with the real embedded model as the verifier backend inside
+its reward, logs every ``time/*`` part, the parts fit inside the step, and the verifier's share
 is a part of the reward's."""
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class LikelihoodReward:
         return [None if s is None else s / max(len(t), 1) for s, t in zip(scores, texts, strict=True)]
 
 
-def test_two_step_run_logs_every_part_and_parts_fit_in_the_step(tmp_path, capsys):
+def test_two_step_run_logs_every_part_and_parts_fit_in_the_step(tmp_path, capsys, tiny_llama):
     from datasets import Dataset
 
     from captionrl.backends.hf import HFBackend
@@ -40,7 +41,7 @@ def test_two_step_run_logs_every_part_and_parts_fit_in_the_step(tmp_path, capsys
         algorithm="rloo", out_dir=str(tmp_path), num_generations=2, per_device_train_batch_size=4,
         max_completion_length=8, max_steps=2, save_steps=100, beta=0.0, report_to=[], learning_rate=1e-5,
     )
-    model, tok, _ = common.load_policy(common.PolicyConfig(model="embedded"))
+    model, tok, _ = common.load_policy(common.PolicyConfig(model=tiny_llama))
     verifier = HFBackend("embedded", dtype="float32", batch_size=8)
     reward = LikelihoodReward(verifier)
     data = Dataset.from_dict({"prompt": [[{"role": "user", "content": f"Say a word about {w}."}]
@@ -64,7 +65,7 @@ def test_two_step_run_logs_every_part_and_parts_fit_in_the_step(tmp_path, capsys
     assert summary["steps"] == 2 and summary["timed_backends"] == [verifier.name]
     assert 0.0 < summary["share_of_step"]["verifier"] <= summary["share_of_step"]["reward"] < 1.0
     assert summary["old_policy_logprobs"].startswith("skipped: on-policy")  # rloo, beta 0: train/on_policy.py
-    assert summary["dtypes"]["policy:embedded"]["dtype"] == "float32"
+    assert summary["dtypes"][f"policy:{tiny_llama}"]["dtype"] == "float32"
     assert summary["dtypes"][verifier.name]["reason"] == "float32 as configured"
     out = capsys.readouterr().out
     assert "step 2 time: generation" in out and "time per step (mean)" in out

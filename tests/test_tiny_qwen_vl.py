@@ -12,6 +12,7 @@ import pytest
 
 from captionrl.config import load_config
 from captionrl.errors import ConfigError
+from servers import requires_llama_cpp
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = ["qwen2.5-vl", "qwen3-vl"]
@@ -201,8 +202,7 @@ def vision_calls(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_rubicap_grpo_step_with_tiny_qwen_vl_policy(family, tmp_path, embedded_backend, vision_calls):
-    import torch
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from transformers import AutoProcessor
 
     from captionrl.backends.hf import resolve_model_path
     from captionrl.testing.tiny_qwen_vl import CHAT_TEMPLATES
@@ -210,6 +210,7 @@ def test_rubicap_grpo_step_with_tiny_qwen_vl_policy(family, tmp_path, embedded_b
     from captionrl.train.curves import load_metrics
     from captionrl.train.logging import load_samples
     from captionrl.train.rubicap import RubicapConfig
+    from checks import unchanged_between_folders
 
     out = tmp_path / "run"
     cfg = load_config(RubicapConfig, ROOT / "configs" / "rubicap-cpu.yaml", [
@@ -221,12 +222,14 @@ def test_rubicap_grpo_step_with_tiny_qwen_vl_policy(family, tmp_path, embedded_b
     result = rubicap.run(cfg, judge_backend=embedded_backend)
     metrics = load_metrics(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1] and metrics[0]["rubric/unscored_frac"] == 0.0
-    assert len(load_samples(out)) == 2 and vision_calls  # the image of each prompt went through the tower
-    base = AutoModelForImageTextToText.from_pretrained(resolve_model_path(f"tiny-{family}")[0])
-    trained = AutoModelForImageTextToText.from_pretrained(result["model"])
-    moved = [n for (n, p0), (_, p1) in zip(base.named_parameters(), trained.named_parameters(), strict=True)
-             if not torch.equal(p0, p1)]
-    assert any("visual" in n for n in moved) and any("language_model" in n for n in moved), moved[:5]
+    samples = load_samples(out)
+    assert len(samples) == 2 and vision_calls  # the image of each prompt went through the tower
+    rewards = [s["reward"] for s in samples]  # the judge's likelihood-mode rewards: real and graded
+    assert all(isinstance(r, float) and 0.0 <= r <= 1.0 for r in rewards) and rewards[0] != rewards[1], samples
+    assert metrics[0]["reward"] == pytest.approx(sum(rewards) / 2, abs=1e-5)
+    # as TRL's trainer tests check: every trainable parameter (vision tower, merger, language model) moved
+    unchanged = unchanged_between_folders(resolve_model_path(f"tiny-{family}")[0], result["model"], vlm=True)
+    assert not unchanged, f"parameters that did not move: {unchanged[:5]}"
     # the saved model reloads with its family's processor (what `captionrl caption` on a checkpoint needs)
     saved = AutoProcessor.from_pretrained(result["model"])
     assert type(saved).__name__ == {"qwen2.5-vl": "Qwen2_5_VLProcessor", "qwen3-vl": "Qwen3VLProcessor"}[family]
@@ -235,9 +238,12 @@ def test_rubicap_grpo_step_with_tiny_qwen_vl_policy(family, tmp_path, embedded_b
 
 @pytest.mark.slow
 def test_lineup_rloo_step_with_tiny_qwen2_5_vl_policy_on_charts(tmp_path, embedded_backend, vision_calls):
+    from captionrl.backends.hf import resolve_model_path
     from captionrl.train import lineup
     from captionrl.train.curves import load_metrics
     from captionrl.train.lineup import LineupConfig
+    from captionrl.train.logging import load_samples
+    from checks import unchanged_between_folders
 
     out = tmp_path / "run"
     cfg = load_config(LineupConfig, ROOT / "configs" / "lineup-cpu.yaml", [
@@ -248,10 +254,15 @@ def test_lineup_rloo_step_with_tiny_qwen2_5_vl_policy_on_charts(tmp_path, embedd
         "train.save_steps=1", "train.learning_rate=1.0e-5", "train.beta=0.0", "train.report_to=[]",
         "train.threads=1", "eval.enabled=false", f"train.out_dir={out}",
     ])
-    lineup.run(cfg, verifier=embedded_backend)
+    result = lineup.run(cfg, verifier=embedded_backend)
     metrics = load_metrics(out / "metrics.jsonl")
-    assert [m["step"] for m in metrics] == [1] and metrics[0]["reward"] == metrics[0]["reward"]  # not NaN
+    assert [m["step"] for m in metrics] == [1] and metrics[0]["identification/unscored_frac"] == 0.0
+    rewards = [s["reward"] for s in load_samples(out)]  # soft identification minus the config's penalties
+    assert len(rewards) == 2 and all(isinstance(r, float) and r == r for r in rewards), rewards  # no None/NaN
+    assert rewards[0] != rewards[1] and metrics[0]["reward"] == pytest.approx(sum(rewards) / 2, abs=1e-5)
     assert sum(vision_calls) >= 2  # the charts (not only numbers) reached the policy's vision tower
+    unchanged = unchanged_between_folders(resolve_model_path("tiny-qwen2.5-vl")[0], result["model"], vlm=True)
+    assert not unchanged, f"parameters that did not move: {unchanged[:5]}"
 
 
 @pytest.mark.slow
@@ -291,11 +302,15 @@ def test_lineup_paper_config_dry_run_with_tiny_qwen2_5_vl(tmp_path, embedded_bac
 
 
 @pytest.mark.slow
-def test_rubicap_paper_config_dry_run_with_tiny_qwen2_5_vl(tmp_path, embedded_backend, vision_calls):
+@pytest.mark.server
+@requires_llama_cpp
+def test_rubicap_paper_config_dry_run_with_tiny_qwen2_5_vl(tmp_path, llama_server, vision_calls):
     """configs/rubicap-paper.yaml with its models, data and rubric source replaced by offline ones.
 
     Kept from the paper config: GRPO with the standard loss and beta 0.04 (a reference model), warmup,
-    gradient checkpointing, and the judge's generate mode with hard yes/no decisions.
+    gradient checkpointing, and the judge's generate mode with hard yes/no decisions from a served
+    OpenAI-compatible judge (here llama.cpp serving SmolLM2, asked for the judgment schema as
+    ``json_object``: unconstrained, a 135M model rarely writes the JSON, and every reward would be None).
     """
     from captionrl.train import rubicap
     from captionrl.train.curves import load_metrics
@@ -304,25 +319,28 @@ def test_rubicap_paper_config_dry_run_with_tiny_qwen2_5_vl(tmp_path, embedded_ba
 
     out = tmp_path / "run"
     cfg = load_config(RubicapConfig, ROOT / "configs" / "rubicap-paper.yaml", [
-        "policy.model=tiny-qwen2.5-vl", "policy.dtype=float32", "judge.kind=hf", "judge.model=embedded",
-        "data.items=scenes:2:0", "rubrics.source=facts", "reward.max_new_tokens=48",
+        "policy.model=tiny-qwen2.5-vl", "policy.dtype=float32", f"judge.base_url={llama_server.base_url}",
+        f"judge.model={llama_server.model}", "judge.concurrency=1", "reward.structured_output=json_object",
+        "data.items=scenes:2:0", "rubrics.source=facts", "reward.max_new_tokens=96",
         "train.num_generations=2", "train.per_device_train_batch_size=2", "train.gradient_accumulation_steps=1",
         "train.max_completion_length=8", "train.max_steps=1", "train.save_steps=1", "train.report_to=[]",
         "train.threads=1", "train.use_cpu=true", "train.bf16=false", f"train.out_dir={out}",
-        "train.force_preflight=true",  # the embedded judge's generate-mode replies do not parse: refused unforced
+        "train.force_preflight=true",  # a 135M judge's yes/no cannot tell the facts from the probes
     ])
-    assert (cfg.reward.mode, cfg.train.loss_type, cfg.train.beta, cfg.train.gradient_checkpointing) == (
-        "generate", "grpo", 0.04, True)
-    rubicap.run(cfg, judge_backend=embedded_backend)
-    assert "FAILED, forced" in (out / "preflight.md").read_text()  # the preflight ran and said why
+    assert (cfg.reward.mode, cfg.reward.decision, cfg.train.loss_type, cfg.train.beta,
+            cfg.train.gradient_checkpointing) == ("generate", "hard", "grpo", 0.04, True)
+    rubicap.run(cfg)
+    assert (out / "preflight.md").read_text().startswith("# Reward preflight")  # it ran before step 1
     metrics = load_metrics(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1] and "kl" in metrics[0]
+    assert metrics[0]["rubric/unscored_frac"] == 0.0, metrics[0]  # every schema-constrained reply parsed
     samples = load_samples(out)
     assert len(samples) == 2 and vision_calls
-    # SmolLM2-135M rarely writes the JSON generate mode asks for: such a reply is unscored (None, with the
-    # reason), never 0; a reply that parses scores in [0, 1]
-    for s in samples:
-        assert (s["reward"] is None and "unparseable judge reply" in s["error"]) or 0.0 <= s["reward"] <= 1.0, s
+    for s in samples:  # a real hard-decision reward: the weighted share of the criteria judged satisfied
+        assert s["error"] is None and s["method"] == "generate" and len(s["satisfied"]) == s["rubric_size"] > 0, s
+        met = sum(w for w, yes in zip(s["weights"], s["satisfied"], strict=True) if yes)
+        assert s["reward"] == pytest.approx(met / sum(s["weights"])), s
+    assert metrics[0]["reward"] == pytest.approx(sum(s["reward"] for s in samples) / 2, abs=1e-5)
 
 
 @pytest.mark.slow

@@ -1,7 +1,8 @@
 """LineupRL on TRL: bad configs fail before any model loads; a shrunk CPU run trains for real.
 
-The training test runs RLOO for two steps on the embedded model with the embedded verifier (likelihood
-mode) and checks (1) every trainable parameter changed, (2) the rewards TRL logged are the ones the
+The training test runs RLOO for two steps of a tiny random SmolLM2-shaped policy (the embedded tokenizer
+and chat template: ``captionrl.testing.tiny_llama``) with the real embedded verifier (likelihood mode) and
+checks (1) every trainable parameter changed, (2) the rewards TRL logged are the ones the
 verifier gave: the per-caption sample records average to TRL's logged step reward, and re-judging the
 logged captions with the same judge gives the recorded identification scores.
 """
@@ -203,24 +204,19 @@ def test_llm_claims_need_a_backend():
 
 # ---------------------------------------------------------------------- real training
 @pytest.mark.slow
-def test_lineup_trains_for_real_and_logs_the_verifiers_rewards(tmp_path, embedded_backend):
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from captionrl.embedded import embedded_model_dir
+def test_lineup_trains_for_real_and_logs_the_verifiers_rewards(tmp_path, embedded_backend, tiny_llama):
     from captionrl.judges.identify import IdentificationJudge
     from captionrl.train.curves import load_metrics
     from captionrl.train.logging import load_samples
+    from checks import unchanged_between_folders
 
     out = tmp_path / "run"
-    cfg = load_config(LineupConfig, ROOT / "configs" / "lineup-cpu.yaml", [*TINY, f"train.out_dir={out}"])
+    cfg = load_config(LineupConfig, ROOT / "configs" / "lineup-cpu.yaml",
+                      [*TINY, f"policy.model={tiny_llama}", f"train.out_dir={out}"])
     result = lineup.run(cfg, verifier=embedded_backend)
 
     # 1. every trainable parameter changed (full fine-tuning: all of them)
-    before = AutoModelForCausalLM.from_pretrained(embedded_model_dir())
-    after = AutoModelForCausalLM.from_pretrained(result["model"])
-    unchanged = [n for (n, p0), (_, p1) in zip(before.named_parameters(), after.named_parameters(), strict=True)
-                 if torch.equal(p0, p1)]
+    unchanged = unchanged_between_folders(tiny_llama, result["model"])
     assert not unchanged, f"parameters that did not move: {unchanged[:5]}"
 
     # 2. TRL's logged step reward is the mean of the rewards our reward function returned
