@@ -21,7 +21,9 @@ once and its cache indexed out to the G rows, and ``generate`` continues from th
 
 Where it is not exact or not known to be, the trainer keeps TRL's pass and the reason is recorded:
 multimodal inputs (the vision tower's rope indices are computed from the whole row), MoE aux losses,
-gradient checkpointing (HF drops the cache under it), and batches with no prompt shared by two rows.
+gradient checkpointing (HF drops the cache under it), distributed runs (DDP's reducer and ZeRO-3's
+parameter gathering see two forward calls per loss; not yet verified), and batches with no prompt shared
+by two rows.
 """
 
 from __future__ import annotations
@@ -73,6 +75,11 @@ def shared_prefix_logps(model: Any, input_ids: Any, attention_mask: Any, logits_
 def shared_prefix_reason(trainer: Any) -> str | None:
     """Why the shared-prompt pass cannot be used for ``trainer`` (a sentence), or ``None`` when it can."""
     args = trainer.args
+    accelerator = getattr(trainer, "accelerator", None)
+    if accelerator is not None and (getattr(accelerator, "num_processes", 1) > 1
+                                    or getattr(accelerator.state, "deepspeed_plugin", None) is not None):
+        return ("the run is distributed (DDP or DeepSpeed): the two-part forward is verified in one process "
+                "only, so TRL's pass runs")
     if getattr(args, "gradient_checkpointing", False):
         return "gradient checkpointing is on (transformers drops the key/value cache under it)"
     if getattr(trainer, "aux_loss_enabled", False):
