@@ -65,6 +65,9 @@ def test_two_step_run_logs_every_part_and_parts_fit_in_the_step(tmp_path, capsys
     assert summary["steps"] == 2 and summary["timed_backends"] == [verifier.name]
     assert 0.0 < summary["share_of_step"]["verifier"] <= summary["share_of_step"]["reward"] < 1.0
     assert summary["old_policy_logprobs"].startswith("skipped: on-policy")  # rloo, beta 0: train/on_policy.py
+    shared = summary["shared_prompt_forward"]  # train/shared_prefix.py: 2 steps x 4 rows, 2 prompts per step
+    assert (shared["rows"], shared["prompts"], shared["fallback_calls"]) == (8, 4, 0), shared
+    assert shared["generation"] == {"rows": 8, "prompts": 4}, shared
     assert summary["dtypes"][f"policy:{tiny_llama}"]["dtype"] == "float32"
     assert summary["dtypes"][verifier.name]["reason"] == "float32 as configured"
     out = capsys.readouterr().out
