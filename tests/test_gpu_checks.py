@@ -67,12 +67,12 @@ def test_vllm_server_port_must_not_be_a_verifier_port(tmp_path):
     msg = str(exc.value)
     assert "train.vllm_server_port" in msg and "8000" in msg and "verifier" in msg and "vllm_server_port" in msg
     with pytest.raises(ConfigError, match="judge"):  # localhost and 127.0.0.1 are one host
-        check_vllm_port(_args(tmp_path, use_vllm=True, vllm_mode="server", extra={"vllm_server_port": 8001}),
+        check_vllm_port(_args(tmp_path, use_vllm=True, vllm_mode="server", vllm_server_port=8001),
                         [VERIFIER, JUDGE])
     with pytest.raises(ConfigError, match="verifier"):  # a base URL counts the same as host + port
         check_vllm_port(_args(tmp_path, use_vllm=True, vllm_mode="server",
-                              extra={"vllm_server_base_url": "http://localhost:8000"}), [VERIFIER])
-    check_vllm_port(_args(tmp_path, use_vllm=True, vllm_mode="server", extra={"vllm_server_port": 8010}),
+                              vllm_server_base_url="http://localhost:8000"), [VERIFIER])
+    check_vllm_port(_args(tmp_path, use_vllm=True, vllm_mode="server", vllm_server_port=8010),
                     [VERIFIER, JUDGE])
     check_vllm_port(_args(tmp_path, use_vllm=True, vllm_mode="colocate"), [VERIFIER])  # colocate opens no port
     remote = (BackendConfig(kind="openai", model="r", base_url="https://api.example.com:8000/v1"), "committee[0]")

@@ -240,7 +240,7 @@ def test_evolm_generator_parser_failure_is_unscored_and_an_invalid_reply_is_form
 # ---------------------------------------------------------------------- 5. a needed column is missing
 def test_shaping_without_the_series_column_raises_at_the_first_call():
     from captionrl.rewards.shaping import ShapedReward
-    from captionrl.train.lineup import LineupRewardConfig, shaping_config
+    from captionrl.train.lineup import LineupRewardConfig
 
     calls = []
 
@@ -248,7 +248,7 @@ def test_shaping_without_the_series_column_raises_at_the_first_call():
         calls.append(completions)
         return [1.0] * len(completions)
 
-    reward = ShapedReward(base, shaping_config(LineupRewardConfig()), name="lineup")  # the guard is on by default
+    reward = ShapedReward(base, LineupRewardConfig(), name="lineup")  # the guard is on by default
     with pytest.raises(DataError, match=r"columns\.series.*needs the 'series' column"):
         reward(prompts=["p"], completions=["1, 2, 3, 4, 5"], candidates=[[[1, 2, 3, 4, 5]] * 2])
     assert not calls

@@ -87,6 +87,12 @@ _ADAPTER_OF_SLOT = {EMA: MOMENTUM_ADAPTER, FROZEN: INITIAL_ADAPTER}
 GatherFn = Callable[[Sequence[torch.Tensor]], contextlib.AbstractContextManager[Any]]
 
 
+def needs_master(dtype: torch.dtype) -> bool:
+    """Whether an EMA in ``dtype`` would round small updates away (bf16, fp16): those get a float32 master;
+    float32 and float64 parameters are their own masters (a float64 EMA is not narrowed to float32)."""
+    return dtype.is_floating_point and torch.finfo(dtype).bits < 32
+
+
 @dataclass
 class MomentumSettings:
     """How the momentum model follows the Policy (paper §3.3, Tables 4-5)."""
@@ -267,8 +273,8 @@ class Momentum:
                 if m == 0.0:  # a copy: nothing to accumulate, no master needed
                     phi.copy_(theta)
                     self._master.pop(name, None)
-                elif phi.dtype == torch.float32:
-                    phi.mul_(m).add_(theta.float(), alpha=1.0 - m)
+                elif not needs_master(phi.dtype):  # float32/float64: the parameter is its own master
+                    phi.mul_(m).add_(theta.to(phi.dtype), alpha=1.0 - m)
                 else:  # bf16/fp16: the EMA runs on a float32 master, the parameter is its rounding
                     master = self._master.get(name)
                     if master is None or master.shape != phi.shape:
@@ -432,7 +438,7 @@ class Momentum:
                                       "resume with the same model and adapter configuration")
                 with gathered([theta, phi], self.gather):
                     phi.copy_(saved[name].to(phi.device, phi.dtype))
-                    if slot == self.momentum_slot and phi.dtype != torch.float32:
+                    if slot == self.momentum_slot and needs_master(phi.dtype):
                         self._master[name] = saved[name].to(phi.device, torch.float32, copy=True)
         self.updates = int(state.get("updates", 0))
         self.last_update_step = state.get("last_update_step")

@@ -253,8 +253,7 @@ class ShapedReward:
     # ------------------------------------------------------------------ TRL entry point
     def needed_columns(self) -> list[str]:
         """Columns the configured terms read: ``series`` for the transcription guard and the factuality term."""
-        c = self.cfg
-        return ["series"] if (c.transcription is not None or c.factuality.enabled) else []
+        return ["series"] if (self.guard is not None or self.factuality.enabled) else []
 
     def check_columns(self, kwargs: dict[str, Any]) -> None:
         """Raise at the first call when a term's column is missing: without it the guard and the factuality
