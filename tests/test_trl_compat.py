@@ -71,3 +71,19 @@ def test_the_trl_pin_matches_the_checked_release():
 
     text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
     assert f'"{trl_compat.TRL_PIN}"' in text and f"trl>={trl_compat.CHECKED_TRL}," in trl_compat.TRL_PIN
+
+
+def test_on_policy_inputs_give_the_loss_pass_logps_to_get_as_well_as_to_indexing():
+    """If TRL read ``old_logps`` with ``.get``, it must still get the loss pass's own log-probs, never the
+    placeholder zeros the skipped pass returned."""
+    import torch
+
+    from captionrl.train.on_policy import _OldLogpsFromLoss
+
+    per_token = torch.tensor([[0.5, -1.0, 2.0], [1.0, 1.0, 1.0]], requires_grad=True)
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    inputs = _OldLogpsFromLoss({"completion_mask": mask, "old_logps": torch.zeros(2)}, {"per_token_logps": per_token})
+    expected = torch.tensor([-0.5, 1.0])
+    assert torch.equal(inputs["old_logps"], expected) and torch.equal(inputs.get("old_logps"), expected)
+    assert not inputs.get("old_logps").requires_grad  # detached: the ratio's denominator carries no gradient
+    assert inputs.get("absent", "default") == "default"
