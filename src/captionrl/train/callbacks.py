@@ -200,7 +200,9 @@ class ResumeShuffleCallback(TrainerCallback):
 
 def _repeat_sampler(loader: Any) -> Any:
     """TRL's ``RepeatSampler`` under a (prepared) dataloader, or ``None``."""
-    from trl.trainer.utils import RepeatSampler
+    from captionrl.train.trl_compat import trl_object
+
+    RepeatSampler = trl_object("trl.trainer.utils.RepeatSampler")
 
     todo, seen = [loader], 0
     while todo and seen < 16:  # DataLoaderShard -> BatchSampler(Shard) -> BatchSampler -> RepeatSampler

@@ -9,7 +9,8 @@ old policy *is* the current one: the ratio is 1, clipping never acts, and the gr
 ``logps.detach()``; this module gives RLOO the same shortcut, so the loss and the gradient are the ones
 TRL computes, minus one forward pass over the whole batch (8 s of a 66 s step in the README's CPU job).
 
-It patches the one trainer instance (as :mod:`captionrl.train.timing` does), never TRL's class.
+It patches the one trainer instance (as :mod:`captionrl.train.timing` does), never TRL's class; the TRL
+internals it relies on are declared (and tested) in :mod:`captionrl.train.trl_compat`.
 """
 
 from __future__ import annotations
@@ -51,6 +52,11 @@ class _OldLogpsFromLoss(dict):  # type: ignore[type-arg]
             return (per_token * super().__getitem__("completion_mask")).sum(1).detach()
         return super().__getitem__(key)
 
+    def get(self, key: str, default: Any = None) -> Any:  # a TRL that reads old_logps with .get gets them too
+        if key in self:
+            return self[key]  # through __getitem__, so old_logps is the loss pass's own
+        return default
+
 
 def reuse_on_policy_logprobs(trainer: Any) -> str | None:
     """Patch ``trainer`` to skip the redundant old-policy pass when :func:`on_policy_reason` allows.
@@ -64,8 +70,10 @@ def reuse_on_policy_logprobs(trainer: Any) -> str | None:
         return None
     import torch
 
-    per_token_pass = trainer._get_per_token_logps_and_entropies
-    loss_pass = trainer._compute_loss
+    from captionrl.train.trl_compat import original
+
+    per_token_pass = original(trainer, "_get_per_token_logps_and_entropies")
+    loss_pass = original(trainer, "_compute_loss")
     state: dict[str, Any] = {"reason": reason, "in_loss": False, "per_token_logps": None, "skipped": 0}
 
     def logps_and_entropies(model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int,

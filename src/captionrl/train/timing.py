@@ -104,10 +104,12 @@ class StepTimer(_callback_base()):  # type: ignore[misc]
         return wrapper
 
     def _wrap_trainer(self) -> None:
+        from captionrl.train.trl_compat import original
+
         tr = self.trainer
-        tr._generate = self._timed(tr._generate, "generation")
-        tr._calculate_rewards = self._timed(tr._calculate_rewards, "reward")
-        prepare, train_step = tr._prepare_inputs, tr.training_step
+        tr._generate = self._timed(original(tr, "_generate"), "generation")
+        tr._calculate_rewards = self._timed(original(tr, "_calculate_rewards"), "reward")
+        prepare, train_step = original(tr, "_prepare_inputs"), original(tr, "training_step")
 
         @functools.wraps(prepare)
         def timed_prepare(*args: Any, **kw: Any) -> Any:
