@@ -99,7 +99,9 @@ def share_prompt_forward(trainer: Any) -> str | None:
     reason = shared_prefix_reason(trainer)
     if reason is not None:
         return reason
-    own_pass = trainer._get_per_token_logps_and_entropies
+    from captionrl.train.trl_compat import original
+
+    own_pass = original(trainer, "_get_per_token_logps_and_entropies")
     state: dict[str, Any] = {"rows": 0, "prompts": 0, "fallback_calls": 0}
 
     def logps_and_entropies(model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int,

@@ -1,8 +1,9 @@
 """Every private TRL name captionrl relies on, in one place, and the check that the installed TRL still has it.
 
-captionrl never subclasses TRL's trainers, but three modules patch one trainer instance or read TRL
-internals: ``train.on_policy`` (RLOO's redundant old-policy pass), ``train.timing`` (the per-step time
-breakdown) and ``train.callbacks`` (the sampler's shuffle on resume). A TRL release may rename or reshape
+captionrl never subclasses TRL's trainers, but four modules patch one trainer instance or read TRL
+internals: ``train.on_policy`` (RLOO's redundant old-policy pass), ``train.shared_prefix`` (each group's
+prompt once in the loss pass), ``train.timing`` (the per-step time breakdown) and ``train.callbacks`` (the
+sampler's shuffle on resume). A TRL release may rename or reshape
 any of them, and some breaks would be silent (a timing breakdown of zeros; placeholder old log-probs read
 with ``.get``). So each internal is declared here as an ``Internal`` (where it lives, the parameters the
 patch passes on, the source text the patch relies on, who uses it and why), the patches fetch them through
@@ -77,6 +78,15 @@ INTERNALS: list[Internal] = [
     Internal("transformers.Trainer", "training_step", "train.timing (TRL's training_step reaches _prepare_inputs "
              "through it, so the step less _prepare_inputs is the forward-backward pass)",
              source=("self._prepare_inputs(",)),
+    # train.shared_prefix: each group's prompt once in the loss pass (TRL's fused LM head on a shared cache)
+    *_both("_get_per_token_logps_and_entropies", "train.shared_prefix (the loss pass it replaces for text "
+           "batches: same arguments, same (logps, entropies, aux_loss) result)",
+           params=("model", "input_ids", "attention_mask", "logits_to_keep", "batch_size", "compute_entropy",
+                   "compute_aux_loss"),
+           source=("fused_lm_head=True", "labels[:, :-logits_to_keep] = -100", "outputs.log_probs[:, -logits_to_keep:]")),
+    Internal("trl.trainer.utils.add_fused_lm_head", None, "train.shared_prefix (the fused head runs the backbone "
+             "with the caller's kwargs, so a cache passed in is used; log_probs/entropy over label != -100)",
+             source=("backbone_outputs = getattr(self, backbone_attr)(*args, **kwargs)", "labels = labels[:, 1:]")),
     # train.callbacks: a resumed run continues the sampler's shuffle sequence
     Internal("trl.trainer.utils.RepeatSampler", None, "train.callbacks.ResumeShuffleCallback (finds the sampler)"),
     Internal("trl.trainer.utils.RepeatSampler", "__iter__", "train.callbacks.ResumeShuffleCallback (replays one "
