@@ -267,8 +267,8 @@ class Momentum:
                 if m == 0.0:  # a copy: nothing to accumulate, no master needed
                     phi.copy_(theta)
                     self._master.pop(name, None)
-                elif phi.dtype == torch.float32:
-                    phi.mul_(m).add_(theta.float(), alpha=1.0 - m)
+                elif phi.dtype.itemsize >= 4:  # float32/float64: the parameter is its own master
+                    phi.mul_(m).add_(theta.to(phi.dtype), alpha=1.0 - m)
                 else:  # bf16/fp16: the EMA runs on a float32 master, the parameter is its rounding
                     master = self._master.get(name)
                     if master is None or master.shape != phi.shape:
@@ -432,7 +432,7 @@ class Momentum:
                                       "resume with the same model and adapter configuration")
                 with gathered([theta, phi], self.gather):
                     phi.copy_(saved[name].to(phi.device, phi.dtype))
-                    if slot == self.momentum_slot and phi.dtype != torch.float32:
+                    if slot == self.momentum_slot and phi.dtype.itemsize < 4:
                         self._master[name] = saved[name].to(phi.device, torch.float32, copy=True)
         self.updates = int(state.get("updates", 0))
         self.last_update_step = state.get("last_update_step")
