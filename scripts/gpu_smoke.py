@@ -72,7 +72,7 @@ def device_flags(dry_run: bool) -> list[str]:
         return ["train.use_cpu=true", "train.bf16=false", "train.gradient_checkpointing=false", "train.use_vllm=false",
                 "train.threads=1"]
     return ["train.use_cpu=false", "train.bf16=true", "train.gradient_checkpointing=false", "train.use_vllm=true",
-            "train.vllm_mode=colocate", "train.extra.vllm_gpu_memory_utilization=0.2"]
+            "train.vllm_mode=colocate", "train.vllm_gpu_memory_utilization=0.2"]
 
 
 def run_joint(name: str, cmd: list[str], out: Path, timeout: int) -> Joint:
