@@ -123,7 +123,7 @@ class LineupConfig:
     """A LineupRL run: fully described by its YAML plus overrides, saved as out_dir/config.yaml."""
 
     seed: int = help_field(0, "one seed for everything: item sampling, distractors, shuffling, sampling of captions")
-    seeds: list[int] = help_field([], "train once per seed (e.g. seeds=0,1,2 or seeds=3) into train.out_dir/seed-N and report the spread over seeds (seeds.md); empty: one run with `seed`")
+    seeds: list[int] | str | int = help_field([], "train once per seed (e.g. seeds=0,1,2 or seeds=3) into train.out_dir/seed-N and report the spread over seeds (seeds.md); empty: one run with `seed`")
     check: bool = help_field(False, "validate the config and the data, then stop (loads no model)")
     policy: PolicyConfig = field(default_factory=PolicyConfig, metadata={"help": "the captioner being trained"})
     verifier: BackendConfig = field(default_factory=BackendConfig, metadata={"help": "the frozen verifier behind the reward"})
