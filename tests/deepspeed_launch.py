@@ -45,8 +45,16 @@ def launch(stage: str, recipe: str, config: str, overrides: list[str], timeout: 
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     wall = time.perf_counter() - t0
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-6000:]
+    assert proc.returncode == 0, _failure(out)
     return out, wall
+
+
+def _failure(out: str) -> str:
+    """The first traceback (the rank that failed first: the others only report its lost connection) and
+    the output's tail."""
+    first = out.find("Traceback (most recent call last)")
+    head = out[first:first + 4000] if first >= 0 else ""
+    return f"{head}\n...\n{out[-3000:]}"
 
 
 def weights(folder: Path) -> dict[str, Any]:

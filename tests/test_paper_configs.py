@@ -12,11 +12,12 @@ import yaml
 
 from captionrl.errors import ConfigError
 from captionrl.train.common import cuda_available, trainer_args
+from presets import ON_CPU
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = sorted((ROOT / "configs").glob("*-paper.yaml"))
 # Settings that only make sense on the paper's GPUs; on a CPU machine they are switched off to resolve.
-CPU_OVERRIDES = ["train.use_cpu=true", "train.bf16=false", "train.gradient_checkpointing=false", "train.use_vllm=false"]
+CPU_OVERRIDES = [*ON_CPU, "train.gradient_checkpointing=false"]
 # TrainConfig fields whose TRL argument has another name or form (checked separately or not a TRL field).
 NOT_TRL = {"algorithm", "out_dir", "threads", "resume", "report_to", "seed"}
 

@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from captionrl.cli import main
+from presets import ON_CPU
 from servers import requires_llama_cpp
 from test_prepare import write_saugeen
 from test_tiny_qwen_vl import vision_calls  # noqa: F401  (fixture: pixels reached the policy)
@@ -45,7 +46,7 @@ def test_lineup_paper_path_rehearsal(tmp_path, llama_server, vision_calls):  # n
                  "data.n_train=4", "data.n_val=2", "data.n_test=2", "reward.k=2",
                  "train.num_generations=2", "train.per_device_train_batch_size=2", "train.max_completion_length=8",
                  "train.max_steps=2", "train.save_steps=1", "train.report_to=[]", "train.threads=1",
-                 "train.use_cpu=true", "train.bf16=false", "train.gradient_checkpointing=false",
+                 *ON_CPU, "train.gradient_checkpointing=false",
                  "eval.enabled=false", "train.preflight_items=1", "train.force_preflight=true",
                  f"train.out_dir={run}"]) == 0
     assert "# Reward preflight" in (run / "preflight.md").read_text()  # it ran (and, with a 135M verifier, failed)

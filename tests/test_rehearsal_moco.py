@@ -31,6 +31,7 @@ import pytest
 
 from captionrl.config import load_config
 from captionrl.records import read_jsonl
+from presets import ON_CPU
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -130,7 +131,7 @@ def test_moco_paper_path_with_the_momentum_model_in_every_role(tmp_path, monkeyp
         f"policy.model={sft['model']}", "policy.dtype=float32", "policy.lora_r=4", "policy.lora_alpha=8",
         *data, "train.num_generations=4", "train.per_device_train_batch_size=4",
         "train.gradient_accumulation_steps=1", "train.max_completion_length=8", "train.max_steps=2",
-        "train.save_steps=2", "train.report_to=[]", "train.threads=1", "train.use_cpu=true", "train.bf16=false",
+        "train.save_steps=2", "train.report_to=[]", "train.threads=1", *ON_CPU,
         "train.gradient_checkpointing=false", "train.learning_rate=0.001", "train.out_dir=moco",
         "rubric.min_items=2", f"rubric.max_items={ITEMS}", f"rubric.max_new_tokens={RUBRIC_TOKENS}",
         f"judge.max_new_tokens={JUDGE_TOKENS}",

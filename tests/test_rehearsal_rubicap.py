@@ -21,6 +21,7 @@ import pytest
 
 from captionrl.config import load_config
 from captionrl.records import read_jsonl
+from presets import ON_CPU
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -77,7 +78,7 @@ def test_rubicap_paper_path_committee_writer_store_grpo_eval(tmp_path, llama_ser
         "rubrics.caption_max_new_tokens=40", "rubrics.writer_max_new_tokens=250", "reward.max_new_tokens=160", "reward.structured_output=json_object",
         "train.num_generations=2", "train.per_device_train_batch_size=2", "train.gradient_accumulation_steps=1",
         "train.max_completion_length=8", "train.max_steps=2", "train.save_steps=2", "train.report_to=[]",
-        "train.threads=1", "train.use_cpu=true", "train.bf16=false", "train.out_dir=run",
+        "train.threads=1", *ON_CPU, "train.out_dir=run",
         "train.preflight_items=1",  # the reward preflight on one item (8 in the config)
         "train.force_preflight=true",  # SmolLM2 cannot judge well; the preflight says so and is overridden
     ]

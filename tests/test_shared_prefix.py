@@ -121,3 +121,20 @@ def test_generation_on_the_shared_prefill_equals_plain_generation(policy):
         model.train()
     assert state == {"rows": 8, "prompts": 2}
     assert torch.equal(plain, shared)
+
+
+def test_vision_language_policies_keep_trls_pass_even_on_text_rows():
+    """Qwen-VL's 3-D rope positions come from the whole row: a split pass on a text-only batch of a VLM
+    policy fails inside the model (the lineup recipe trains VLM policies on printed series), so it must
+    not be chosen for them."""
+    from types import SimpleNamespace
+
+    from transformers import LlamaConfig, Qwen2_5_VLConfig
+
+    from captionrl.train.shared_prefix import shared_prefix_reason
+
+    args = SimpleNamespace(gradient_checkpointing=False, num_generations=4)
+    vlm = SimpleNamespace(args=args, model=SimpleNamespace(config=Qwen2_5_VLConfig()))
+    assert "vision-language" in shared_prefix_reason(vlm)
+    text = SimpleNamespace(args=args, model=SimpleNamespace(config=LlamaConfig()))
+    assert shared_prefix_reason(text) is None

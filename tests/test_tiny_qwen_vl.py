@@ -12,6 +12,7 @@ import pytest
 
 from captionrl.config import load_config
 from captionrl.errors import ConfigError
+from presets import ON_CPU
 from servers import requires_llama_cpp
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -285,7 +286,7 @@ def test_lineup_paper_config_dry_run_with_tiny_qwen2_5_vl(tmp_path, embedded_bac
         "data.window=8", "data.n_train=4", "data.n_val=2", "data.n_test=2", "reward.k=2",
         "train.num_generations=2", "train.per_device_train_batch_size=2", "train.max_completion_length=8",
         "train.max_steps=2", "train.save_steps=1", "train.report_to=[]", "train.threads=1",
-        "train.use_cpu=true", "train.bf16=false", f"train.out_dir={out}",
+        *ON_CPU, f"train.out_dir={out}",
         "train.force_preflight=true",  # the embedded verifier cannot tell honest from probes in letter mode
     ])
     assert (cfg.policy.input, cfg.reward.mode, cfg.train.beta, cfg.train.gradient_checkpointing) == (
@@ -324,7 +325,7 @@ def test_rubicap_paper_config_dry_run_with_tiny_qwen2_5_vl(tmp_path, llama_serve
         "data.items=scenes:2:0", "rubrics.source=facts", "reward.max_new_tokens=96",
         "train.num_generations=2", "train.per_device_train_batch_size=2", "train.gradient_accumulation_steps=1",
         "train.max_completion_length=8", "train.max_steps=1", "train.save_steps=1", "train.report_to=[]",
-        "train.threads=1", "train.use_cpu=true", "train.bf16=false", f"train.out_dir={out}",
+        "train.threads=1", *ON_CPU, f"train.out_dir={out}",
         "train.force_preflight=true",  # a 135M judge's yes/no cannot tell the facts from the probes
     ])
     assert (cfg.reward.mode, cfg.reward.decision, cfg.train.loss_type, cfg.train.beta,

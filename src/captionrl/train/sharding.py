@@ -49,10 +49,39 @@ def full_weights(trainer: Any) -> Iterator[None]:
     engine = trainer.model_wrapped
     with deepspeed.zero.GatheredParameters(list(engine.parameters())):
         remove_hooks(engine)
+        start_hook = _detach_start_of_forward_hook(engine)
         try:
             yield
         finally:
             add_hooks(engine)
+            _reattach_start_of_forward_hook(engine, start_hook)
+
+
+def _offload(engine: Any) -> Any:
+    optimizer = getattr(engine, "optimizer", None)
+    return getattr(optimizer, "parameter_offload", optimizer)
+
+
+def _detach_start_of_forward_hook(engine: Any) -> Any:
+    """Take off DeepSpeed's whole-model forward pre-hook, which TRL's ``remove_hooks`` leaves on.
+
+    It resets the parameter coordinator at every top-level forward, and that reset is a collective (it
+    checks all ranks saw the same module order): a forward on rank 0 alone, the final checks', would wait
+    for ranks that have already left. Returns the hook function, to put back after."""
+    offload = _offload(engine)
+    handle = getattr(offload, "fwd_pre_hook", None)
+    module = getattr(offload, "module", None)
+    if handle is None or module is None or handle.id not in module._forward_pre_hooks:
+        return None
+    hook = module._forward_pre_hooks[handle.id]
+    handle.remove()
+    return hook
+
+
+def _reattach_start_of_forward_hook(engine: Any, hook: Any) -> None:
+    if hook is not None:
+        offload = _offload(engine)
+        offload.fwd_pre_hook = offload.module.register_forward_pre_hook(hook)
 
 
 def inference_device() -> Any:

@@ -20,7 +20,8 @@ Generation gets the same treatment (:func:`share_generation_prefill`): each dist
 once and its cache indexed out to the G rows, and ``generate`` continues from there.
 
 Where it is not exact or not known to be, the trainer keeps TRL's pass and the reason is recorded:
-multimodal inputs (the vision tower's rope indices are computed from the whole row), MoE aux losses,
+vision-language policies, even on text-only rows (Qwen-VL's 3-D rope indices are computed from the whole
+row), MoE aux losses,
 gradient checkpointing (HF drops the cache under it), distributed runs (DDP's reducer and ZeRO-3's
 parameter gathering see two forward calls per loss; not yet verified), and batches with no prompt shared
 by two rows.
@@ -80,6 +81,9 @@ def shared_prefix_reason(trainer: Any) -> str | None:
                                     or getattr(accelerator.state, "deepspeed_plugin", None) is not None):
         return ("the run is distributed (DDP or DeepSpeed): the two-part forward is verified in one process "
                 "only, so TRL's pass runs")
+    if getattr(getattr(trainer.model, "config", None), "vision_config", None) is not None:
+        return ("the policy is a vision-language model: its multimodal rope positions (Qwen-VL's 3-D rope) "
+                "are computed from the whole row, text-only rows included, so TRL's pass runs")
     if getattr(args, "gradient_checkpointing", False):
         return "gradient checkpointing is on (transformers drops the key/value cache under it)"
     if getattr(trainer, "aux_loss_enabled", False):
