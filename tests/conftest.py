@@ -34,6 +34,23 @@ def pytest_report_header(config) -> str:
     return f"captionrl: {free_gb:.1f} GiB free in {tempfile.gettempdir()}; test cache {TEST_CACHE}"
 
 
+LONG_TESTS = "CAPTIONRL_LONG_TESTS"
+
+
+def pytest_collection_modifyitems(config, items):
+    """The long tier runs only when asked for (``CAPTIONRL_LONG_TESTS=1``), and says so in the summary.
+
+    Each long test is a second test of a joint the default tier tests once (a real-kill resume of another
+    recipe, another preset's dry run, a two-process DDP run beside the DeepSpeed rehearsals): the default
+    tier keeps every joint and fits CI's 30 minutes on 2 cores; the long tier is the whole suite."""
+    if os.environ.get(LONG_TESTS):
+        return
+    skip = pytest.mark.skip(reason=f"long tier: {LONG_TESTS}=1 runs it (docs/testing.md)")
+    for item in items:
+        if "long" in item.keywords:
+            item.add_marker(skip)
+
+
 def pytest_unconfigure(config):
     if _OWN_CACHE:
         shutil.rmtree(TEST_CACHE, ignore_errors=True)

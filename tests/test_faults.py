@@ -37,6 +37,7 @@ class KilledAfterFirstStep:
         return self.inner.loglikelihood(pairs)
 
 
+@pytest.mark.long  # a killed server mid-run: the RubiCap judge test below in the default tier
 @pytest.mark.slow
 @pytest.mark.server
 def test_lineup_run_survives_a_killed_verifier_with_zero_advantage_and_resumes(tmp_path, llama_server_factory):

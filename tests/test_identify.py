@@ -115,7 +115,7 @@ def test_likelihood_mode_identifies_describer_captions_and_not_shuffled_ones(emb
     for s in load_embedded_corpus():
         windows.extend(window(split_by_fraction(s)["test"], 24, 24))
     rng = np.random.default_rng(0)
-    items = [windows[i] for i in rng.choice(len(windows), size=min(12, len(windows)), replace=False)]
+    items = [windows[i] for i in rng.choice(len(windows), size=min(8, len(windows)), replace=False)]
     sets = mine_candidates(items, windows, k=4, seed=0)
     by_id = {w.id: w for w in windows}
     candidates = [[it.values.tolist(), *[by_id[c].values.tolist() for c in cs.distractor_ids[:3]]] for it, cs in zip(items, sets, strict=True)]

@@ -290,6 +290,7 @@ def test_rubicap_one_step_on_a_manifest_of_image_files(tmp_path, embedded_backen
     assert saved["images"]["skipped_by_reason"] == {"corrupt image": 1} and saved["images"]["loaded"] == 2
 
 
+@pytest.mark.long  # image manifests through a recipe: the RubiCap test above in the default tier
 @pytest.mark.slow
 def test_moco_one_step_on_a_manifest_of_image_files(tmp_path):
     from captionrl.records import read_jsonl

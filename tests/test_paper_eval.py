@@ -49,6 +49,7 @@ def test_config_errors_name_the_field(tmp_path):
         ("hf:embedded", "hf:embedded,dtype=float32"), ("glm", "openai:http://h:1/v1#glm"), ("hf:embedded#2", "hf:embedded")]
 
 
+@pytest.mark.long  # the same assertions close test_rehearsal_lineup.py (step 5) in the default tier
 @pytest.mark.slow
 def test_paper_eval_keeps_the_training_verifier_out_of_the_mean(tmp_path, embedded_backend):
     from captionrl.eval.paper import (

@@ -47,9 +47,9 @@ def test_lineup_paper_path_rehearsal(tmp_path, llama_server, vision_calls):  # n
                  "train.num_generations=2", "train.per_device_train_batch_size=2", "train.max_completion_length=8",
                  "train.max_steps=2", "train.save_steps=1", "train.report_to=[]", "train.threads=1",
                  *ON_CPU, "train.gradient_checkpointing=false",
-                 "eval.enabled=false", "train.preflight_items=1", "train.force_preflight=true",
+                 "eval.enabled=false",
+                 "train.preflight_items=0",  # 14 served requests; the preflight's own tests: test_preflight.py
                  f"train.out_dir={run}"]) == 0
-    assert "# Reward preflight" in (run / "preflight.md").read_text()  # it ran (and, with a 135M verifier, failed)
     result = json.loads((run / "result.json").read_text())
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics if "loss" in m] == [1, 2]

@@ -185,6 +185,7 @@ def _kill_while_saving_then_rerun(cmd: list[str], out: Path, logs: Path, max_ste
 
 
 # ---------------------------------------------------------------------- RubiCap, SFT (killed mid-save)
+@pytest.mark.long  # kill-while-saving: test_sft_killed_while_saving_... in the default tier
 @pytest.mark.slow
 def test_rubicap_killed_while_saving_resumes_from_the_previous_checkpoint(run_dir, tmp_path):
     cmd = _train("rubicap", "--config", str(ROOT / "configs" / "rubicap-cpu.yaml"),
@@ -287,6 +288,7 @@ def _max_diff(a: dict, b: dict) -> float:
     return worst
 
 
+@pytest.mark.long  # MoCo resume incl. momentum: the DeepSpeed moco-zero3 rehearsal's resume in the default tier
 @pytest.mark.slow
 def test_moco_killed_after_a_checkpoint_resumes_to_max_steps(moco_runs):
     r = moco_runs
@@ -298,6 +300,7 @@ def test_moco_killed_after_a_checkpoint_resumes_to_max_steps(moco_runs):
     assert len(distances) == MOCO_STEPS and distances[-1] > 0
 
 
+@pytest.mark.long  # the same module fixture (two MoCo runs, 5 min)
 @pytest.mark.slow
 def test_moco_momentum_after_resume_equals_an_uninterrupted_run(moco_runs):
     from safetensors.torch import load_file
@@ -326,6 +329,7 @@ def test_moco_momentum_after_resume_equals_an_uninterrupted_run(moco_runs):
 
 
 # ---------------------------------------------------------------------- EvoLM (phase checkpoints)
+@pytest.mark.long  # kill after a checkpoint: the multi-role SFT kill in the default tier
 @pytest.mark.slow
 def test_evolm_killed_after_a_phase_resumes_at_the_next_phase(run_dir, tmp_path):
     cmd = _train("moco", "--config", str(ROOT / "configs" / "moco-cpu.yaml"), "method=evolm", "data.n_train=2",

@@ -266,6 +266,7 @@ def test_lineup_rloo_step_with_tiny_qwen2_5_vl_policy_on_charts(tmp_path, embedd
     assert not unchanged, f"parameters that did not move: {unchanged[:5]}"
 
 
+@pytest.mark.long  # the preset end to end: test_rehearsal_lineup.py in the default tier
 @pytest.mark.slow
 def test_lineup_paper_config_dry_run_with_tiny_qwen2_5_vl(tmp_path, embedded_backend, vision_calls):
     """configs/lineup-paper.yaml as a user dry-runs it: models, data, sizes and CPU switches replaced.
@@ -302,6 +303,7 @@ def test_lineup_paper_config_dry_run_with_tiny_qwen2_5_vl(tmp_path, embedded_bac
     assert sum(vision_calls) >= 8  # training, selection and evaluation all captioned charts
 
 
+@pytest.mark.long  # the preset end to end: test_rehearsal_rubicap.py in the default tier
 @pytest.mark.slow
 @pytest.mark.server
 @requires_llama_cpp

@@ -17,6 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.long  # two-process training: the DeepSpeed rehearsals in the default tier
 @pytest.mark.slow
 def test_two_cpu_processes_train_two_steps(tmp_path):
     out = tmp_path / "run"

@@ -59,6 +59,7 @@ def test_rows_carry_two_references_and_facts():
         assert r["prompt"][0]["content"][0] == {"type": "image"}
 
 
+@pytest.mark.long  # MoCo training and resume: test_rehearsal_moco.py and the moco-zero3 rehearsal in the default tier
 @pytest.mark.slow
 def test_moco_smoke_trains_with_momentum_judge_and_resumes(tmp_path):
     out = tmp_path / "run"

@@ -33,6 +33,7 @@ def _env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
+@pytest.mark.long  # SIGKILL after a checkpoint: test_resume_all.py's multi-role SFT kill in the default tier
 @pytest.mark.slow
 def test_sigkill_after_checkpoint_then_rerun_resumes(tmp_path):
     out = tmp_path / "run"

@@ -201,6 +201,7 @@ def _interrupt_after_first_checkpoint():
     return Stop()
 
 
+@pytest.mark.long  # RubiCap trains every parameter and resumes exactly: the rubicap-zero3 rehearsal in the default tier
 @pytest.mark.slow
 def test_rubicap_cpu_run_interrupts_resumes_trains_every_parameter_and_logs_the_judges_rewards(
         tmp_path, embedded_backend, capsys):
