@@ -365,6 +365,7 @@ def test_plot_curves(tmp_path) -> None:
         plot_curves(rows, keys=["loss"], path=tmp_path / "x.png")
 
 
+@pytest.mark.long  # LoRA momentum inside TRL's GRPO: test_rehearsal_moco.py and the moco-zero3 rehearsal in the default tier
 def test_lora_momentum_inside_trl_grpo(tmp_path) -> None:
     """The whole loop in TRL: GRPO trains a LoRA Policy, the reward serves the Judge from the momentum
     adapter, the callback applies the EMA after each optimizer step and logs the distance."""

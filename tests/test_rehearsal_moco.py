@@ -138,6 +138,9 @@ def test_moco_paper_path_with_the_momentum_model_in_every_role(tmp_path, monkeyp
         # A greedy Judge with near-random weights answers every caption alike (all "yes": no advantage, no
         # update); sampling its reply (seeds recorded) gives the groups unequal scores, so GRPO moves.
         "judge.temperature=1.0",
+        # Likewise a greedy random Generator writes the same criterion twice (a parser rule beyond the schema,
+        # answered by a sampled retry); sampling its first attempt too, every rubric it writes parses.
+        "rubric.temperature=1.0",
         # tests/test_moco_preflight.py runs the preflight; here it would only add minutes of generation.
         "train.preflight_items=0"])
     assert (cfg.judge.mode, cfg.rubric.fallback, cfg.momentum.m, cfg.momentum.variant, cfg.policy.lora) == (  # the paper's
@@ -159,6 +162,7 @@ def test_moco_paper_path_with_the_momentum_model_in_every_role(tmp_path, monkeyp
     groups = list(read_jsonl(Path("moco/rubrics.rank0.jsonl")))
     assert [g["step"] for g in groups] == [0, 1]
     assert sum(g["attempts"] for g in groups) == len(gen_calls)
+    assert all(g["attempts"] == 1 and not g["errors"] for g in groups), "every rubric the momentum model wrote parsed"
     for g in groups:
         assert g["source"] == "generator:momentum:adapter=momentum" and g["rubric"] is not None
         assert [r.to_dict() for r in parse_generator_reply(g["raws"][-1], 2, ITEMS)] == g["rubric"]

@@ -79,6 +79,7 @@ def openrlhf_batch(captions: list[str]) -> dict:
     return {"query": [PROMPT + c for c in captions], "prompts": [PROMPT] * len(captions), "labels": labels}
 
 
+@pytest.mark.long  # a replica killed mid-batch: test_openai_backend.py's, and test_engines.py's OpenRLHF replay, in the default tier
 @pytest.mark.server
 @requires_llama_cpp
 def test_openrlhf_batch_survives_a_replica_killed_mid_batch(llama_server_factory, service_factory, tmp_path: Path):

@@ -43,6 +43,7 @@ def test_interval_must_be_a_multiple_of_the_reward_interval():
     (["rubric.group_size=8"], "rubric.group_size"),
     (["method=evolm2"], "method"),
     (["momentum.implementation=copy"], "momentum.implementation"),
+    (["rubric.temperature=-0.5"], "rubric.temperature"),
 ])
 def test_bad_settings_name_the_field(overrides, field):
     with pytest.raises(ConfigError) as exc:

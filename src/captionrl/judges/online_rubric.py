@@ -16,7 +16,7 @@ Generator decodes under it (``backends.structured``) and its reply is complete J
 the parser still checks what a schema cannot state (no repeated criterion, no copied example item).
 
 Failure handling (an outage is never a 0): a Generator reply that fails the rubric schema is
-retried (attempt 1 greedy, retries sampled with recorded seeds); if every attempt fails, every caption
+retried (attempt 1 greedy unless ``rubric.temperature`` > 0, retries sampled with recorded seeds); if every attempt fails, every caption
 of the group is *unscored* (``Judgment(score=None)``), unless ``fallback="facts"`` is chosen, which
 builds the rubric from the item's known facts (synthetic scenes) and records ``source="facts-fallback"``
 on the group, so a run never passes fact rubrics off as generated ones.
@@ -62,7 +62,8 @@ class OnlineRubricConfig:
     n_candidates: int = help_field(4, "Policy captions of the group shown to the Generator (a seeded random subset; the paper: 4 of 16)")
     group_size: int | None = help_field(None, "G: captions per group; splits a run of the same item into groups (null: one group per run of equal item_id)")
     with_image: bool = help_field(True, "show the image to the Generator (VLM); false: language-only Generator reading image_text")
-    max_attempts: int = help_field(2, "Generator attempts per group before the group is unscored (attempt 1 greedy, then sampled)")
+    max_attempts: int = help_field(2, "Generator attempts per group before the group is unscored (attempt 1 at rubric.temperature, then sampled)")
+    temperature: float = help_field(0.0, "sampling temperature of the first attempt (0: greedy, as the paper's Generator; > 0 samples with a recorded seed)")
     max_new_tokens: int = help_field(512, "longest Generator reply, in tokens")
     retry_temperature: float = help_field(0.7, "sampling temperature of retries (their seeds are recorded)")
     min_items: int = help_field(3, "fewest rubric items a valid rubric has")
@@ -77,6 +78,8 @@ class OnlineRubricConfig:
             raise ConfigError("rubric.group_size", self.group_size, "must be >= 1 or null", "set it to G (train.num_generations)")
         if self.max_attempts < 1:
             raise ConfigError("rubric.max_attempts", self.max_attempts, "must be >= 1", "set rubric.max_attempts: 2")
+        if self.temperature < 0:
+            raise ConfigError("rubric.temperature", self.temperature, "must be >= 0", "set rubric.temperature: 0 (greedy)")
         if not 1 <= self.min_items <= self.max_items:
             raise ConfigError("rubric.min_items", self.min_items, f"must be 1..max_items ({self.max_items})",
                               "set rubric.min_items <= rubric.max_items")
@@ -319,8 +322,8 @@ class OnlineRubricJudge:
             for attempt in range(cfg.max_attempts):
                 if not pending:
                     break
-                temp = 0.0 if attempt == 0 else cfg.retry_temperature
-                seeds = [None if attempt == 0 else stable_int(f"{g.subset_seed}|{attempt}") for g in pending]
+                temp = cfg.temperature if attempt == 0 else cfg.retry_temperature
+                seeds = [None if temp == 0 else stable_int(f"{g.subset_seed}|{attempt}") for g in pending]
                 reqs = [ChatRequest(prompts[id(g)], max_new_tokens=cfg.max_new_tokens, temperature=temp, seed=s, **schema)
                         for g, s in zip(pending, seeds, strict=True)]
                 gens = backend.generate(reqs)
