@@ -37,12 +37,26 @@ def pytest_report_header(config) -> str:
 LONG_TESTS = "CAPTIONRL_LONG_TESTS"
 
 
+HEAVIEST_FIRST = ("test_rehearsal_lineup.py", "test_deepspeed_rehearsal.py", "test_rehearsal_rubicap.py",
+                  "test_preflight.py", "test_paper_eval.py", "test_moco_preflight.py", "test_identify.py",
+                  "test_faults.py", "test_resume_all.py", "test_lineup_families.py", "test_train_moco.py",
+                  "test_prepare.py", "test_rubicap_rewards.py", "test_trainer_args.py", "test_rehearsal_moco.py")
+"""Files whose tests take longest (``--durations``, 2026-12-02), handed to the xdist workers first.
+
+The two workers take a file each at a time (``--dist loadfile``, ``--no-loadscope-reorder``); xdist's own
+order puts files with few tests last, and those are the single long rehearsals, so one worker ran them
+alone for minutes at the end. Heaviest first, the many short files even out the finish."""
+
+
 def pytest_collection_modifyitems(config, items):
-    """The long tier runs only when asked for (``CAPTIONRL_LONG_TESTS=1``), and says so in the summary.
+    """Heaviest files first (above); the long tier runs only when asked for (``CAPTIONRL_LONG_TESTS=1``),
+    and says so in the summary.
 
     Each long test is a second test of a joint the default tier tests once (a real-kill resume of another
     recipe, another preset's dry run, a two-process DDP run beside the DeepSpeed rehearsals): the default
     tier keeps every joint and fits CI's 30 minutes on 2 cores; the long tier is the whole suite."""
+    rank = {name: i for i, name in enumerate(HEAVIEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
     if os.environ.get(LONG_TESTS):
         return
     skip = pytest.mark.skip(reason=f"long tier: {LONG_TESTS}=1 runs it (docs/testing.md)")

@@ -151,6 +151,7 @@ class KillJudgeServer:
         self.callback = _Cb()
 
 
+@pytest.mark.long  # a run whose judge is lost: test_reliability.py's run-level stop, and the killed-and-restarted servers of test_engines.py, in the default tier
 @pytest.mark.slow
 @pytest.mark.server
 def test_rubicap_run_survives_a_killed_judge_server_with_zero_advantage_and_resumes(tmp_path, llama_server_factory):
