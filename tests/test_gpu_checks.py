@@ -12,6 +12,7 @@ from captionrl.backends import BackendConfig
 from captionrl.errors import ConfigError
 from captionrl.train.common import PolicyConfig, TrainConfig, trainer_args
 from captionrl.train.gpu_checks import check_master_weights, check_vllm, check_vllm_port
+from presets import ON_CPU
 
 CPU = {"use_cpu": True, "bf16": False, "gradient_checkpointing": False, "report_to": []}
 VERIFIER = (BackendConfig(kind="openai", model="v", base_url="http://127.0.0.1:8000/v1"), "verifier")
@@ -87,9 +88,8 @@ def test_the_run_stops_before_any_model_loads(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setenv("CAPTIONRL_FORBID_MODEL_CALLS", "1")  # a model load would fail the test differently
     root = Path(__file__).resolve().parents[1]
-    code = main(["train", "lineup", "--config", str(root / "configs" / "lineup-paper.yaml"), "train.use_cpu=true",
-                 "train.bf16=false", "train.gradient_checkpointing=false", "train.use_vllm=false",
-                 f"train.out_dir={tmp_path / 'run'}"])
+    code = main(["train", "lineup", "--config", str(root / "configs" / "lineup-paper.yaml"), *ON_CPU,
+                 "train.gradient_checkpointing=false", f"train.out_dir={tmp_path / 'run'}"])
     err = capsys.readouterr().err
     assert code == 2 and "policy.dtype" in err and "master weights" in err, err  # not the verifier probe's error
 

@@ -503,8 +503,7 @@ def test_replica_killed_mid_batch_all_answers_arrive_then_it_rejoins(llama_serve
     res = backend.choose(prompts, ["A", "B"])
     assert not a.alive  # killed after the batch's third answer, with requests in flight on it
     assert all(r.probs is not None and r.error is None for r in res), [
-        (i, r.probs, r.error, r.attempts if hasattr(r, "attempts") else None) for i, r in enumerate(res)
-        if r.probs is None or r.error is not None]
+        (i, r.probs, r.error) for i, r in enumerate(res) if r.probs is None or r.error is not None]
     status = {s["url"]: s for s in backend.replica_status()}
     assert status[a.base_url]["failures"] >= 1 and "connection error" in status[a.base_url]["last_error"]
     assert status[b.base_url]["served"] > status[a.base_url]["served"] >= 1
