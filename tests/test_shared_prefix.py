@@ -123,18 +123,133 @@ def test_generation_on_the_shared_prefill_equals_plain_generation(policy):
     assert torch.equal(plain, shared)
 
 
-def test_vision_language_policies_keep_trls_pass_even_on_text_rows():
-    """Qwen-VL's 3-D rope positions come from the whole row: a split pass on a text-only batch of a VLM
-    policy fails inside the model (the lineup recipe trains VLM policies on printed series), so it must
-    not be chosen for them."""
+def test_only_vision_language_models_outside_the_qwen_vl_family_keep_trls_pass(tiny_vlm):
+    """Qwen-VL policies take the shared pass (their positions are computed for the full rows); a VLM of
+    another family keeps TRL's pass, with the reason recorded."""
     from types import SimpleNamespace
 
-    from transformers import LlamaConfig, Qwen2_5_VLConfig
+    from transformers import LlamaConfig, LlavaConfig
 
     from captionrl.train.shared_prefix import shared_prefix_reason
 
     args = SimpleNamespace(gradient_checkpointing=False, num_generations=4)
-    vlm = SimpleNamespace(args=args, model=SimpleNamespace(config=Qwen2_5_VLConfig()))
-    assert "vision-language" in shared_prefix_reason(vlm)
+    other = SimpleNamespace(args=args, model=SimpleNamespace(config=LlavaConfig()))
+    assert "outside the Qwen-VL family" in shared_prefix_reason(other)
+    assert shared_prefix_reason(SimpleNamespace(args=args, model=tiny_vlm[0])) is None
     text = SimpleNamespace(args=args, model=SimpleNamespace(config=LlamaConfig()))
     assert shared_prefix_reason(text) is None
+
+
+def test_qwen_vl_text_only_rows_equal_trl_after_a_generation(tiny_vlm):
+    """LineupRL trains VLM policies on printed numbers: text-only rows. The model keeps rope deltas from its
+    last generation (here of another batch size), which once broke a split pass inside the model; the
+    positions are now passed explicitly, so the log-probs still equal TRL's."""
+    from captionrl.train.shared_prefix import shared_prefix_logps_qwen_vl
+
+    model, proc = tiny_vlm
+    ids, mask, keep = _batch(proc.tokenizer, PROMPTS, COMPLETIONS, group=4)
+    model.model.rope_deltas = torch.zeros((5, 1), dtype=torch.long)   # stale, from a batch of 5
+    cmask = mask[:, -keep:].float()
+    with torch.no_grad():
+        ref_lp, _, _ = _trl_pass(model, ids, mask, keep)
+        lp, _, groups = shared_prefix_logps_qwen_vl(model, ids, mask, keep)
+    assert groups == 2
+    assert torch.allclose(lp * cmask, ref_lp * cmask, atol=2e-4), (lp - ref_lp).abs().max()
+
+
+@pytest.fixture(scope="module", params=["qwen2.5-vl", "qwen3-vl"])
+def tiny_vlm(request):
+    """A tiny random Qwen-VL policy with its real processor, TRL's fused head added as RLOOTrainer adds it."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from trl.trainer.utils import add_fused_lm_head
+
+    from captionrl.backends.hf import resolve_model_path
+
+    folder = resolve_model_path(f"tiny-{request.param}")[0]
+    proc = AutoProcessor.from_pretrained(folder)
+    proc.tokenizer.padding_side = "left"          # TRL pads prompts on the left
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
+    model.train()
+    add_fused_lm_head(model, temperature=0.9, outputs=("log_probs", "entropy"))
+    return model, proc
+
+
+def _vlm_batch(proc, prompts, images, completions):
+    """TRL's multimodal layout: the processor pads the prompts (left) and makes the pixel inputs; completions
+    are right-padded and ``mm_token_type_ids`` extended with zeros over them (``RLOOTrainer._generate_and_score``)."""
+    from PIL import Image
+
+    texts = [proc.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": p}]}],
+                                      add_generation_prompt=True, tokenize=False) for p in prompts]
+    pics = [[Image.new("RGB", (56, 56), colour)] for colour in images]
+    enc = proc(images=pics, text=texts, padding=True, return_tensors="pt")
+    tok = proc.tokenizer
+    c_ids = [tok(c, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for c in completions]
+    C = max(map(len, c_ids))
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    rows = torch.tensor([c + [pad] * (C - len(c)) for c in c_ids])
+    cmask = torch.tensor([[1] * len(c) + [0] * (C - len(c)) for c in c_ids])
+    owner = torch.arange(len(completions))
+    ids = torch.cat([enc["input_ids"][owner], rows], dim=1)
+    mask = torch.cat([enc["attention_mask"][owner], cmask], dim=1)
+    per_row = torch.split(enc["pixel_values"], [int(g.prod()) for g in enc["image_grid_thw"]])
+    multimodal = {"pixel_values": torch.cat([per_row[o] for o in owner.tolist()]),
+                  "image_grid_thw": enc["image_grid_thw"][owner], "num_images": [1] * len(completions)}
+    if "mm_token_type_ids" in enc:
+        mm = enc["mm_token_type_ids"][owner]
+        multimodal["mm_token_type_ids"] = torch.cat([mm, mm.new_zeros(rows.shape)], dim=1)
+    return ids, mask, C, multimodal
+
+
+@pytest.mark.parametrize("images_differ", [True, False])
+def test_qwen_vl_with_images_equals_trl_and_runs_the_vision_tower_once_per_group(tiny_vlm, images_differ):
+    """Per-token log-probs, entropies and every parameter's gradient (the vision tower's included) equal TRL's
+    pass on a tiny Qwen-VL with an image per row, left-padded prompts of two lengths and right-padded
+    completions; the vision tower sees one image per group instead of one per row. Two groups with the same
+    instruction and different charts must stay apart (their placeholder tokens are equal, their pixels not)."""
+    from captionrl.train.shared_prefix import shared_prefix_logps_qwen_vl
+
+    model, proc = tiny_vlm
+    prompts = ["Describe this chart.", "Describe this chart.", "Describe this chart in detail, please."]
+    colours = [(250, 10, 10), (10, 10, 250) if images_differ else (250, 10, 10), (10, 200, 10)]
+    completions = ["It rises.", "A dip then a rise to the end.", "Flat", "Up and down.", "It falls at the end.",
+                   "Steady", "Peaks early.", "Ends high after a long climb."]
+    group_of = [0, 0, 0, 1, 1, 1, 2, 2]            # G=3, 3 and 2 rows per prompt
+    ids, mask, keep, mm = _vlm_batch(proc, [prompts[g] for g in group_of], [colours[g] for g in group_of],
+                                     completions)
+    cmask = mask[:, -keep:].float()
+    seen: list[int] = []                           # images per vision-tower call
+
+    def count(module, args, kwargs, output):
+        grid = kwargs.get("grid_thw", args[1] if len(args) > 1 else None)
+        seen.append(int(grid.size(0)))
+
+    hook = model.model.visual.register_forward_hook(count, with_kwargs=True)
+    try:
+        ref_lp, ref_ent, _ = _trl_pass_mm(model, ids, mask, keep, mm)
+        ref_grads = _grads(model, ref_lp, cmask)
+        trl_images = int(mm["image_grid_thw"].size(0))
+        lp, ent, groups = shared_prefix_logps_qwen_vl(model, ids, mask, keep, compute_entropy=True, **mm)
+        grads = _grads(model, lp, cmask)
+    finally:
+        hook.remove()
+    expected_groups = 3 if images_differ else 2   # equal text and equal pixels share one prompt pass
+    assert groups == expected_groups and trl_images == 8
+    assert seen == [8, expected_groups]            # TRL's pass encodes every row's image, ours each group's once
+    assert torch.allclose(lp * cmask, ref_lp * cmask, atol=2e-4), (lp - ref_lp).abs().max()
+    assert torch.allclose(ent * cmask, ref_ent * cmask, atol=2e-4)
+    visual = [n for n in ref_grads if ".visual." in f".{n}"]
+    assert visual and set(grads) == set(ref_grads)
+    for name, g in ref_grads.items():
+        scale = g.abs().max().clamp(min=1e-6)
+        assert (grads[name] - g).abs().max() / scale < 2e-3, name
+
+
+def _trl_pass_mm(model, ids, mask, keep, multimodal):
+    from accelerate import Accelerator
+    from trl import RLOOTrainer
+
+    owner = types.SimpleNamespace(accelerator=Accelerator(cpu=True))
+    return RLOOTrainer._get_per_token_logps_and_entropies(owner, model, ids, mask, keep, compute_entropy=True,
+                                                          **multimodal)

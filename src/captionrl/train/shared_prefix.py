@@ -19,12 +19,17 @@ checks both on the embedded model). The idea is Prefix Grouper's (verl ``use_pre
 Generation gets the same treatment (:func:`share_generation_prefill`): each distinct prompt is prefilled
 once and its cache indexed out to the G rows, and ``generate`` continues from there.
 
+Qwen-VL policies (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) take the same path with their images: their 3-D rope
+positions depend on the whole row, so they are computed once for the full rows exactly as the model's own
+full pass computes them (``compute_3d_position_ids``) and sliced for the two parts; rows are grouped by
+prompt tokens *and* pixels (two charts under one instruction have the same placeholder tokens), and the
+prompt part carries only the groups' images, so the vision tower also runs once per group. Generation of
+VLM policies keeps ``generate``'s own prefill.
+
 Where it is not exact or not known to be, the trainer keeps TRL's pass and the reason is recorded:
-vision-language policies, even on text-only rows (Qwen-VL's 3-D rope indices are computed from the whole
-row), MoE aux losses,
-gradient checkpointing (HF drops the cache under it), distributed runs (DDP's reducer and ZeRO-3's
-parameter gathering see two forward calls per loss; not yet verified), and batches with no prompt shared
-by two rows.
+vision-language models outside the Qwen-VL family, MoE aux losses, gradient checkpointing (HF drops the
+cache under it), distributed runs (DDP's reducer and ZeRO-3's parameter gathering see two forward calls
+per loss; not yet verified), and batches with no prompt shared by two rows.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from typing import Any
 
 MULTIMODAL_KEYS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
                    "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
+QWEN_VL_KEYS = ("pixel_values", "image_grid_thw", "num_images", "mm_token_type_ids")
+"""The multimodal inputs the Qwen-VL path handles; any other one sends the call to TRL's pass."""
 
 
 def _cache_kwarg(model: Any) -> str:
@@ -73,6 +80,94 @@ def shared_prefix_logps(model: Any, input_ids: Any, attention_mask: Any, logits_
     return out.log_probs[:, -logits_to_keep:], entropies, int(uniq.size(0))
 
 
+def qwen_vl_backbone(model: Any) -> Any:
+    """The inner Qwen-VL model whose ``compute_3d_position_ids`` the full forward calls, or ``None`` for any
+    other architecture (DDP's ``module`` and PEFT's wrapper are looked through)."""
+    target = model.module if hasattr(model, "module") else model
+    if hasattr(target, "get_base_model"):
+        target = target.get_base_model()
+    inner = getattr(target, "model", None)
+    return inner if hasattr(inner, "compute_3d_position_ids") else None
+
+
+def _full_row_positions(backbone: Any, input_ids: Any, attention_mask: Any, image_grid_thw: Any,
+                        mm_token_type_ids: Any) -> Any:
+    """The (3 or 4, rows, length) rope positions the model's own full forward would use for these rows."""
+    import torch
+
+    pos = backbone.compute_3d_position_ids(input_ids=input_ids, image_grid_thw=image_grid_thw, video_grid_thw=None,
+                                           inputs_embeds=None, attention_mask=attention_mask, cache=None,
+                                           mm_token_type_ids=mm_token_type_ids)
+    if pos is None:  # no image in these rows: the text model counts 0..L-1 on every row, padding included
+        rows, length = input_ids.shape
+        pos = torch.arange(length, device=input_ids.device).view(1, 1, -1).expand(3, rows, length)
+    return pos
+
+
+def _per_row_images(pixel_values: Any, image_grid_thw: Any, num_images: list[int]) -> tuple[list[Any], list[Any]]:
+    """Each row's pixel patches and grids (Qwen-VL concatenates every image's patches along dim 0)."""
+    import torch
+
+    grids = list(torch.split(image_grid_thw, num_images))
+    patches = [int(g.prod(dim=-1).sum()) if len(g) else 0 for g in grids]
+    return list(torch.split(pixel_values, patches)), grids
+
+
+def _groups_with_pixels(key: Any, pixels: list[Any] | None) -> tuple[list[int], Any]:
+    """Representative rows and each row's group: equal prompt tokens and mask, and equal pixels."""
+    import torch
+
+    _, by_text = torch.unique(key, dim=0, return_inverse=True)
+    reps: list[int] = []
+    inverse: list[int] = []
+    for r in range(key.size(0)):
+        for g, rep in enumerate(reps):
+            if by_text[rep] == by_text[r] and (pixels is None or torch.equal(pixels[rep], pixels[r])):
+                inverse.append(g)
+                break
+        else:
+            reps.append(r)
+            inverse.append(len(reps) - 1)
+    return reps, torch.tensor(inverse, device=key.device)
+
+
+def shared_prefix_logps_qwen_vl(model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int,
+                                compute_entropy: bool = False, pixel_values: Any = None, image_grid_thw: Any = None,
+                                num_images: list[int] | None = None, mm_token_type_ids: Any = None,
+                                ) -> tuple[Any, Any, int]:
+    """:func:`shared_prefix_logps` for a Qwen-VL policy, images included (see the module doc).
+
+    Positions are those of the model's own full pass, computed once for the full rows and sliced; each
+    group's images go through the vision tower once, in the prompt part only (completions hold no image)."""
+    backbone = qwen_vl_backbone(model)
+    split = input_ids.size(1) - logits_to_keep - 1
+    positions = _full_row_positions(backbone, input_ids, attention_mask,
+                                    image_grid_thw if pixel_values is not None else None, mm_token_type_ids)
+    pixels = grids = None
+    if pixel_values is not None:
+        pixels, grids = _per_row_images(pixel_values, image_grid_thw, list(num_images))
+    import torch
+
+    key = torch.cat([input_ids[:, :split], attention_mask[:, :split].to(input_ids.dtype)], dim=1)
+    reps, inverse = _groups_with_pixels(key, pixels)
+    prompt_kw: dict[str, Any] = {}
+    if pixels is not None and any(len(grids[r]) for r in reps):
+        prompt_kw = {"pixel_values": torch.cat([pixels[r] for r in reps]),
+                     "image_grid_thw": torch.cat([grids[r] for r in reps])}
+    idx = torch.tensor(reps, device=input_ids.device)
+    prefix = model(input_ids=input_ids[idx, :split], attention_mask=attention_mask[idx, :split],
+                   position_ids=positions[:, idx, :split], use_cache=True, logits_to_keep=1, **prompt_kw)
+    cache = _returned_cache(prefix)
+    cache.batch_select_indices(inverse)
+    tail = input_ids[:, split:]
+    labels = tail.masked_fill(attention_mask[:, split:] == 0, -100)
+    labels[:, 0] = -100
+    out = model(input_ids=tail, attention_mask=attention_mask, position_ids=positions[:, :, split:], labels=labels,
+                fused_lm_head=True, **{_cache_kwarg(model): cache})
+    entropies = out.entropy[:, -logits_to_keep:] if compute_entropy else None
+    return out.log_probs[:, -logits_to_keep:], entropies, len(reps)
+
+
 def shared_prefix_reason(trainer: Any) -> str | None:
     """Why the shared-prompt pass cannot be used for ``trainer`` (a sentence), or ``None`` when it can."""
     args = trainer.args
@@ -81,9 +176,10 @@ def shared_prefix_reason(trainer: Any) -> str | None:
                                     or getattr(accelerator.state, "deepspeed_plugin", None) is not None):
         return ("the run is distributed (DDP or DeepSpeed): the two-part forward is verified in one process "
                 "only, so TRL's pass runs")
-    if getattr(getattr(trainer.model, "config", None), "vision_config", None) is not None:
-        return ("the policy is a vision-language model: its multimodal rope positions (Qwen-VL's 3-D rope) "
-                "are computed from the whole row, text-only rows included, so TRL's pass runs")
+    if getattr(getattr(trainer.model, "config", None), "vision_config", None) is not None \
+            and qwen_vl_backbone(trainer.model) is None:
+        return ("the policy is a vision-language model outside the Qwen-VL family, whose split pass is not "
+                "verified, so TRL's pass runs")
     if getattr(args, "gradient_checkpointing", False):
         return "gradient checkpointing is on (transformers drops the key/value cache under it)"
     if getattr(trainer, "aux_loss_enabled", False):
@@ -94,11 +190,12 @@ def shared_prefix_reason(trainer: Any) -> str | None:
 
 
 def share_prompt_forward(trainer: Any) -> str | None:
-    """Route ``trainer``'s log-prob passes through :func:`shared_prefix_logps` where they are text-only.
+    """Route ``trainer``'s log-prob passes through :func:`shared_prefix_logps` (text) or
+    :func:`shared_prefix_logps_qwen_vl` (Qwen-VL policies, images included).
 
-    Returns ``None`` when the trainer is patched, else the reason it is left as it is. A call with
-    multimodal inputs or an aux loss goes to TRL's own pass. Counts land in ``trainer._captionrl_shared_prefix``
-    (rows, distinct prompts, calls that fell back) for the timing summary.
+    Returns ``None`` when the trainer is patched, else the reason it is left as it is. A call with an aux
+    loss, or with multimodal inputs the policy's path does not handle, goes to TRL's own pass. Counts land in
+    ``trainer._captionrl_shared_prefix`` (rows, distinct prompts, calls that fell back) for the timing summary.
     """
     reason = shared_prefix_reason(trainer)
     if reason is not None:
@@ -106,6 +203,8 @@ def share_prompt_forward(trainer: Any) -> str | None:
     from captionrl.train.trl_compat import original
 
     own_pass = original(trainer, "_get_per_token_logps_and_entropies")
+    qwen_vl = qwen_vl_backbone(trainer.model) is not None
+    handled = QWEN_VL_KEYS if qwen_vl else ()
     state: dict[str, Any] = {"rows": 0, "prompts": 0, "fallback_calls": 0}
 
     def logps_and_entropies(model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int,
@@ -113,17 +212,31 @@ def share_prompt_forward(trainer: Any) -> str | None:
                             compute_aux_loss: bool = False, **multimodal: Any) -> Any:
         import torch
 
-        if compute_aux_loss or any(multimodal.get(k) is not None for k in MULTIMODAL_KEYS) \
-                or input_ids.size(1) - logits_to_keep < 2:
+        given = {k for k in MULTIMODAL_KEYS if multimodal.get(k) is not None}
+        images = multimodal.get("pixel_values") is not None
+        if compute_aux_loss or not given <= set(handled) or input_ids.size(1) - logits_to_keep < 2 \
+                or (images and (multimodal.get("image_grid_thw") is None or multimodal.get("num_images") is None)):
             state["fallback_calls"] += 1
             return own_pass(model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
                             compute_aux_loss, **multimodal)
+        pixels = grids = None
+        if images:
+            pixels, grids = _per_row_images(multimodal["pixel_values"], multimodal["image_grid_thw"],
+                                            list(multimodal["num_images"]))
+        mm_types = multimodal.get("mm_token_type_ids")
         batch_size = batch_size or input_ids.size(0)
         logps, entropies = [], []
         for start in range(0, input_ids.size(0), batch_size):
             end = min(start + batch_size, input_ids.size(0))
-            lp, ent, prompts = shared_prefix_logps(model, input_ids[start:end], attention_mask[start:end],
-                                                   logits_to_keep, compute_entropy)
+            ids, mask = input_ids[start:end], attention_mask[start:end]
+            if qwen_vl:
+                chunk: dict[str, Any] = {"mm_token_type_ids": mm_types[start:end] if mm_types is not None else None}
+                if pixels is not None:
+                    chunk.update(pixel_values=torch.cat(pixels[start:end]), image_grid_thw=torch.cat(grids[start:end]),
+                                 num_images=list(multimodal["num_images"])[start:end])
+                lp, ent, prompts = shared_prefix_logps_qwen_vl(model, ids, mask, logits_to_keep, compute_entropy, **chunk)
+            else:
+                lp, ent, prompts = shared_prefix_logps(model, ids, mask, logits_to_keep, compute_entropy)
             logps.append(lp)
             entropies.append(ent)
             state["rows"] += end - start
@@ -131,7 +244,9 @@ def share_prompt_forward(trainer: Any) -> str | None:
         return (torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None)
 
     trainer._get_per_token_logps_and_entropies = logps_and_entropies
-    state["generation"] = share_generation_prefill(trainer.model)
+    # a VLM's generate derives its rope positions from its own prefill: it keeps that prefill
+    state["generation"] = ("generate's own prefill (vision-language policy)" if qwen_vl
+                           else share_generation_prefill(trainer.model))
     trainer._captionrl_shared_prefix = state
     return None
 
