@@ -12,12 +12,18 @@ machine's conditions (``--sequential`` runs them one after the other with the ma
 The printed table is appended to ``bench/RESULTS.md``.
 
     .venv/bin/python bench/bench_main_job.py --out /tmp/bench-main-job
+
+Each run's wall time runs from its launch to the moment its process exits (the runs are polled, so the one
+that ends first is timed when it ends). ``--collect`` prints and records the table from finished run folders
+under ``--out`` without running anything, taking each wall time from its log's creation and last write
+(``stat``): for a bench whose own process was stopped while its runs went on.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -63,6 +69,29 @@ def collect(name: str, run_dir: Path, log: Path, rc: int, wall: float) -> dict:
             "step_s": res["step_seconds"], "rows": rows, "timing": timing}
 
 
+def log_wall(log: Path) -> float:
+    """A finished run's wall time from its log: created at launch, last written when the process exited."""
+    born = subprocess.run(["stat", "-c", "%W", str(log)], capture_output=True, text=True, check=True).stdout.strip()
+    if not born.isdigit() or int(born) == 0:
+        raise SystemExit(f"{log}: the file system keeps no creation time; --collect cannot time this run")
+    return os.stat(log).st_mtime - int(born)
+
+
+def wait_all(pending: dict[str, tuple[subprocess.Popen, Path, Path, float]]) -> dict[str, dict]:
+    """Poll the runs and time each one when its own process exits (not when an earlier one does)."""
+    results: dict[str, dict] = {}
+    while pending:
+        for name in list(pending):
+            proc, run_dir, log, t0 = pending[name]
+            rc = proc.poll()
+            if rc is not None:
+                results[name] = collect(name, run_dir, log, rc, time.perf_counter() - t0)
+                print(f"{name}: {results[name]['wall_s']:.0f} s", flush=True)
+                del pending[name]
+        time.sleep(1.0)
+    return results
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=str(ROOT / "configs" / "lineup-cpu.yaml"))
@@ -72,6 +101,8 @@ def main() -> None:
     ap.add_argument("--native_dtype", action="store_true", help="let each config choose its verifier dtype")
     ap.add_argument("--avx2", action="store_true", help="torch and oneDNN held to AVX2 kernels (no native bf16)")
     ap.add_argument("--out", default=None, help="keep the runs here (default: a temporary folder)")
+    ap.add_argument("--collect", action="store_true",
+                    help="run nothing: print and record the table from the finished runs under --out")
     args = ap.parse_args()
 
     threads = None if args.sequential else 1
@@ -87,24 +118,25 @@ def main() -> None:
     say(cpu_line())
     say(f"{'sequential' if args.sequential else 'side by side, 1 torch thread each'}; verifier "
         f"{'as configured' if args.native_dtype else 'float32 in both'}; kernels {'AVX2 only' if args.avx2 else 'native'}")
-    with tempfile.TemporaryDirectory(prefix="bench-main-job-") as tmp:
-        out = Path(args.out) if args.out else Path(tmp)
-        out.mkdir(parents=True, exist_ok=True)
-        results = {}
-        pending = {}
-        for name, (config, overrides) in setups.items():
-            run_dir, log = out / name, out / f"{name}.log"
-            proc = launch(name, command(config, overrides, run_dir, threads), log, env_extra, threads)
-            pending[name] = (proc, run_dir, log, time.perf_counter())
-            if args.sequential:
-                rc = proc.wait()
-                results[name] = collect(name, run_dir, log, rc, time.perf_counter() - pending[name][3])
-                print(f"{name}: {results[name]['wall_s']:.0f} s", flush=True)
-        for name, (proc, run_dir, log, t0) in pending.items():
-            if name not in results:
-                rc = proc.wait()
-                results[name] = collect(name, run_dir, log, rc, time.perf_counter() - t0)
-                print(f"{name}: {results[name]['wall_s']:.0f} s", flush=True)
+    if args.collect:
+        if not args.out:
+            raise SystemExit("--collect needs --out, the folder holding the finished runs")
+        out = Path(args.out)
+        say(f"collected from {out}: wall times from each run log's creation and last write")
+        results = {name: collect(name, out / name, out / f"{name}.log", 0, log_wall(out / f"{name}.log"))
+                   for name in setups}
+    else:
+        with tempfile.TemporaryDirectory(prefix="bench-main-job-") as tmp:
+            out = Path(args.out) if args.out else Path(tmp)
+            out.mkdir(parents=True, exist_ok=True)
+            results, pending = {}, {}
+            for name, (config, overrides) in setups.items():
+                run_dir, log = out / name, out / f"{name}.log"
+                proc = launch(name, command(config, overrides, run_dir, threads), log, env_extra, threads)
+                pending[name] = (proc, run_dir, log, time.perf_counter())
+                if args.sequential:
+                    results.update(wait_all(pending))
+            results.update(wait_all(pending))
 
     say()
     say(f"{'run':<5} {'wall s':>8} {'train s':>8} {'steps':>6} {'s/step':>7} {'verifier dtype':>15}")
