@@ -242,6 +242,7 @@ def test_lineup_trains_for_real_and_logs_the_verifiers_rewards(tmp_path, embedde
     assert Path(result["curves"]).stat().st_size > 0
     summary = json.loads(Path(result["eval"]["summary"]).read_text())
     assert summary["protocol"] and any(r["system"] == "trained" for r in summary["rows"])
+    assert {"trained/empty", "trained/shuffled"} <= {r["system"] for r in summary["rows"]}  # eval.controls: on
     assert (out / "config.yaml").exists() and (out / "checkpoints" / "checkpoint-2").is_dir()
     # 5. ... preceded by the reward preflight and followed by checks it was not trained on
     assert json.loads((out / "preflight.json").read_text())["passed"] is True

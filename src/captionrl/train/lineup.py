@@ -109,6 +109,7 @@ class LineupEvalConfig:
     directions: list[str] = help_field(["c2s"], "identification directions: c2s and/or s2c")
     modes: list[str] | None = help_field(None, "verifier modes (null = the training reward's mode)")
     compare_initial: bool = help_field(True, "also caption the test items with the untrained policy, as a baseline row")
+    controls: bool = help_field(True, "also score the empty-caption and shuffled-caption controls under every verifier (they must sit at chance; false saves their verifier calls, two thirds of the held-out identification's with compare_initial, and changes no final check)")
     verifiers: dict[str, Any] = help_field({}, "name -> evaluation verifier that took no part in training: claims:rules (code-checked claims, offline, no model), a backend spec (openai:URL#MODEL) or a backend config mapping; the training verifier is always scored too, in its own column and never in the mean")
     final_checks: bool = help_field(True, "checks the captioner was not trained on: span audit, transcription, full stops, clipped ratio, identification apart from the training verifier")
     bottleneck: bool = help_field(False, "also the caption-only reconstruction bottleneck against the initial model and controls (loads a text encoder)")
@@ -495,7 +496,8 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
         v = eval_verifier(value, f"eval.verifiers.{name}")
         verifiers[name] = make_backend(v) if isinstance(v, BackendConfig) else v
     ecfg = IdentifyEvalConfig(modes=list(cfg.eval.modes or [cfg.reward.mode]), directions=list(cfg.eval.directions),
-                              ks=[cfg.reward.k], seed=cfg.seed, precision=cfg.data.precision)
+                              ks=[cfg.reward.k], seed=cfg.seed, precision=cfg.data.precision,
+                              controls=cfg.eval.controls)
     # the training verifier keeps its own column and stays out of the held-out mean (issue 14)
     summary = run_identification(items, systems, distractors, data.pool, verifiers, ecfg, out_dir,
                                  train_verifier="train-verifier")
