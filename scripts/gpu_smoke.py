@@ -90,6 +90,8 @@ def run_joint(name: str, cmd: list[str], out: Path, timeout: int) -> Joint:
     try:
         text, _ = proc.communicate(timeout=timeout)
         passed = proc.returncode == 0
+        if not passed:  # a death by signal (the OOM killer, a crash at exit) prints no traceback
+            text += f"\nexit status {proc.returncode}\n"
     except subprocess.TimeoutExpired:
         passed, text = False, f"timed out after {timeout} s; each process's Python stack at that moment:\n{stop_group(proc)}"
     except BaseException:
