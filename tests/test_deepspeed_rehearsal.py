@@ -77,7 +77,7 @@ def _check_momentum(out: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # two 2-process launches: 5-10 min each test on 2 shared cores
+@pytest.mark.timeout(1800)  # two 2-process launches of at most 900 s each: 34-37 s here alone, minutes beside other jobs
 @requires_deepspeed
 @pytest.mark.parametrize("stage", STAGES)
 @pytest.mark.parametrize("recipe", list(RECIPES))
