@@ -47,7 +47,7 @@ def launch(stage: str, recipe: str, config: str, overrides: list[str], timeout: 
     t0 = time.perf_counter()
     returncode, out = run_group(cmd, env, timeout)
     wall = time.perf_counter() - t0
-    assert returncode is not None, f"timed out after {timeout} s; every process's stack:\n{out[-12000:]}"
+    assert returncode is not None, f"timed out after {timeout} s{_stale_build_locks()}; every process's stack:\n{out[-12000:]}"
     assert returncode == 0, _failure(out)
     return out, wall
 
@@ -77,6 +77,19 @@ def run_group(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[int 
     except BaseException:  # pytest-timeout or Ctrl-C while waiting: leave no rank behind either
         _signal_group(proc.pid, signal.SIGKILL)
         raise
+
+
+def _stale_build_locks() -> str:
+    """DeepSpeed builds its CPU shm op with torch's JIT builder on every rank's start; a rank killed while it
+    held the build lock leaves the lock file, and every later launch waits on it forever (torch's
+    ``FileBaton.wait`` has no timeout; the stacks then end in ``file_baton.py``). Named in the failure."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    with contextlib.suppress(Exception):
+        lock = Path(_get_build_directory("deepspeed_shm_comm", verbose=False)) / "lock"
+        if lock.exists():
+            return f" (torch extension build lock present: {lock}; delete it if no DeepSpeed process is running)"
+    return ""
 
 
 def _signal_group(pgid: int, sig: int) -> None:
