@@ -20,10 +20,12 @@ joint, with the date and the device.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -77,18 +79,46 @@ def device_flags(dry_run: bool) -> list[str]:
 
 def run_joint(name: str, cmd: list[str], out: Path, timeout: int) -> Joint:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONFAULTHANDLER": "1",  # a joint stopped at its timeout prints where each of its processes was
            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     env.setdefault("OMP_NUM_THREADS", "1")
     t0 = time.perf_counter()
+    # A process group of its own: at the timeout every process of the joint stops, not only the first (the
+    # DeepSpeed joint's ranks outlived a killed ``accelerate launch`` and slowed every later joint).
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-        passed, text = proc.returncode == 0, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as exc:
-        passed, text = False, f"timed out after {timeout} s\n{exc.stdout or ''}{exc.stderr or ''}"
+        text, _ = proc.communicate(timeout=timeout)
+        passed = proc.returncode == 0
+        if not passed:  # a death by signal (the OOM killer, a crash at exit) prints no traceback
+            text += f"\nexit status {proc.returncode}\n"
+    except subprocess.TimeoutExpired:
+        passed, text = False, f"timed out after {timeout} s; each process's Python stack at that moment:\n{stop_group(proc)}"
+    except BaseException:
+        signal_group(proc.pid, signal.SIGKILL)
+        raise
     seconds = round(time.perf_counter() - t0, 1)
-    (out / f"{name}.log").write_text(text if isinstance(text, str) else str(text))
+    (out / f"{name}.log").write_text(text)
     print(f"{'PASS' if passed else 'FAIL'}  {name:<13} {seconds:>7.1f} s", flush=True)
-    return Joint(name, passed, seconds, " ".join(cmd), (text if isinstance(text, str) else str(text))[-1500:])
+    return Joint(name, passed, seconds, " ".join(cmd), text[-1500:])
+
+
+def stop_group(proc: subprocess.Popen) -> str:
+    """SIGABRT to every process of ``proc``'s group (each prints its stack: ``PYTHONFAULTHANDLER``), then
+    SIGKILL to whatever is left; returns all the output."""
+    signal_group(proc.pid, signal.SIGABRT)
+    try:
+        text, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:  # a process that ignored SIGABRT
+        signal_group(proc.pid, signal.SIGKILL)
+        text, _ = proc.communicate()
+    signal_group(proc.pid, signal.SIGKILL)  # whatever of the group is left
+    return text
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
 
 
 def joints(dry_run: bool, out: Path) -> list[tuple[str, list[str]]]:

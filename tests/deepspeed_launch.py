@@ -6,9 +6,11 @@ shard for real across the two processes. One torch thread per process (the machi
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -40,13 +42,59 @@ def launch(stage: str, recipe: str, config: str, overrides: list[str], timeout: 
            "--main_process_port", str(free_port()),
            "-m", "captionrl.cli", "train", recipe, "--config", str(ROOT / "configs" / config), *overrides]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONFAULTHANDLER": "1",  # a rank stopped with SIGABRT prints every thread's Python stack
            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    returncode, out = run_group(cmd, env, timeout)
     wall = time.perf_counter() - t0
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, _failure(out)
+    assert returncode is not None, f"timed out after {timeout} s{_stale_build_locks()}; every process's stack:\n{out[-12000:]}"
+    assert returncode == 0, _failure(out)
     return out, wall
+
+
+def run_group(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[int | None, str]:
+    """Run ``cmd`` in a process group of its own; returns (exit status, stdout + stderr), the status ``None``
+    when it ran past ``timeout``. Then every process of the group (the launcher *and* its ranks) gets
+    SIGABRT, so that each prints its Python stack (``PYTHONFAULTHANDLER``) into the output, then SIGKILL.
+
+    ``subprocess.run(timeout=...)`` kills only ``accelerate launch``: its ranks lived on as orphans, each
+    taking a core for the rest of the suite, and every later launch on 2 cores ran slower and past its own
+    timeout in turn."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, out
+    except subprocess.TimeoutExpired:
+        _signal_group(proc.pid, signal.SIGABRT)
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:  # a process that ignored SIGABRT
+            _signal_group(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+        _signal_group(proc.pid, signal.SIGKILL)  # whatever of the group is left
+        return None, out
+    except BaseException:  # pytest-timeout or Ctrl-C while waiting: leave no rank behind either
+        _signal_group(proc.pid, signal.SIGKILL)
+        raise
+
+
+def _stale_build_locks() -> str:
+    """DeepSpeed builds its CPU shm op with torch's JIT builder on every rank's start; a rank killed while it
+    held the build lock leaves the lock file, and every later launch waits on it forever (torch's
+    ``FileBaton.wait`` has no timeout; the stacks then end in ``file_baton.py``). Named in the failure."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    with contextlib.suppress(Exception):
+        lock = Path(_get_build_directory("deepspeed_shm_comm", verbose=False)) / "lock"
+        if lock.exists():
+            return f" (torch extension build lock present: {lock}; delete it if no DeepSpeed process is running)"
+    return ""
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
 
 
 def _failure(out: str) -> str:

@@ -3,6 +3,7 @@ device) and the report says pass/fail, seconds and the device per joint (issue 2
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -11,18 +12,42 @@ from pathlib import Path
 
 import pytest
 
-from deepspeed_launch import requires_deepspeed
+from deepspeed_launch import requires_deepspeed, run_group
 
 ROOT = Path(__file__).resolve().parents[1]
+JOINT_TIMEOUT = 600  # seconds per joint (the script's --timeout): six joints stay under the test's limit
+
+
+def _smoke_module():
+    spec = importlib.util.spec_from_file_location("gpu_smoke", ROOT / "scripts" / "gpu_smoke.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_smoke"] = module  # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_joint_past_its_timeout_fails_with_stacks_and_leaves_no_process(tmp_path):
+    """The timeout stops the joint's whole process group (a child as well as the joint's first process) and
+    the report keeps where each one was: ``accelerate launch``'s ranks used to outlive it."""
+    smoke = _smoke_module()
+    sleeper = tmp_path / "sleeper.py"
+    sleeper.write_text("import time\nprint('up', flush=True)\n\ndef waiting_here():\n    time.sleep(600)\n\n"
+                       "waiting_here()\n")
+    tag = f"smoke-timeout-{os.getpid()}"
+    cmd = ["bash", "-c", f"(exec -a {tag} {sys.executable} {sleeper}) & exec -a {tag} {sys.executable} {sleeper}"]
+    joint = smoke.run_joint("sleepy", cmd, tmp_path, timeout=10)
+    assert not joint.passed and joint.tail.startswith("timed out after 10 s")
+    assert joint.tail.count("waiting_here") >= 2, joint.tail  # both processes' stacks
+    left = subprocess.run(["pgrep", "-f", tag], capture_output=True, text=True).stdout.split()
+    assert not left, left
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(2400)  # six joints, each a fresh process: 15+ min on 2 shared cores (load average 14)
+@pytest.mark.long  # every joint is also a default-tier test: test_rehearsal_{lineup,rubicap,moco}.py (each recipe
+# in one process), test_deepspeed_rehearsal.py (ZeRO-3), test_bench_gpu.py (the bench's --tiny path)
+@pytest.mark.timeout(2400)  # six joints, each a fresh process, each stopped at JOINT_TIMEOUT
 @requires_deepspeed
 def test_gpu_smoke_dry_run_passes_every_joint(tmp_path):
-    if not os.environ.get("CAPTIONRL_LONG_REHEARSALS"):
-        pytest.skip("the whole dry run (six joints, 15+ min) has not yet passed once end to end on the development "
-                    "machine (issue 22 stays open); CAPTIONRL_LONG_REHEARSALS=1 runs it")
     from captionrl.testing.tiny_qwen_vl import tiny_qwen_vl_dir
 
     for family in ("qwen2.5-vl", "qwen3-vl"):
@@ -30,11 +55,12 @@ def test_gpu_smoke_dry_run_passes_every_joint(tmp_path):
     out = tmp_path / "smoke"
     env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_smoke.sh"), "--dry-run", "--out", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=2300)
+    returncode, output = run_group(["bash", str(ROOT / "scripts" / "gpu_smoke.sh"), "--dry-run", "--out", str(out),
+                                    "--timeout", str(JOINT_TIMEOUT)], env, timeout=2300)
+    assert returncode is not None, output[-12000:]  # timed out: every process's stack
     report = json.loads((out / "report.json").read_text())
     failed = {j["name"]: j["tail"] for j in report["joints"] if not j["passed"]}
-    assert proc.returncode == 0 and not failed, (proc.stdout[-2000:], failed)
+    assert returncode == 0 and not failed, (output[-2000:], failed)
     names = [j["name"] for j in report["joints"]]
     assert names == ["device", "lineup", "rubicap", "moco", "lineup-zero3", "gpu-verifier"]
     assert report["dry_run"] and report["device"] == "cpu" and report["date"]
