@@ -34,6 +34,7 @@ Run folder (``train.out_dir``): ``config.yaml``, ``rubrics/`` (store and build r
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +61,8 @@ from captionrl.train.common import (
     probe_servers,
 )
 from captionrl.train.skeleton import Recipe, Run, train
+
+logger = logging.getLogger(__name__)
 
 TINY_VLM = "tiny-vlm"
 """Policy name resolved to ``captionrl.testing.tiny_vlm.tiny_vlm_dir()`` (the offline test VLM)."""
@@ -492,7 +495,7 @@ class RubicapRecipe(Recipe):
             data = build_data(self.cfg)
         self._references = data.references
         if data.skipped:
-            print("left out of training: " + "; ".join(f"{len(v)} {k}" for k, v in data.skipped.items()))
+            logger.warning("left out of training: " + "; ".join(f"{len(v)} {k}" for k, v in data.skipped.items()))
         return data
 
     def load_policy(self, run: Run) -> None:
@@ -513,7 +516,7 @@ class RubicapRecipe(Recipe):
         family = self.cfg.reward.family
         self.samples = SampleLog(run.out)
         self.reward = RubricReward(make_reward_judge(self.cfg, self.judge_backend, run.data.rows), self.samples, name=family)
-        print(f"reward family: {family} ({type(self.reward.judge).__name__})")
+        logger.info(f"reward family: {family} ({type(self.reward.judge).__name__})")
         return [self.reward]
 
     def references(self) -> dict[str, list[str]]:
