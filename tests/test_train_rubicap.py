@@ -210,7 +210,7 @@ def test_rubicap_cpu_run_interrupts_resumes_trains_every_parameter_and_logs_the_
     from transformers import AutoModelForImageTextToText
 
     from captionrl.judges.rubric import RubricStore
-    from captionrl.testing.tiny_vlm import tiny_vlm_dir
+    from captionrl.tiny_models.vlm import tiny_vlm_dir
     from captionrl.train.curves import load_metrics
     from captionrl.train.logging import load_samples
 

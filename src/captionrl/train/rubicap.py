@@ -65,7 +65,7 @@ from captionrl.train.skeleton import Recipe, Run, train
 logger = logging.getLogger(__name__)
 
 TINY_VLM = "tiny-vlm"
-"""Policy name resolved to ``captionrl.testing.tiny_vlm.tiny_vlm_dir()`` (the offline test VLM)."""
+"""Policy name resolved to ``captionrl.tiny_models.vlm.tiny_vlm_dir()`` (the tiny offline VLM)."""
 
 CURVE_KEYS = ("reward", "frac_reward_zero_std", "rubric/unscored_frac", "completions/mean_length",
               "rubric/caption_chars", "rubric/criteria_met", "loss", "kl")
