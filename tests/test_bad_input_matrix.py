@@ -459,7 +459,7 @@ def test_bad_input(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str
         case.check(tmp_path)
 
 
-def test_items_missing_from_one_file_are_noted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_items_missing_from_one_file_are_noted(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Usable input: items not captioned by every file are left out of the comparison, and said so."""
     from captionrl.eval.bottleneck import BottleneckConfig, load_caption_files
     from captionrl.eval.identification import _load_caption_files
@@ -469,9 +469,10 @@ def test_items_missing_from_one_file_are_noted(tmp_path: Path, capsys: pytest.Ca
     part.write_text("\n".join(good_lines("series")[:4]) + "\n")
     items, _systems = _load_caption_files([str(full), str(part)])
     assert sorted(it.id for it in items) == ["it0", "it1", "it2", "it3"]
-    err = capsys.readouterr().err
+    err = "\n".join(caplog.messages)
     assert "note: 2 item(s) of good skipped" in err and "it4, it5" in err, err
+    caplog.clear()
     study = load_caption_files([("good", full), ("part", part)], BottleneckConfig(out=str(tmp_path / "b")))
     assert sorted(it.id for it in study.items) == ["it0", "it1", "it2", "it3"]
-    err = capsys.readouterr().err
+    err = "\n".join(caplog.messages)
     assert "note: 2 item(s) of good skipped" in err and "it4, it5" in err, err

@@ -134,3 +134,20 @@ def test_report_reads_run_dirs_as_bare_words(tmp_path):
          "columns": ["accuracy"], "better": {"accuracy": "higher"}}))
     assert main(["report", str(tmp_path / "run"), "--out", str(tmp_path / "rep")]) == 0
     assert "| b | **0.7000** |" in (tmp_path / "rep" / "report.md").read_text()
+
+
+def test_library_messages_go_once_to_the_current_stderr_and_results_stay_on_stdout(capsys):
+    """``main`` shows the library's logged progress on stderr as plain lines, however often it runs."""
+    import logging
+
+    from captionrl.cli import configure_logging
+
+    configure_logging()
+    configure_logging()  # a second command in the same process: no second handler
+    logging.getLogger("captionrl.train.skeleton").info("resuming from run/checkpoint-1")
+    logging.getLogger("captionrl.records").warning("note: r.jsonl:line 2: ignoring the unfinished last line")
+    got = capsys.readouterr()  # a fresh sys.stderr per test: the handler must follow it
+    assert got.err == "resuming from run/checkpoint-1\nnote: r.jsonl:line 2: ignoring the unfinished last line\n"
+    assert got.out == ""
+    logging.getLogger("another_library").info("not ours")  # other libraries' levels are untouched
+    assert capsys.readouterr().err == ""

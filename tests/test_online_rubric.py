@@ -156,7 +156,7 @@ def test_real_models_tiny_vlm_generator_unscored_and_embedded_judge_scores_facts
     contradicting one of the same scene."""
     from captionrl.backends.hf import HFBackend
     from captionrl.judges.online_rubric import MocoRubricJudge
-    from captionrl.testing.tiny_vlm import tiny_vlm_dir
+    from captionrl.tiny_models.vlm import tiny_vlm_dir
 
     vlm = HFBackend(str(tiny_vlm_dir()))
     scene = make_scene(1, 1, size=96)

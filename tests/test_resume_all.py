@@ -42,7 +42,7 @@ def _fake_checkpoint(root: Path, step: int, *, state: str | None = "{}", files: 
     return p
 
 
-def test_half_written_checkpoints_are_skipped_with_a_message(tmp_path, capsys):
+def test_half_written_checkpoints_are_skipped_with_a_message(tmp_path, caplog):
     ok = _fake_checkpoint(tmp_path, 2, files=("model.safetensors", "momentum.pt"))
     _fake_checkpoint(tmp_path, 1, files=("model.safetensors", "momentum.pt"))
     no_state = _fake_checkpoint(tmp_path, 3, state=None)  # killed while writing the weights
@@ -52,7 +52,7 @@ def test_half_written_checkpoints_are_skipped_with_a_message(tmp_path, capsys):
     (tmp_path / "checkpoints" / "runs").mkdir()
 
     assert last_checkpoint(tmp_path) == ok
-    out = capsys.readouterr().out
+    out = "\n".join(caplog.messages)
     assert f"skipping incomplete checkpoint {no_state}: no trainer_state.json" in out
     assert f"skipping incomplete checkpoint {torn}: trainer_state.json is torn" in out
     assert f"skipping incomplete checkpoint {tmp_file}: unfinished file(s) momentum.pt.tmp" in out
@@ -61,16 +61,16 @@ def test_half_written_checkpoints_are_skipped_with_a_message(tmp_path, capsys):
     # a recipe that needs a file written after the Trainer's state (MoCo's momentum.pt) names it
     missing = _fake_checkpoint(tmp_path, 6, files=("model.safetensors",))
     assert last_checkpoint(tmp_path) == missing  # the Trainer's files alone make it complete ...
-    capsys.readouterr()
+    caplog.clear()
     assert last_checkpoint(tmp_path, required=("momentum.pt",)) == ok  # ... but not a MoCo checkpoint
-    assert f"skipping incomplete checkpoint {missing}: no momentum.pt" in capsys.readouterr().out
+    assert f"skipping incomplete checkpoint {missing}: no momentum.pt" in "\n".join(caplog.messages)
 
 
-def test_only_incomplete_checkpoints_mean_a_fresh_start(tmp_path, capsys):
+def test_only_incomplete_checkpoints_mean_a_fresh_start(tmp_path, caplog):
     assert last_checkpoint(tmp_path) is None  # no checkpoints folder at all
     only = _fake_checkpoint(tmp_path, 1, state=None)
     assert last_checkpoint(tmp_path) is None
-    assert f"skipping incomplete checkpoint {only}" in capsys.readouterr().out
+    assert f"skipping incomplete checkpoint {only}: no trainer_state.json" in "\n".join(caplog.messages)
     assert incomplete_reason(_fake_checkpoint(tmp_path, 2)) is None
 
 

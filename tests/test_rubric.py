@@ -208,7 +208,7 @@ class Interrupting:
 @pytest.mark.slow
 def test_pipeline_with_tiny_vlm_committee_resumes_after_interruption(tmp_path, embedded_backend):
     from captionrl.backends.hf import HFBackend
-    from captionrl.testing import tiny_vlm_dir
+    from captionrl.tiny_models import tiny_vlm_dir
 
     vlm = HFBackend(str(tiny_vlm_dir()), batch_size=4)
     items = load_images("scenes:3:0").items

@@ -14,11 +14,10 @@ from captionrl.domains.corpora import (
     load_cats_bench,
     load_corpus,
     load_embedded_corpus,
-    load_ett_csv,
     load_jsonl,
-    load_ltsf_csv,
     load_tsfragment_csv,
     load_value_csv,
+    load_wide_csv,
 )
 from captionrl.domains.timeseries import (
     make_series,
@@ -205,10 +204,10 @@ def _write_ett(path, values, n=40):
 def test_ett_csv_target_and_dates(by_id, tmp_path):
     p = tmp_path / "ETTh2.csv"
     _write_ett(p, by_id["co2"].values)
-    (ot,) = load_ett_csv(p)
+    (ot,) = load_wide_csv(p)
     assert len(ot) == 40 and ot.meta["column"] == "OT" and ot.meta["dates"][0] == "2016-07-01 00:00:00"
     assert ot.values[0] == pytest.approx(round(by_id["co2"].values[42], 3))
-    (hufl,) = load_ett_csv(p, target="HUFL")
+    (hufl,) = load_wide_csv(p, target="HUFL")
     assert hufl.values[0] == pytest.approx(round(by_id["co2"].values[0], 3))
     assert load_corpus(p)[0].values.tolist() == ot.values.tolist()
     assert window(ot, 8)[1].meta["start_date"] == "2016-07-01 08:00:00"
@@ -218,7 +217,7 @@ def test_missing_column_lists_columns_found(by_id, tmp_path):
     p = tmp_path / "ETTm2.csv"
     _write_ett(p, by_id["co2"].values)
     with pytest.raises(DataError, match="columns found") as exc:
-        load_ett_csv(p, target="OTT")
+        load_wide_csv(p, target="OTT")
     assert "HUFL" in str(exc.value)
 
 
@@ -229,7 +228,7 @@ def test_unparseable_number_names_row_and_column(by_id, tmp_path):
     lines[3] = lines[3].rsplit(",", 1)[0] + ",12.x"
     p.write_text("\n".join(lines) + "\n")
     with pytest.raises(DataError) as exc:
-        load_ett_csv(p)
+        load_wide_csv(p)
     assert exc.value.field.endswith("row 4, column OT") and exc.value.value == "12.x"
 
 
@@ -237,23 +236,23 @@ def test_ragged_csv_row_and_empty_file(tmp_path):
     p = tmp_path / "ragged.csv"
     p.write_text("date,OT\n2020-01-01,1\n2020-01-02,2,3\n")
     with pytest.raises(DataError, match="has 3 fields but the header has 2"):
-        load_ett_csv(p)
+        load_wide_csv(p)
     e = tmp_path / "empty.csv"
     e.write_text("")
     with pytest.raises(DataError, match="is empty"):
-        load_ett_csv(e)
+        load_wide_csv(e)
     h = tmp_path / "header_only.csv"
     h.write_text(",".join(ETT_COLS) + "\n")
     with pytest.raises(DataError, match="no data rows"):
-        load_ett_csv(h)
+        load_wide_csv(h)
 
 
 def test_missing_values_in_csv_follow_fill_policy(tmp_path):
     p = tmp_path / "gaps.csv"
     p.write_text("date,OT\nd0,1\nd1,\nd2,3\n")
     with pytest.raises(DataError, match=r"\[1\]"):
-        load_ett_csv(p)
-    (s,) = load_ett_csv(p, fill="interpolate")
+        load_wide_csv(p)
+    (s,) = load_wide_csv(p, fill="interpolate")
     assert s.values.tolist() == [1.0, 2.0, 3.0] and s.meta["gaps"] == [[1, 2]]
 
 
@@ -262,9 +261,9 @@ def test_ltsf_electricity_csv(by_id, tmp_path):
     p = tmp_path / "electricity.csv"
     p.write_text("date,0,1,2,OT\n" + "\n".join(f"2016-07-01 {i:02d}:00:00,{v[i]},{v[i + 1]},{v[i + 2]},{v[i + 3]}"
                                                for i in range(20)) + "\n")
-    (ot,) = load_ltsf_csv(p)
+    (ot,) = load_wide_csv(p)
     np.testing.assert_allclose(ot.values, v[3:23])
-    both = load_ltsf_csv(p, target=["0", "OT"])
+    both = load_wide_csv(p, target=["0", "OT"])
     assert [s.id for s in both] == ["electricity:0", "electricity:OT"]
 
 

@@ -25,7 +25,7 @@ def _msgs(image, text="Describe this image."):
 
 # ---------------------------------------------------------------------- fast: no model
 def test_bad_recipe_is_named():
-    from captionrl.testing.tiny_qwen_vl import tiny_qwen_vl_recipe
+    from captionrl.tiny_models.qwen_vl import tiny_qwen_vl_recipe
 
     with pytest.raises(ConfigError, match="family"):
         tiny_qwen_vl_recipe("qwen2-vl")
@@ -48,7 +48,7 @@ def test_backend_names_resolve_and_typos_are_named():
 def test_tokenizer_has_the_family_special_tokens_and_splits_digits(family):
     from transformers import Qwen2Tokenizer
 
-    from captionrl.testing.tiny_qwen_vl import SPECIAL_TOKENS, build_tokenizer
+    from captionrl.tiny_models.qwen_vl import SPECIAL_TOKENS, build_tokenizer
 
     tok = build_tokenizer(family)
     assert isinstance(tok, Qwen2Tokenizer)
@@ -66,7 +66,7 @@ def test_tokenizer_has_the_family_special_tokens_and_splits_digits(family):
 def test_chat_templates_render_the_family_format():
     from jinja2 import Environment
 
-    from captionrl.testing.tiny_qwen_vl import QWEN2_5_VL_CHAT_TEMPLATE, QWEN3_VL_CHAT_TEMPLATE
+    from captionrl.tiny_models.qwen_vl import QWEN2_5_VL_CHAT_TEMPLATE, QWEN3_VL_CHAT_TEMPLATE
 
     msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe."}]},
             {"role": "assistant", "content": "A red circle."}]
@@ -206,7 +206,7 @@ def test_rubicap_grpo_step_with_tiny_qwen_vl_policy(family, tmp_path, embedded_b
     from transformers import AutoProcessor
 
     from captionrl.backends.hf import resolve_model_path
-    from captionrl.testing.tiny_qwen_vl import CHAT_TEMPLATES
+    from captionrl.tiny_models.qwen_vl import CHAT_TEMPLATES
     from captionrl.train import rubicap
     from captionrl.train.curves import load_metrics
     from captionrl.train.logging import load_samples

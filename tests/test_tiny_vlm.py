@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def tiny_backend():
     from captionrl.backends.hf import HFBackend
-    from captionrl.testing import tiny_vlm_dir
+    from captionrl.tiny_models import tiny_vlm_dir
 
     backend = HFBackend(str(tiny_vlm_dir()), batch_size=4, dtype="float32")  # exact comparisons below
     backend._ensure_loaded()
@@ -27,7 +27,7 @@ def test_fixture_folder_is_a_vlm_with_smollm2_text_weights(tiny_backend):
     import torch
     from transformers import ProcessorMixin
 
-    from captionrl.testing import tiny_vlm_dir
+    from captionrl.tiny_models import tiny_vlm_dir
 
     folder = tiny_vlm_dir()
     cfg = json.loads((folder / "config.json").read_text())

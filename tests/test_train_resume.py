@@ -62,7 +62,7 @@ def test_sigkill_after_checkpoint_then_rerun_resumes(tmp_path):
 
     second = subprocess.run(_command(out), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-3000:]
-    assert f"resuming from {resumed_from}" in second.stdout
+    assert f"resuming from {resumed_from}" in second.stderr  # progress messages: the CLI logs them to stderr
     final = json.loads((out / "checkpoints" / "checkpoint-3" / "trainer_state.json").read_text())
     assert final["global_step"] == 3
     steps = [h["step"] for h in final["log_history"] if "reward" in h]

@@ -10,6 +10,7 @@ rubric judge gives those rewards back.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -204,12 +205,12 @@ def _interrupt_after_first_checkpoint():
 @pytest.mark.long  # RubiCap trains every parameter and resumes exactly: the rubicap-zero3 rehearsal in the default tier
 @pytest.mark.slow
 def test_rubicap_cpu_run_interrupts_resumes_trains_every_parameter_and_logs_the_judges_rewards(
-        tmp_path, embedded_backend, capsys):
+        tmp_path, embedded_backend, caplog):
     import torch
     from transformers import AutoModelForImageTextToText
 
     from captionrl.judges.rubric import RubricStore
-    from captionrl.testing.tiny_vlm import tiny_vlm_dir
+    from captionrl.tiny_models.vlm import tiny_vlm_dir
     from captionrl.train.curves import load_metrics
     from captionrl.train.logging import load_samples
 
@@ -224,9 +225,10 @@ def test_rubicap_cpu_run_interrupts_resumes_trains_every_parameter_and_logs_the_
     before = json.loads((out / "checkpoints" / "checkpoint-1" / "trainer_state.json").read_text())["log_history"]
 
     # ... is resumed by rerunning the same config, and finishes
+    caplog.set_level(logging.INFO, logger="captionrl")
     t0 = time.perf_counter()
     result = rubicap.run(load_config(RubicapConfig, CPU, [*TINY, f"train.out_dir={out}"]), judge_backend=embedded_backend)
-    assert f"resuming from {out / 'checkpoints' / 'checkpoint-1'}" in capsys.readouterr().out
+    assert f"resuming from {out / 'checkpoints' / 'checkpoint-1'}" in "\n".join(caplog.messages)
     final = json.loads((out / "checkpoints" / "checkpoint-2" / "trainer_state.json").read_text())
     assert final["global_step"] == 2
     assert [h["step"] for h in final["log_history"] if "reward" in h] == [1, 2]

@@ -6,12 +6,19 @@ add_config_arguments``: ``--config FILE.yaml``, ``key=value`` words, a ``--flag`
 ``--help`` listing every field with its default). This file only maps command names to modules,
 imported lazily so that ``captionrl --help`` is instant and a missing optional dependency only breaks its
 own command.
+
+Library modules report progress through ``logging`` (``logging.getLogger(__name__)``, under the
+``captionrl`` logger) and stay silent unless their caller wants the messages; the command line wants
+them, so ``main`` shows the ``captionrl`` logger's INFO messages on stderr as plain lines. A command's
+product (its table, its JSON summary) is printed to stdout by its ``run_command``, so that
+``captionrl ... --json | jq`` reads only the product.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 from collections.abc import Sequence
 
@@ -47,6 +54,32 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
 }
 
 
+class _StderrNow(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is when a message is emitted, not the one it was made with, so
+    that a caller (or pytest's ``capsys``) that swaps ``sys.stderr`` after the first command still gets
+    the messages of the next one."""
+
+    def __init__(self) -> None:
+        logging.Handler.__init__(self)
+
+    @property
+    def stream(self) -> object:  # type: ignore[override]
+        return sys.stderr
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    """Show the library's messages as plain lines on stderr; idempotent, so ``main`` may run many times
+    in one process (tests) without printing each line twice. Other libraries' loggers are left as they
+    are (the root logger's level is not touched), and records still propagate to the root logger for a
+    host application's (or pytest's ``caplog``) handlers."""
+    log = logging.getLogger("captionrl")
+    if not any(isinstance(h, _StderrNow) for h in log.handlers):
+        handler = _StderrNow()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+    log.setLevel(level)
+
+
 def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], argparse.ArgumentParser]]:
     parser = argparse.ArgumentParser(
         prog="captionrl",
@@ -71,6 +104,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], argpa
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    configure_logging()
     parser, leaves = build_parser()
     words = tuple(a for a in argv[:2] if not a.startswith("-"))
     key = words[:2] if words[:2] in COMMANDS else words[:1]

@@ -17,6 +17,7 @@ Low level on purpose (only torch and /proc): backends, training and benches all 
 from __future__ import annotations
 
 import contextlib
+import logging
 import warnings
 from collections.abc import Iterator
 from functools import lru_cache
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from captionrl.errors import ConfigError
+
+logger = logging.getLogger(__name__)
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -113,10 +116,10 @@ its ``timing.json`` so the run says what it ran in and why."""
 
 
 def record_dtype(name: str, dtype: Any, reason: str, *, echo: bool = True) -> None:
-    """Remember (and print, once per model) the dtype a model was loaded in and why."""
+    """Remember (and log, once per model) the dtype a model was loaded in and why."""
     entry = {"dtype": dtype_name(dtype), "reason": reason}
     if echo and DTYPE_CHOICES.get(name) != entry:
-        print(f"{name} dtype: {entry['dtype']} ({reason})", flush=True)
+        logger.info(f"{name} dtype: {entry['dtype']} ({reason})")
     DTYPE_CHOICES[name] = entry
 
 

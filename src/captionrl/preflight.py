@@ -15,6 +15,7 @@ but an honest reference that no item could score refuses the run (the reward can
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -26,6 +27,8 @@ import numpy as np
 from captionrl.errors import ConfigError
 from captionrl.probes import invented_values as invented_caption
 from captionrl.probes import probe_captions
+
+logger = logging.getLogger(__name__)
 
 FORCE_KEY = "train.force_preflight"
 
@@ -136,7 +139,7 @@ def run_preflight(reward: Callable[..., Sequence[Any]], rows: Sequence[Mapping[s
         rows: training rows (dataset columns, ``prompt`` included) of the sampled items.
         honest, dumps: per row, the honest reference and the dump probe.
         keys: config keys that change the outcome (printed in the refusal).
-        force: start anyway (``train.force_preflight=true``): the table is still saved and printed.
+        force: start anyway (``train.force_preflight=true``): the table is still saved and logged.
         out_dir: run folder for ``preflight.md`` / ``preflight.json`` (None: not saved).
         hint: an example of a change that helps, for the refusal's fix (the recipe knows its reward).
         extra: further probes per row (name -> captions), e.g. ``invented_values`` for series.
@@ -169,7 +172,7 @@ def run_preflight(reward: Callable[..., Sequence[Any]], rows: Sequence[Mapping[s
                                           f"{len(rows)} training items, under the training reward.\n\n{result.table()}")
         write_json(out / "preflight.json", result.to_json())
     if echo:
-        print(f"reward preflight ({len(rows)} items):\n{result.table()}")
+        logger.info(f"reward preflight ({len(rows)} items):\n{result.table()}")
     if not passed and not force:
         why = (f"probe(s) {winners} score at or above the honest reference ({_fmt(honest_mean)})" if winners
                else "the reward scored no honest reference")
@@ -180,7 +183,7 @@ def run_preflight(reward: Callable[..., Sequence[Any]], rows: Sequence[Mapping[s
             f"anyway with {FORCE_KEY}=true",
         )
     if not passed:
-        print(f"reward preflight FAILED ({winners}); starting anyway because {FORCE_KEY}=true")
+        logger.warning(f"reward preflight FAILED ({winners}); starting anyway because {FORCE_KEY}=true")
     return result
 
 

@@ -13,9 +13,9 @@ a silently smaller data set.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
-import sys
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -23,6 +23,8 @@ from typing import IO, Any
 import numpy as np
 
 from captionrl.errors import DataError
+
+logger = logging.getLogger(__name__)
 
 
 def _default(obj: Any) -> Any:
@@ -123,7 +125,7 @@ def _short(text: str, limit: int = 80) -> str:
 
 def _warn_torn(p: Path, n: int) -> None:
     """Report (once per read) the torn last line a killed writer left; the resumed run rewrites it."""
-    print(f"note: {p}:line {n}: ignoring the unfinished last line a killed run left (it is redone on resume)", file=sys.stderr)
+    logger.warning(f"note: {p}:line {n}: ignoring the unfinished last line a killed run left (it is redone on resume)")
 
 
 class RecordWriter:

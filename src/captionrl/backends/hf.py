@@ -38,11 +38,11 @@ def resolve_model_path(model: str) -> tuple[str, str | None]:
 
     if model in ("embedded", "", "smollm2", "SmolLM2-135M-Instruct"):
         return str(embedded_model_dir()), None
-    if model == "tiny-vlm":  # the test fixture VLM (captionrl.testing.tiny_vlm), assembled on first use
-        from captionrl.testing.tiny_vlm import tiny_vlm_dir
+    if model == "tiny-vlm":  # the tiny SmolVLM-shaped VLM (captionrl.tiny_models.vlm), assembled on first use
+        from captionrl.tiny_models.vlm import tiny_vlm_dir
 
         return str(tiny_vlm_dir()), None
-    from captionrl.testing.tiny_qwen_vl import FAMILIES, register_image_only_processors, tiny_qwen_vl_dir
+    from captionrl.tiny_models.qwen_vl import FAMILIES, register_image_only_processors, tiny_qwen_vl_dir
 
     register_image_only_processors()  # Qwen-VL processors load without torchvision (images only)
     if model in tuple(f"tiny-{f}" for f in FAMILIES):  # random tiny Qwen2.5-VL / Qwen3-VL, built on first use

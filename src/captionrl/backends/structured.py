@@ -27,15 +27,6 @@ from captionrl.errors import BackendError
 INSTALL_HINT = "pip install xgrammar (a captionrl dependency: bash scripts/setup.sh installs it)"
 
 
-def xgrammar_available() -> bool:
-    """Whether the grammar library imports here (it is a dependency; a broken install says so)."""
-    try:
-        import xgrammar  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def require_xgrammar() -> None:
     """Raise ``BackendError`` with the install fix when xgrammar is missing."""
     _xgr()

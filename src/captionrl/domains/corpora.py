@@ -136,7 +136,9 @@ def _numbers(rows: list[list[str]], col: int, name: str, path: Path | str) -> li
 
 def load_wide_csv(path: str | Path, target: str | Sequence[str] = "OT", *, date_column: str | None = "date",
                   fill: Fill = "error", domain: str | None = None) -> list[Series]:
-    """One ``Series`` per target column of a wide CSV with a date column (ETT, LTSF electricity, ...).
+    """One ``Series`` per target column of a wide CSV with a date column: ETT
+    (``date,HUFL,HULL,MUFL,MULL,LUFL,LULL,OT``, the default target ``OT`` is oil temperature), LTSF
+    electricity/traffic (``date,0,1,...,N-1,OT``: ``OT`` or client column names), ...
 
     ``target="all"`` takes every column except the date. Dates are kept as ``meta["dates"]`` so windows
     can report their time span.
@@ -156,16 +158,6 @@ def load_wide_csv(path: str | Path, target: str | Sequence[str] = "OT", *, date_
         sid = p.stem if len(targets) == 1 else f"{p.stem}:{t}"
         out.append(make_series(_numbers(rows, c, t, p), id=sid, fill=fill, domain=domain or p.stem, meta=meta))
     return out
-
-
-def load_ett_csv(path: str | Path, target: str | Sequence[str] = "OT", *, fill: Fill = "error") -> list[Series]:
-    """ETT (``date,HUFL,HULL,MUFL,MULL,LUFL,LULL,OT``); the target column defaults to oil temperature."""
-    return load_wide_csv(path, target, date_column="date", fill=fill)
-
-
-def load_ltsf_csv(path: str | Path, target: str | Sequence[str] = "OT", *, fill: Fill = "error") -> list[Series]:
-    """LTSF electricity/traffic layout (``date,0,1,...,N-1,OT``); target ``OT`` or client column names."""
-    return load_wide_csv(path, target, date_column="date", fill=fill)
 
 
 def load_value_csv(path: str | Path, value_column: str | None = None, *, fill: Fill = "error") -> list[Series]:

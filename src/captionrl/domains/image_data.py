@@ -17,7 +17,7 @@ drop. A file of the wrong layout (missing columns, no ``images``/``annotations``
 
 from __future__ import annotations
 
-import sys
+import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +35,8 @@ from captionrl.domains.image_layouts import (
 )
 from captionrl.domains.images import ImageItem
 from captionrl.errors import ConfigError, DataError
+
+logger = logging.getLogger(__name__)
 
 SOURCES = ("scenes", "easy-vqa", "pixmocap", "densefusion", "coco", "manifest")
 WHERE_TO_GET = {
@@ -148,8 +150,8 @@ def load_image_items(cfg: ImageDataConfig, *, seed: int | None = None) -> ImageL
                         f"({dict(Counter(s['reason'] for s in skipped))}); first: {skipped[0]['where']}: {skipped[0]['problem']}",
                         "fix the copy (see the reasons) or point data.path at the right files")
     if skipped:
-        print(f"images ({label}): skipped {len(skipped)} of {looked} ({dict(Counter(s['reason'] for s in skipped))}); "
-              f"first: {skipped[0]['where']}: {skipped[0]['problem']}", file=sys.stderr)
+        logger.warning(f"images ({label}): skipped {len(skipped)} of {looked} ({dict(Counter(s['reason'] for s in skipped))}); "
+                       f"first: {skipped[0]['where']}: {skipped[0]['problem']}")
     items = [rows[i].item for i in sorted(kept)]
     return ImageLoadResult([it for it in items if it is not None], skipped, label, looked, len(rows))
 

@@ -25,12 +25,11 @@ from captionrl.domains.images import IMAGE_SUFFIXES, ImageItem
 from captionrl.errors import ConfigError, DataError
 
 ROW_FILES = (".parquet", ".jsonl", ".json", ".csv")
+# Why an image is left out (``on_bad_image: skip``) or stops the load (``error``).
 MISSING_IMAGE = "missing image"
 CORRUPT_IMAGE = "corrupt image"
 MISSING_REFERENCES = "missing references"
 BAD_ROW = "bad row"
-REASONS = (MISSING_IMAGE, CORRUPT_IMAGE, MISSING_REFERENCES, BAD_ROW)
-"""Why an image is left out (``on_bad_image: skip``) or stops the load (``error``)."""
 
 
 @dataclass

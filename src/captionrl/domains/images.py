@@ -14,14 +14,16 @@ import base64
 import importlib.util
 import io
 import json
+import logging
 import re
-import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from captionrl.errors import ConfigError, DataError
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from captionrl.domains.scenes import Scene
@@ -132,8 +134,8 @@ def _collect(
             continue
         items.append(it)
     if skipped:
-        print(f"{source}: skipped {len(skipped)} unreadable image(s) of {len(candidates)}; first: "
-              f"{skipped[0]['error']}", file=sys.stderr)
+        logger.warning(f"{source}: skipped {len(skipped)} unreadable image(s) of {len(candidates)}; first: "
+                       f"{skipped[0]['error']}")
     return ImageSet(items, skipped, list(ignored), source)
 
 

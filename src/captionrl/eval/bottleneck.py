@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -46,6 +46,8 @@ from captionrl.errors import ConfigError, DataError
 from captionrl.eval.common import split_spec
 from captionrl.eval.result import EvalResult, print_result, write_result
 from captionrl.records import RecordWriter, read_jsonl
+
+logger = logging.getLogger(__name__)
 
 PROTOCOL = "bottleneck"
 TASKS = ("forecast", "reconstruct")
@@ -208,8 +210,8 @@ def load_caption_files(files: Sequence[tuple[str, Path]], cfg: BottleneckConfig)
     for name, c in captions.items():
         extra = sorted(set(c) - common)
         if extra:
-            print(f"note: {len(extra)} item(s) of {name} skipped (not in every captions file, so not comparable): "
-                  f"{', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}", file=sys.stderr)
+            logger.warning(f"note: {len(extra)} item(s) of {name} skipped (not in every captions file, so not comparable): "
+                           f"{', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}")
     chosen = [items[i] for i in sorted(common)]
     return Study(_assign_splits(chosen, cfg), {n: {i: c[i] for i in common} for n, c in captions.items()},
                  source=",".join(str(p) for _, p in files))

@@ -11,8 +11,8 @@ shuffled captions (another item's caption) must score at chance.
 
 from __future__ import annotations
 
+import logging
 import random
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -31,6 +31,8 @@ from captionrl.eval.stats import mean_interval
 from captionrl.judges.identify import IdentifyConfig, identification_judge
 from captionrl.records import RecordWriter, read_jsonl
 from captionrl.types import Series
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -311,8 +313,8 @@ def _note_dropped(systems: Sequence[CaptionSet], common: set[str]) -> None:
     for s in systems:
         extra = sorted(set(s.captions) - common)
         if extra:
-            print(f"note: {len(extra)} item(s) of {s.name} skipped (not in every captions file, so not comparable): "
-                  f"{', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}", file=sys.stderr)
+            logger.warning(f"note: {len(extra)} item(s) of {s.name} skipped (not in every captions file, so not comparable): "
+                           f"{', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}")
 
 
 def run(cfg: IdentifyEvalConfig, *, verifiers: Mapping[str, Backend] | None = None,

@@ -46,10 +46,6 @@ class RewardBound:
             parent()
 
 
-BOUND_KEYS = tuple(f"reward.{name}" for name in ("max_unscored_frac", "unscored_patience", "max_fallback_frac"))
-"""The bound's settings: safe to change when resuming (they do not change what was learnt)."""
-
-
 @dataclass
 class RewardHealth:
     """What one reward callable lost since the last look: captions, unscored ones, fallback-scored groups."""

@@ -6,9 +6,12 @@ converted, the legacy ``add_arguments``/``main`` pair that reads ``--config`` an
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from captionrl.serve.config import RewardServiceConfig, build_judge
+
+logger = logging.getLogger(__name__)
 
 CONFIG = RewardServiceConfig
 
@@ -31,7 +34,7 @@ def make_server(cfg: RewardServiceConfig, judge: Any = None) -> Any:
 
 def run_command(cfg: RewardServiceConfig) -> int:
     judge = build_judge(cfg)
-    print(f"reward service: {cfg.reward} ({getattr(judge, 'name', '?')}) on http://{cfg.host}:{cfg.port}/reward "
-          f"(health: /health; records: {cfg.records or 'off'})", flush=True)
+    logger.info(f"reward service: {cfg.reward} ({getattr(judge, 'name', '?')}) on http://{cfg.host}:{cfg.port}/reward "
+                f"(health: /health; records: {cfg.records or 'off'})")
     make_server(cfg, judge).run()
     return 0

@@ -1,6 +1,5 @@
-"""Test fixtures that ship with captionrl (tiny models, synthetic data). Fixtures, not models."""
+"""Test fixtures that ship with captionrl: ``tiny_llama``, the tiny policy of the training-mechanics tests.
 
-from captionrl.testing.tiny_qwen_vl import tiny_qwen_vl_dir
-from captionrl.testing.tiny_vlm import tiny_vlm_dir
-
-__all__ = ["tiny_qwen_vl_dir", "tiny_vlm_dir"]
+The tiny models of the papers' architectures (``tiny-vlm``, ``tiny-qwen2.5-vl``, ``tiny-qwen3-vl``) are a
+user feature (CPU rehearsals of the GPU recipes) and live in ``captionrl.tiny_models``.
+"""

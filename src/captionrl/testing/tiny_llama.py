@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from captionrl.testing.fixtures import save_fixture
+from captionrl.tiny_models.save import save_tiny_model
 
 TINY_LLAMA_VERSION = 1
 """Bump when the recipe changes so stale cached folders are rebuilt, not reused."""
@@ -77,4 +77,4 @@ def build_tiny_llama(target: Path, spec: dict[str, Any]) -> Path:
     config.architectures = ["LlamaForCausalLM"]
     torch.manual_seed(spec["seed"])
     model = LlamaForCausalLM(config)
-    return save_fixture(target, model, tokenizer, spec)
+    return save_tiny_model(target, model, tokenizer, spec)

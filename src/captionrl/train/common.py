@@ -13,6 +13,7 @@ disagree is resolved to a value in our config when it loads, so the saved config
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import re
@@ -24,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 from captionrl.config import help_field, to_dict
 from captionrl.errors import ConfigError
 from captionrl.train import trl_settings
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from captionrl.backends import BackendConfig
@@ -291,10 +294,10 @@ def build_trainer(
     if train.shared_prompt_forward:  # patched first: the on-policy shortcut wraps whichever pass is in place
         why_not = share_prompt_forward(trainer)
         if why_not and is_main_process():
-            print(f"shared-prompt forward: off, {why_not}", flush=True)
+            logger.info(f"shared-prompt forward: off, {why_not}")
     reason = reuse_on_policy_logprobs(trainer)  # RLOO on-policy: no old-policy pass, as GRPO does
     if reason and is_main_process():
-        print(f"old-policy log-probs: not recomputed, {reason}", flush=True)
+        logger.info(f"old-policy log-probs: not recomputed, {reason}")
     install_step_timer(trainer, train.out_dir)  # time/* metrics per step, timing.json at the end
     if bound is not None:
         from captionrl.train.callbacks import RewardBoundCallback
@@ -355,7 +358,7 @@ def last_checkpoint(out_dir: str | Path, required: Sequence[str] = ()) -> Path |
         if reason is None:
             found.append((int(m.group(1)), p))
         elif is_main_process():
-            print(f"skipping incomplete checkpoint {p}: {reason}", flush=True)
+            logger.warning(f"skipping incomplete checkpoint {p}: {reason}")
     return max(found)[1] if found else None
 
 

@@ -14,11 +14,14 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+logger = logging.getLogger(__name__)
 
 PREFLIGHT_KEYS = ("reward.family", "reward.mode", "reward.decision", "reward.threshold", "rubrics.source", "judge")
 MOCO_PREFLIGHT_KEYS = ("judge.mode", "judge.decision", "judge.threshold", "rubric.fallback", "rubric.max_attempts",
@@ -69,7 +72,7 @@ def image_preflight(cfg: Any, rows: Sequence[Mapping[str, Any]], reward: Any, ou
     if cfg.train.preflight_items <= 0:
         return None
     if not usable:
-        print("reward preflight skipped: no training item has a reference caption")
+        logger.warning("reward preflight skipped: no training item has a reference caption")
         return None
     chosen = sample_rows(usable, cfg.train.preflight_items, cfg.seed)
     honest = [references[str(r["item_id"])][0] for r in chosen]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,8 @@ from captionrl.train.common import (
 )
 from captionrl.train.common import backend_config as _backend_config  # the name evaluate() uses
 from captionrl.train.skeleton import Recipe, Run, train
+
+logger = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------- config
 FAMILIES = ("identification", "answerability", "judge")
@@ -209,7 +212,7 @@ def preflight(cfg: LineupConfig, rows: Sequence[Mapping[str, Any]], reward: Any,
     honest, dumps = series_references(chosen, cfg.data.precision)
     main = int(os.environ.get("RANK", "0")) == 0
     if main:
-        print(f"reward preflight under the {cfg.reward.family} reward")
+        logger.info(f"reward preflight under the {cfg.reward.family} reward")
     return run_preflight(reward, chosen, honest, dumps, keys=preflight_keys(cfg.reward), force=cfg.train.force_preflight,
                          out_dir=out if main else None, echo=main,
                          extra={"invented_values": invented_values(chosen, cfg.data.precision)})
@@ -363,10 +366,10 @@ def attach_questions(cfg: LineupConfig, data: LineupData, backend: Any, out: Pat
     stats["failed"] = {"series": len(failed), "last_error": next(reversed(failed.values()), None)}
     write_json(out / "questions_summary.json", stats)
     if failed:
-        print(f"answerability questions: {len(failed)} series not written because a request failed "
-              f"({stats['failed']['last_error']}); the next run retries them")
-    print(f"answerability questions: train {stats['train']['kept']}/{stats['train']['series']} series kept "
-          f"({stats['train']['verified']}/{stats['train']['generated']} questions verified)")
+        logger.warning(f"answerability questions: {len(failed)} series not written because a request failed "
+                       f"({stats['failed']['last_error']}); the next run retries them")
+    logger.info(f"answerability questions: train {stats['train']['kept']}/{stats['train']['series']} series kept "
+                f"({stats['train']['verified']}/{stats['train']['generated']} questions verified)")
     if not data.rows["train"]:
         raise DataError("reward.answerability.min_verified", a.min_verified,
                         f"no training series has {a.min_verified} verified questions ({stats['train']}; "

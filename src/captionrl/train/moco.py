@@ -41,6 +41,7 @@ import contextlib
 import copy
 import dataclasses
 import json
+import logging
 import math
 import os
 import time
@@ -77,6 +78,8 @@ from captionrl.train.common import (
     print_result,
 )
 from captionrl.train.skeleton import Recipe, Run, prepare, train
+
+logger = logging.getLogger(__name__)
 
 METHODS = ("moco", "evolm")
 INITS = ("shared", "separate")
@@ -418,7 +421,7 @@ class MocoRecipe(Recipe):
                                               self.cfg.momentum.implementation)
         if self.cfg.momentum.init == "separate":
             n = self.box["momentum"].load_initial(separate_state(self.cfg))
-            print(f"momentum: separate initialisation from {self.cfg.momentum.init_from} ({n} tensors)")
+            logger.info(f"momentum: separate initialisation from {self.cfg.momentum.init_from} ({n} tensors)")
         MomentumCallback(self.box["momentum"], resume_dir=run.resume_from).attach(trainer)
         from captionrl.train.sharding import full_weights
 
@@ -628,7 +631,7 @@ def run_evolm(cfg: MocoConfig, out: Path, model: Any, processing: Any, rows: lis
     if done and state_path.exists():
         saved = torch.load(state_path, map_location="cpu", weights_only=True)
         model.load_state_dict(saved, strict=False)
-        print(f"resuming after EvoLM phase {done[-1]}")
+        logger.info(f"resuming after EvoLM phase {done[-1]}")
     records = RecordWriter(records_path(out))
     roles = model_roles(model, judge_model, processing)
     t0 = time.perf_counter()

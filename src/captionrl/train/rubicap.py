@@ -34,6 +34,7 @@ Run folder (``train.out_dir``): ``config.yaml``, ``rubrics/`` (store and build r
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,8 +62,10 @@ from captionrl.train.common import (
 )
 from captionrl.train.skeleton import Recipe, Run, train
 
+logger = logging.getLogger(__name__)
+
 TINY_VLM = "tiny-vlm"
-"""Policy name resolved to ``captionrl.testing.tiny_vlm.tiny_vlm_dir()`` (the offline test VLM)."""
+"""Policy name resolved to ``captionrl.tiny_models.vlm.tiny_vlm_dir()`` (the tiny offline VLM)."""
 
 CURVE_KEYS = ("reward", "frac_reward_zero_std", "rubric/unscored_frac", "completions/mean_length",
               "rubric/caption_chars", "rubric/criteria_met", "loss", "kl")
@@ -492,7 +495,7 @@ class RubicapRecipe(Recipe):
             data = build_data(self.cfg)
         self._references = data.references
         if data.skipped:
-            print("left out of training: " + "; ".join(f"{len(v)} {k}" for k, v in data.skipped.items()))
+            logger.warning("left out of training: " + "; ".join(f"{len(v)} {k}" for k, v in data.skipped.items()))
         return data
 
     def load_policy(self, run: Run) -> None:
@@ -513,7 +516,7 @@ class RubicapRecipe(Recipe):
         family = self.cfg.reward.family
         self.samples = SampleLog(run.out)
         self.reward = RubricReward(make_reward_judge(self.cfg, self.judge_backend, run.data.rows), self.samples, name=family)
-        print(f"reward family: {family} ({type(self.reward.judge).__name__})")
+        logger.info(f"reward family: {family} ({type(self.reward.judge).__name__})")
         return [self.reward]
 
     def references(self) -> dict[str, list[str]]:

@@ -33,6 +33,7 @@ rendering of the image evidence. With a vision-language model the ``image`` path
 from __future__ import annotations
 
 import json
+import logging
 import random
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
@@ -57,6 +58,8 @@ from captionrl.train.common import (
     lora_config,
 )
 from captionrl.train.skeleton import Recipe, Run, train
+
+logger = logging.getLogger(__name__)
 
 RECIPES = ("moco-sft", "sft")
 ROLES = ("policy", "generator", "judge")
@@ -559,8 +562,8 @@ class SFTRecipe(Recipe):
         tokenizer = getattr(run.processing, "tokenizer", run.processing)
         self.rows, self.dropped = drop_too_long(rows, tokenizer, cfg.train.max_length)
         if self.dropped:
-            print(f"warning: dropped {len(self.dropped)} row(s) whose prompt exceeds train.max_length={cfg.train.max_length} "
-                  f"(e.g. {self.dropped[:3]}); raise train.max_length to keep them")
+            logger.warning(f"warning: dropped {len(self.dropped)} row(s) whose prompt exceeds train.max_length={cfg.train.max_length} "
+                           f"(e.g. {self.dropped[:3]}); raise train.max_length to keep them")
         if not self.rows:
             raise ConfigError("train.max_length", cfg.train.max_length, "every row's prompt is longer", "raise train.max_length")
         with RecordWriter(out / "data.jsonl") as w:

@@ -19,6 +19,7 @@ data) comes before the policy loads, so a mistake costs seconds, not a model loa
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -29,6 +30,8 @@ from typing import Any
 from captionrl.train import common
 from captionrl.train.gpu_checks import check_gpu_settings
 from captionrl.train.sharding import full_weights, no_zero3_init
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -146,7 +149,7 @@ def train(recipe: Recipe) -> Run:
     preflight = PreflightCallback(lambda: recipe.preflight(run))  # once the model is on the accelerator, every rank
     run.trainer.add_callback(preflight)
     if run.resume_from is not None:
-        print(f"resuming from {run.resume_from}")
+        logger.info(f"resuming from {run.resume_from}")
     t0 = time.perf_counter()
     try:
         run.train_output = run.trainer.train(resume_from_checkpoint=str(run.resume_from) if run.resume_from else None)

@@ -32,8 +32,6 @@ from captionrl.errors import ConfigError
 from captionrl.eval.result import EvalResult, write_result
 from captionrl.records import dumps, write_json
 
-KNOBS = ("verifier", "k", "rule")
-
 
 @dataclass
 class SweepConfig:

@@ -25,11 +25,14 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 PARTS = ("generation", "reward", "verifier", "logprobs", "backward", "optimizer")
 KEYS = tuple(f"time/{p}" for p in (*PARTS, "step"))
@@ -216,8 +219,8 @@ class StepTimer(_callback_base()):  # type: ignore[misc]
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "timing.json").write_text(json.dumps(summary, indent=2) + "\n")
         if summary["steps"]:
-            print("time per step (mean): " + format_breakdown(
-                {f"time/{k}": v for k, v in summary["mean_seconds"].items()}, None))
+            logger.info("time per step (mean): " + format_breakdown(
+                      {f"time/{k}": v for k, v in summary["mean_seconds"].items()}, None))
 
     def summary(self) -> dict[str, Any]:
         """Mean seconds per part, the reward's and verifier's share of a step, and the models' dtypes."""

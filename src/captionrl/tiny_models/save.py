@@ -1,4 +1,8 @@
-"""Saving a built test model as a fixture folder, once, even with several processes racing to build it."""
+"""Saving a built tiny model as a folder, once, even with several processes racing to build it.
+
+The spec file keeps its historical name, ``captionrl_fixture.json``, so folders built by earlier versions
+(under ``captionrl.embedded.cache_dir()/models``) are still found instead of rebuilt.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 
-def save_fixture(target: Path, model: Any, processor: Any, spec: dict[str, Any]) -> Path:
+def save_tiny_model(target: Path, model: Any, processor: Any, spec: dict[str, Any]) -> Path:
     """Write model, processor and the spec that built them beside ``target``, then rename into place: a
     reader never sees a half-written folder, and the last of several racing builders wins whole."""
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")

@@ -1,7 +1,8 @@
-"""A tiny vision-language model for tests: a fixture, NOT a model.
+"""A tiny SmolVLM-shaped vision-language model (``tiny-vlm``) for CPU rehearsals and tests: NOT a trained model.
 
 No package ships vision-language weights offline, yet the image pipeline (VLM chat prompts, image
-processors, ``HFBackend`` with images, TRL's GRPO trainer with a ``ProcessorMixin``) must run in tests.
+processors, ``HFBackend`` with images, TRL's GRPO trainer with a ``ProcessorMixin``) must run in tests
+and in the CPU rehearsals of the image recipes (``policy.model: tiny-vlm`` in ``configs/rubicap-cpu.yaml``).
 This module assembles a real Idefics3 (SmolVLM) architecture locally:
 
 - text model: the real SmolLM2-135M-Instruct weights (the embedded model), so the text side writes
@@ -22,7 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from captionrl.testing.fixtures import save_fixture
+from captionrl.tiny_models.save import save_tiny_model
 
 TINY_VLM_VERSION = 1
 """Bump when the recipe changes so stale cached folders are rebuilt, not reused."""
@@ -76,7 +77,7 @@ def tiny_vlm_recipe(
 
 
 def tiny_vlm_dir(*, seed: int = 0, image_size: int = 64, rebuild: bool = False, **recipe: Any) -> Path:
-    """Folder of the tiny VLM fixture, built on first use (~10 s) and cached; ``HFBackend`` loads it."""
+    """Folder of the tiny VLM, built on first use (~10 s) and cached; ``HFBackend`` loads it."""
     from captionrl.embedded import cache_dir
 
     spec = tiny_vlm_recipe(seed=seed, image_size=image_size, **recipe)
@@ -158,4 +159,4 @@ def build_tiny_vlm(target: Path, spec: dict[str, Any]) -> Path:
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.bos_token_id = tokenizer.bos_token_id
 
-    return save_fixture(target, model, processor, spec)
+    return save_tiny_model(target, model, processor, spec)
