@@ -3,10 +3,13 @@
 Two workloads, both with real prompts of the embedded LineupRL data and the embedded model in float32:
 
 - ``main``: the main job's step (``configs/lineup-cpu.yaml``: its window, instruction, G and batch);
-- ``long``: a 512-value series per prompt (the long-prompt case of issue 21), G=4. TRL's pass over the four
-  ~3,600-token rows at once needs more than this machine's 24 GB (activations kept for the backward), so on
-  this workload it runs row by row, one forward+backward per row with the gradients accumulated, as
-  ``per_device_train_batch_size: 1`` with gradient accumulation would; the shared pass takes the group at once.
+- ``long``: a ``--long_window``-value series per prompt (512 by default: the long-prompt case of issue 21),
+  G=4. TRL's pass runs row by row there, one forward+backward per row with the gradients accumulated, as
+  ``per_device_train_batch_size: 1`` with gradient accumulation would (its four rows at once need far more
+  memory); the shared pass takes the group at once. Memory: on CPU the attention weights of every layer are
+  kept for the backward, so one ~3,600-token row of the 512-value case took more than 15 GB and was killed
+  on a 24 GB machine beside two training runs (2026-12-02); ``--long_window 256`` (~1,800 tokens) needs
+  about a quarter of that.
 
 Completions are the describer's captions, varied per row, right-padded as TRL pads them. Each path runs
 ``--repeats`` times, interleaved, and the best time of each is compared (the machine is shared: the
@@ -59,6 +62,9 @@ def batch(tok, window: int, groups: int, g: int, instruction: str | None, max_co
     return torch.tensor(rows), torch.tensor(masks), C
 
 
+TARGETS = "targets: main >= 2x, long >= 3x"
+
+
 def main() -> None:
     import yaml
     from accelerate import Accelerator
@@ -73,6 +79,7 @@ def main() -> None:
     ap.add_argument("--config", default=str(ROOT / "configs" / "lineup-cpu.yaml"))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workloads", nargs="+", default=["main", "long"])
+    ap.add_argument("--long_window", type=int, default=512, help="values of the long workload's series")
     ap.add_argument("--no_record", action="store_true", help="print only; do not append to bench/RESULTS.md")
     args = ap.parse_args()
 
@@ -88,7 +95,7 @@ def main() -> None:
     workloads = {
         "main": dict(window=int(cfg["data"]["window"]), groups=per_step // g, g=g,
                      instruction=cfg["data"].get("instruction"), max_completion=int(cfg["train"]["max_completion_length"])),
-        "long": dict(window=512, groups=1, g=4, instruction=cfg["data"].get("instruction"), max_completion=48),
+        "long": dict(window=args.long_window, groups=1, g=4, instruction=cfg["data"].get("instruction"), max_completion=48),
     }
     row_by_row = {"long"}  # TRL's pass one row at a time there (see the module doc)
 
@@ -115,6 +122,7 @@ def main() -> None:
              f"{'workload':<8} {'rows':>4} {'prompt tok':>10} {'compl tok':>9} {'TRL s':>7} {'shared s':>8} "
              f"{'ratio':>6} {'max|dlogp|':>10}"]
     print("\n".join(lines), flush=True)
+    header = list(lines)
     for name in args.workloads:
         ids, mask, keep = batch(tok, **workloads[name])
         times: dict[str, list[float]] = {"trl": [], "shared": []}
@@ -131,10 +139,10 @@ def main() -> None:
                 f"{t_trl / t_sh:>5.2f}x {diff:>10.1e}" + ("  (TRL's pass row by row)" if name in row_by_row else ""))
         print(line, flush=True)
         lines.append(line)
-    lines.append("targets: main >= 2x, long >= 3x")
-    print(lines[-1])
-    if not args.no_record:
-        record_result("bench_shared_prefix.py", " ".join(sys.argv[1:]), "\n".join(lines))
+        if not args.no_record:  # each workload as it ends: a later one killed for memory loses nothing before it
+            record_result("bench_shared_prefix.py", f"{' '.join(sys.argv[1:])} (workload {name})",
+                          "\n".join([*header, line, TARGETS]))
+    print(TARGETS)
 
 
 if __name__ == "__main__":
