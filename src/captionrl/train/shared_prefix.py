@@ -139,6 +139,8 @@ def shared_prefix_logps_qwen_vl(model: Any, input_ids: Any, attention_mask: Any,
 
     Positions are those of the model's own full pass, computed once for the full rows and sliced; each
     group's images go through the vision tower once, in the prompt part only (completions hold no image)."""
+    import torch
+
     backbone = qwen_vl_backbone(model)
     split = input_ids.size(1) - logits_to_keep - 1
     positions = _full_row_positions(backbone, input_ids, attention_mask,
@@ -146,8 +148,6 @@ def shared_prefix_logps_qwen_vl(model: Any, input_ids: Any, attention_mask: Any,
     pixels = grids = None
     if pixel_values is not None:
         pixels, grids = _per_row_images(pixel_values, image_grid_thw, list(num_images))
-    import torch
-
     key = torch.cat([input_ids[:, :split], attention_mask[:, :split].to(input_ids.dtype)], dim=1)
     reps, inverse = _groups_with_pixels(key, pixels)
     prompt_kw: dict[str, Any] = {}
