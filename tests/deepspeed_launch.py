@@ -62,21 +62,26 @@ def run_group(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[int 
     timeout in turn."""
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
+    smoke = smoke_script()  # the GPU smoke script's own group stop: one implementation for both
     try:
         out, _ = proc.communicate(timeout=timeout)
         return proc.returncode, out
     except subprocess.TimeoutExpired:
-        _signal_group(proc.pid, signal.SIGABRT)
-        try:
-            out, _ = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:  # a process that ignored SIGABRT
-            _signal_group(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
-        _signal_group(proc.pid, signal.SIGKILL)  # whatever of the group is left
-        return None, out
+        return None, smoke.stop_group(proc)
     except BaseException:  # pytest-timeout or Ctrl-C while waiting: leave no rank behind either
-        _signal_group(proc.pid, signal.SIGKILL)
+        smoke.signal_group(proc.pid, signal.SIGKILL)
         raise
+
+
+def smoke_script() -> Any:
+    """``scripts/gpu_smoke.py`` as a module (a script, not a package: loaded from its path)."""
+    if "gpu_smoke" in sys.modules:
+        return sys.modules["gpu_smoke"]
+    spec = importlib.util.spec_from_file_location("gpu_smoke", ROOT / "scripts" / "gpu_smoke.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_smoke"] = module  # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 def _stale_build_locks() -> str:
@@ -90,11 +95,6 @@ def _stale_build_locks() -> str:
         if lock.exists():
             return f" (torch extension build lock present: {lock}; delete it if no DeepSpeed process is running)"
     return ""
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
 
 
 def _failure(out: str) -> str:

@@ -3,7 +3,6 @@ device) and the report says pass/fail, seconds and the device per joint (issue 2
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,24 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from deepspeed_launch import requires_deepspeed, run_group
+from deepspeed_launch import requires_deepspeed, run_group, smoke_script
 
 ROOT = Path(__file__).resolve().parents[1]
 JOINT_TIMEOUT = 600  # seconds per joint (the script's --timeout): six joints stay under the test's limit
 
 
-def _smoke_module():
-    spec = importlib.util.spec_from_file_location("gpu_smoke", ROOT / "scripts" / "gpu_smoke.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_smoke"] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_a_joint_past_its_timeout_fails_with_stacks_and_leaves_no_process(tmp_path):
     """The timeout stops the joint's whole process group (a child as well as the joint's first process) and
     the report keeps where each one was: ``accelerate launch``'s ranks used to outlive it."""
-    smoke = _smoke_module()
+    smoke = smoke_script()
     sleeper = tmp_path / "sleeper.py"
     sleeper.write_text("import time\nprint('up', flush=True)\n\ndef waiting_here():\n    time.sleep(600)\n\n"
                        "waiting_here()\n")
