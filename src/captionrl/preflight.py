@@ -102,25 +102,29 @@ def _mean(values: Sequence[Any]) -> tuple[float | None, int]:
 
 
 def score_probes(reward: Callable[..., Sequence[Any]], rows: Sequence[Mapping[str, Any]], honest: Sequence[str],
-                 dumps: Sequence[str], batch: int = 8,
+                 dumps: Sequence[str], batch: int = 64,
                  extra: Mapping[str, Sequence[str]] | None = None) -> dict[str, list[Any]]:
-    """Every probe's rewards on ``rows``, through ``reward`` called as TRL calls it (chat completions)."""
+    """Every probe's rewards on ``rows``, through ``reward`` called as TRL calls it (chat completions).
+
+    The probes of one row go to the reward together (calls of up to ``batch`` completions, row-major): a
+    verifier that shares a context across requests then reads each row's candidate series once for all
+    the probes instead of once per probe. The main job's preflight (8 items, 7 probes, one thread, Intel
+    Xeon without native bf16) took 106 s a probe at a time and 78 s so, with the same table."""
     captions = probe_captions(list(honest), list(dumps), extra)
     cols = [k for k in rows[0] if k != "prompt"] if rows else []
+    todo = [(probe, i) for i in range(len(rows)) for probe in captions]
     saved = getattr(reward, "samples", None)
     if saved is not None:
         reward.samples = None  # type: ignore[attr-defined]  # probes are not training samples
     try:
-        out: dict[str, list[Any]] = {}
-        for probe, caps in captions.items():
-            got: list[Any] = []
-            for a in range(0, len(rows), batch):
-                chunk = rows[a: a + batch]
-                kwargs = {k: [r[k] for r in chunk] for k in cols}
-                got.extend(reward(prompts=[r.get("prompt") for r in chunk],
-                                  completions=[[{"role": "assistant", "content": c}] for c in caps[a: a + batch]],
-                                  **kwargs))
-            out[probe] = got
+        out: dict[str, list[Any]] = {probe: [None] * len(rows) for probe in captions}
+        for a in range(0, len(todo), batch):
+            chunk = todo[a: a + batch]
+            got = reward(prompts=[rows[i].get("prompt") for _, i in chunk],
+                         completions=[[{"role": "assistant", "content": captions[probe][i]}] for probe, i in chunk],
+                         **{k: [rows[i][k] for _, i in chunk] for k in cols})
+            for (probe, i), value in zip(chunk, got, strict=True):
+                out[probe][i] = value
         return out
     finally:
         if saved is not None:
