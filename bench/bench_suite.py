@@ -1,0 +1,103 @@
+"""The default test tier of an earlier commit against this checkout's, each from a clean clone, one after the
+other in one run: wall time, CPU time, counts and their ratio.
+
+Issue 26 asks for a suite that is faster than the one it found (``OLD_REF``, e6c58d9) while it tests more.
+Each side is ``git clone``d from this repository into a temporary folder at its commit (HEAD for the new
+side, so commit first), and runs ``python -m pytest -q -p no:cacheprovider`` there with the clone's own
+``pyproject.toml`` options (two xdist workers) and its own ``src`` first on ``PYTHONPATH``, under this
+checkout's virtual environment (``scripts/setup.sh --dev``; its packages cover both commits). Setup is
+excluded from both times.
+
+    .venv/bin/python bench/bench_suite.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _workload import ROOT, cpu_line, record_result
+
+OLD_REF = "e6c58d9"
+"""The commit issue 26 was filed against (its README: 656 lines, "644 passed in 12 min 6 s")."""
+SUMMARY = re.compile(r"=+ (.*) in ([\d.]+)s")
+
+
+def clone(ref: str, dest: Path) -> Path:
+    """A clean clone of this repository at ``ref`` (no untracked or ignored file comes along)."""
+    subprocess.run(["git", "clone", "-q", "--no-checkout", str(ROOT), str(dest)], check=True)
+    subprocess.run(["git", "-C", str(dest), "checkout", "-q", ref], check=True)
+    return dest
+
+
+def run_suite(name: str, tree: Path, log: Path, timeout: float) -> dict:
+    """The clone's default tier; wall and CPU seconds (``wait4``: pytest and its workers, reaped)."""
+    env = {**os.environ, "PYTHONPATH": str(tree / "src")}
+    env.pop("CAPTIONRL_LONG_TESTS", None)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    print(f"{name}: {' '.join(cmd[1:])} in {tree}", flush=True)
+    t0 = time.perf_counter()
+    before = os.times()
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = proc.wait()
+    wall = time.perf_counter() - t0
+    after = os.times()
+    cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+    text = log.read_text(errors="replace")
+    found = SUMMARY.findall(text)
+    summary = found[-1][0] if found else f"no pytest summary (exit {rc}); see {log}"
+    return {"name": name, "rc": rc, "wall_s": wall, "cpu_s": cpu, "summary": summary}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--old_ref", default=OLD_REF)
+    ap.add_argument("--new_ref", default="HEAD")
+    ap.add_argument("--out", default=None, help="keep the clones and logs here (default: a temporary folder)")
+    ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per suite before it is killed")
+    ap.add_argument("--no_record", action="store_true", help="print only; do not append to bench/RESULTS.md")
+    args = ap.parse_args()
+    refs = {"old": args.old_ref, "new": args.new_ref}
+    commits = {k: subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", v], capture_output=True,
+                                 text=True, check=True).stdout.strip() for k, v in refs.items()}
+    lines: list[str] = []
+
+    def say(text: str = "") -> None:
+        print(text, flush=True)
+        lines.append(text)
+
+    say(cpu_line())
+    say(f"default test tier from clean clones, one after the other: old {commits['old']}, new {commits['new']}")
+    with tempfile.TemporaryDirectory(prefix="bench-suite-") as tmp:
+        out = Path(args.out) if args.out else Path(tmp)
+        out.mkdir(parents=True, exist_ok=True)
+        results = []
+        for name in ("old", "new"):
+            tree = clone(commits[name], out / f"{name}-{commits[name]}")
+            results.append(run_suite(name, tree, out / f"{name}.log", args.timeout))
+            say(f"{name}: {results[-1]['wall_s']:.0f} s wall, {results[-1]['cpu_s']:.0f} s CPU: {results[-1]['summary']}")
+    old, new = results
+    say()
+    say(f"wall time new/old: {new['wall_s'] / old['wall_s']:.2f}x; CPU time new/old: {new['cpu_s'] / old['cpu_s']:.2f}x")
+    if any(r["rc"] != 0 for r in results):
+        say("a suite failed: " + ", ".join(f"{r['name']} exit {r['rc']}" for r in results if r["rc"] != 0))
+    if not args.no_record:
+        record_result("bench_suite.py", " ".join(sys.argv[1:]), "\n".join(lines))
+    sys.exit(0 if all(r["rc"] == 0 for r in results) else 1)
+
+
+if __name__ == "__main__":
+    main()
