@@ -21,7 +21,7 @@ from captionrl.domains.lineup_data import build_lineup_data, validate_candidate_
 from captionrl.errors import ConfigError, DataError
 from captionrl.rewards.shaping import ShapedReward
 from captionrl.train import lineup
-from captionrl.train.lineup import LineupConfig, LineupRewardConfig
+from captionrl.train.lineup import LineupConfig, LineupEvalConfig, LineupRewardConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -197,6 +197,13 @@ def test_factuality_penalises_contradicted_claims_and_masked_pass_mixes_scores()
     assert logged["shaping/red_share"] == pytest.approx(0.5) and logged["shaping/masked_base"] == pytest.approx(0.2)
 
 
+def test_an_evaluation_without_any_verifier_is_refused_before_training():
+    with pytest.raises(ConfigError, match=r"eval\.train_verifier.*eval\.verifiers"):
+        LineupEvalConfig(train_verifier=False, verifiers={})
+    assert LineupEvalConfig(train_verifier=False, verifiers={"claims": "claims:rules"}).verifiers
+    LineupEvalConfig(enabled=False, train_verifier=False)  # nothing to score: nothing to refuse
+
+
 def test_llm_claims_need_a_backend():
     with pytest.raises(ConfigError, match="claims_backend"):
         LineupRewardConfig(claims_extractor="llm")
@@ -242,11 +249,14 @@ def test_lineup_trains_for_real_and_logs_the_verifiers_rewards(tmp_path, embedde
     assert Path(result["curves"]).stat().st_size > 0
     summary = json.loads(Path(result["eval"]["summary"]).read_text())
     assert summary["protocol"] and any(r["system"] == "trained" for r in summary["rows"])
-    assert {"trained/empty", "trained/shuffled"} <= {r["system"] for r in summary["rows"]}  # eval.controls: on
+    # the main config scores the held-out claims verifier only: no controls, no training-verifier column
+    assert {r["system"] for r in summary["rows"]} == {"trained"}
+    assert summary["config"]["verifier_names"] == ["claims"] and summary["config"]["train_verifier_name"] is None
     assert (out / "config.yaml").exists() and (out / "checkpoints" / "checkpoint-2").is_dir()
     # 5. ... preceded by the reward preflight and followed by checks it was not trained on
     assert json.loads((out / "preflight.json").read_text())["passed"] is True
     checks = json.loads((out / "eval" / "final_checks.json").read_text())
     trained = next(r for r in checks["rows"] if r["system"] == "trained")
-    assert {"green", "red", "transcription", "ends_with_stop", "clipped_ratio", "c2s[train]"} <= set(trained)
+    assert {"green", "red", "transcription", "ends_with_stop", "clipped_ratio", "c2s[claims]"} <= set(trained)
+    assert "c2s[train]" not in trained  # eval.train_verifier: false
     assert trained["clipped_ratio"] == 1.0  # 8 tokens cut every caption, and the table says so

@@ -113,13 +113,17 @@ class LineupEvalConfig:
     modes: list[str] | None = help_field(None, "verifier modes (null = the training reward's mode)")
     compare_initial: bool = help_field(True, "also caption the test items with the untrained policy, as a baseline row")
     controls: bool = help_field(True, "also score the empty-caption and shuffled-caption controls under every verifier (they must sit at chance; false saves their verifier calls, two thirds of the held-out identification's with compare_initial, and changes no final check)")
-    verifiers: dict[str, Any] = help_field({}, "name -> evaluation verifier that took no part in training: claims:rules (code-checked claims, offline, no model), a backend spec (openai:URL#MODEL) or a backend config mapping; the training verifier is always scored too, in its own column and never in the mean")
+    verifiers: dict[str, Any] = help_field({}, "name -> evaluation verifier that took no part in training: claims:rules (code-checked claims, offline, no model), a backend spec (openai:URL#MODEL) or a backend config mapping; the training verifier is scored too (train_verifier), in its own column and never in the mean")
+    train_verifier: bool = help_field(True, "also score the test items under the training verifier, in its own column (c2s[train]) and never in the mean; false skips its forward passes (most of the final identification's time with a model verifier) when that column carries no information, as in the main job, where the initial model already scores near 1.0")
     final_checks: bool = help_field(True, "checks the captioner was not trained on: span audit, transcription, full stops, clipped ratio, identification apart from the training verifier")
     bottleneck: bool = help_field(False, "also the caption-only reconstruction bottleneck against the initial model and controls (loads a text encoder)")
 
     def __post_init__(self) -> None:
         for name, value in self.verifiers.items():  # validated now, before any model loads
             eval_verifier(value, f"eval.verifiers.{name}")
+        if self.enabled and not self.train_verifier and not self.verifiers:
+            raise ConfigError("eval.train_verifier", False, "no verifier would score the test items",
+                              "name one in eval.verifiers (e.g. claims: claims:rules) or set eval.train_verifier=true")
 
 
 @dataclass
@@ -492,7 +496,7 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
         del base
     items = [data.pool[r["item_id"]] for r in rows]
     distractors = {r["item_id"]: list(r["candidate_ids"][1:]) for r in rows}
-    verifiers = {"train-verifier": verifier}
+    verifiers = {"train-verifier": verifier} if cfg.eval.train_verifier else {}
     from captionrl.backends import make_backend
 
     for name, value in cfg.eval.verifiers.items():
@@ -503,7 +507,7 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
                               controls=cfg.eval.controls)
     # the training verifier keeps its own column and stays out of the held-out mean (issue 14)
     summary = run_identification(items, systems, distractors, data.pool, verifiers, ecfg, out_dir,
-                                 train_verifier="train-verifier")
+                                 train_verifier="train-verifier" if cfg.eval.train_verifier else None)
     result = {"table": str(out_dir / "table.md"), "summary": str(out_dir / "summary.json"),
               "rows": summary.rows, "captions": {s.name: s.captions for s in systems}}
     if cfg.eval.final_checks:
