@@ -8,7 +8,7 @@ import pytest
 from captionrl.backends.base import ChoiceResult
 from captionrl.domains.describe import describe_series
 from captionrl.errors import ConfigError, DataError
-from captionrl.judges.identify import IdentificationJudge, IdentifyConfig, rotation
+from captionrl.judges.identification import IdentificationJudge, IdentifyConfig, rotation
 from captionrl.rewards import JudgeReward, make_identification_reward
 
 

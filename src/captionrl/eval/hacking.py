@@ -133,7 +133,7 @@ REWARDS: Registry[RewardSpec] = Registry("reward")
 
 def _identify(mode: str) -> Callable[[Any, ProbeSet], Any]:
     def build(backend: Any, probes: ProbeSet) -> Any:
-        from captionrl.judges.identify import IdentificationJudge, IdentifyConfig
+        from captionrl.judges.identification import IdentificationJudge, IdentifyConfig
 
         return IdentificationJudge(backend, IdentifyConfig(mode=mode, k=probes.meta["k"]))
 
@@ -142,7 +142,7 @@ def _identify(mode: str) -> Callable[[Any, ProbeSet], Any]:
 
 def _claims(backend: Any, probes: ProbeSet) -> Any:
     from captionrl.judges.claims_verifier import ClaimsVerifier
-    from captionrl.judges.identify import IdentifyConfig
+    from captionrl.judges.identification import IdentifyConfig
 
     return ClaimsVerifier().identification_judge(IdentifyConfig(k=probes.meta["k"]))
 
@@ -175,7 +175,7 @@ def _rubric(backend: Any, probes: ProbeSet) -> Any:
 
 
 def _entail(backend: Any, probes: ProbeSet) -> Any:
-    from captionrl.judges.entail import EntailmentJudge
+    from captionrl.judges.entailment import EntailmentJudge
 
     return EntailmentJudge(backend)
 

@@ -28,7 +28,7 @@ from captionrl.errors import ConfigError, DataError
 from captionrl.eval.common import backend_from_spec, check_fits_context, check_spec, split_spec
 from captionrl.eval.result import EvalResult, print_result, write_result
 from captionrl.eval.stats import mean_interval
-from captionrl.judges.identify import IdentifyConfig, identification_judge
+from captionrl.judges.identification import IdentifyConfig, identification_judge
 from captionrl.records import RecordWriter, read_jsonl
 from captionrl.types import Series
 

@@ -249,7 +249,7 @@ def entailment(cfg: PaperEvalConfig, items: Sequence[Any], systems: Sequence[Any
                given: Mapping[str, Any] | None = None) -> EvalResult:
     from captionrl.domains.describe import describe_series
     from captionrl.eval import entailment as ent
-    from captionrl.judges.entail import EntailmentJudge
+    from captionrl.judges.entailment import EntailmentJudge
 
     _, refs = ent.load_inputs([f"{n}={p}" for n, p in (split_spec(c) for c in cfg.captions)], cfg.entail.references)
     ids = [it.id for it in items]

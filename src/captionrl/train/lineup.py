@@ -31,7 +31,7 @@ from captionrl.backends import BackendConfig
 from captionrl.config import help_field
 from captionrl.domains.lineup_data import LineupData, LineupDataConfig, add_charts, build_lineup_data
 from captionrl.errors import ConfigError
-from captionrl.judges.identify import IdentifyConfig, IdentifyScoring
+from captionrl.judges.identification import IdentifyConfig, IdentifyScoring
 from captionrl.judges.series_qa import SeriesQuestionsConfig
 from captionrl.rewards.bound import RewardBound
 from captionrl.rewards.shaping import ShapedReward, ShapingConfig
