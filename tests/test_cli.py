@@ -151,3 +151,28 @@ def test_library_messages_go_once_to_the_current_stderr_and_results_stay_on_stdo
     assert got.out == ""
     logging.getLogger("another_library").info("not ours")  # other libraries' levels are untouched
     assert capsys.readouterr().err == ""
+
+
+def test_library_code_logs_and_only_a_command_prints_its_product():
+    """``print`` appears only in a command's ``run_command`` (its table or summary on stdout) and in the
+    command line's ``main``: everything else reports through ``logging``, so a host application decides
+    what to show and ``captionrl ... --json | jq`` reads only the product."""
+    import ast
+    from pathlib import Path
+
+    import captionrl
+
+    stray = []
+    for path in sorted(Path(captionrl.__file__).parent.rglob("*.py")):
+        def visit(node: ast.AST, function: str | None, path: Path = path) -> None:
+            for child in ast.iter_child_nodes(node):
+                inner = function
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) and function not in ("run_command", "main"):
+                    inner = child.name
+                if (isinstance(child, ast.Call) and isinstance(child.func, ast.Name) and child.func.id == "print"
+                        and inner not in ("run_command", "main")):
+                    stray.append(f"{path.name}:{child.lineno} in {inner}")
+                visit(child, inner)
+
+        visit(ast.parse(path.read_text(encoding="utf-8")), None)
+    assert not stray, f"print outside a command's run_command (log instead, or return text): {stray}"

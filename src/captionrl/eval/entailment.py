@@ -24,7 +24,7 @@ import numpy as np
 from captionrl.config import help_field
 from captionrl.errors import ConfigError, DataError
 from captionrl.eval.common import backend_from_spec, check_spec, split_spec
-from captionrl.eval.result import EvalResult, print_result, write_result
+from captionrl.eval.result import EvalResult, result_text, write_result
 from captionrl.judges.entailment import EntailmentJudge, references_of
 from captionrl.records import RecordWriter, read_jsonl
 
@@ -172,5 +172,5 @@ def run(cfg: EntailEvalConfig, *, judge: EntailmentJudge | None = None,
 
 
 def run_command(cfg: EntailEvalConfig) -> int:
-    print_result(run(cfg), cfg.out)
+    print(result_text(run(cfg), cfg.out))
     return 0

@@ -35,7 +35,7 @@ from tqdm import tqdm
 from captionrl.config import help_field
 from captionrl.errors import ConfigError
 from captionrl.eval.common import LazyBackend, check_spec
-from captionrl.eval.result import EvalResult, print_result, write_result
+from captionrl.eval.result import EvalResult, result_text, write_result
 from captionrl.probes import ALL_PROBES, GENERIC_WORDS, invented_values, probe_captions
 from captionrl.records import RecordWriter
 from captionrl.registry import Registry
@@ -340,5 +340,5 @@ def _guarded(row: Mapping[str, Any], recs: Sequence[Mapping[str, Any] | None], p
 
 
 def run_command(cfg: HackingEvalConfig) -> int:
-    print_result(run(cfg), cfg.out)
+    print(result_text(run(cfg), cfg.out))
     return 0

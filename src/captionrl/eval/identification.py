@@ -26,7 +26,7 @@ from captionrl.backends import Backend
 from captionrl.config import help_field
 from captionrl.errors import ConfigError, DataError
 from captionrl.eval.common import backend_from_spec, check_fits_context, check_spec, split_spec
-from captionrl.eval.result import EvalResult, print_result, write_result
+from captionrl.eval.result import EvalResult, result_text, write_result
 from captionrl.eval.stats import mean_interval
 from captionrl.judges.identification import IdentifyConfig, identification_judge
 from captionrl.records import RecordWriter, read_jsonl
@@ -385,7 +385,7 @@ def run(cfg: IdentifyEvalConfig, *, verifiers: Mapping[str, Backend] | None = No
 
 def run_command(cfg: IdentifyEvalConfig) -> int:
     result = run(cfg)
-    print_result(result, cfg.out)
+    print(result_text(result, cfg.out))
     return 0 if result.rows else 1
 
 

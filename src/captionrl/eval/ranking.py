@@ -29,7 +29,7 @@ from captionrl.eval.common import (
     shared_ids,
     systems_for,
 )
-from captionrl.eval.result import EvalResult, print_result, write_result
+from captionrl.eval.result import EvalResult, result_text, write_result
 from captionrl.judges.ranking import CRITERIA, RankConfig, RankJudge
 from captionrl.records import RecordWriter
 
@@ -156,6 +156,6 @@ def aggregate(records: Sequence[Mapping[str, Any]], names: Sequence[str]) -> tup
 
 def run_command(cfg: RankingEvalConfig) -> int:
     result = run(cfg)
-    print_result(result, cfg.out)
+    print(result_text(result, cfg.out))
     print(f"{result.extra['excluded']} invalid items excluded")
     return 0
