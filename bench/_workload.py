@@ -40,7 +40,7 @@ def groups(items: int, g: int, k: int, length: int, seed: int = 0) -> tuple[list
 def letter_questions(captions: list[str], candidates: list[list[list[float]]], k: int) -> list[list[dict[str, Any]]]:
     """The identification judge's letter prompts (c2s, K rotations), in the judge's own order."""
     from captionrl.backends.base import option_letters
-    from captionrl.judges.identify import LETTER_C2S, IdentifyConfig, _groups, render_values, rotation
+    from captionrl.judges.identification import LETTER_C2S, IdentifyConfig, _groups, render_values, rotation
 
     cfg = IdentifyConfig(mode="letter", k=k)
     labels = option_letters(k)

@@ -28,7 +28,7 @@ from _workload import cpu_line, groups
 from captionrl.adapters.engine import encode_label
 from captionrl.backends.hf import HFBackend
 from captionrl.config import from_dict
-from captionrl.judges.identify import IdentificationJudge, IdentifyConfig
+from captionrl.judges.identification import IdentificationJudge, IdentifyConfig
 from captionrl.serve.config import RewardServiceConfig
 from captionrl.serve.reward import make_server
 

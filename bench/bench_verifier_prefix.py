@@ -20,7 +20,7 @@ from captionrl.backends.hf import HFBackend
 from captionrl.domains.candidates import mine_candidates
 from captionrl.domains.datasets import split_windows
 from captionrl.domains.describe import describe_series
-from captionrl.judges.identify import IdentificationJudge, IdentifyConfig
+from captionrl.judges.identification import IdentificationJudge, IdentifyConfig
 
 
 def main() -> None:

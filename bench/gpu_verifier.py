@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from captionrl.backends.hf import HFBackend
     from captionrl.devices import dtype_name, resolve_dtype
-    from captionrl.judges.identify import IdentificationJudge, IdentifyConfig
+    from captionrl.judges.identification import IdentificationJudge, IdentifyConfig
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.tiny:

@@ -318,7 +318,7 @@ CASES: list[Case] = [
                                                    "length=4"], ["missing", "empty", "malformed", "nonutf8", "nan", "dup"]),
     Case("caption-unknown-backend", lambda t: ["caption", f"out={t / 'c.jsonl'}", "captioner=nosuch:model"],
          [r"nosuch", r"captioner"]),
-    Case("caption-unreachable", lambda t: ["caption", f"out={t / 'c.jsonl'}", f"captioner={DEAD}", "max_items=2"],
+    Case("caption-unreachable", lambda t: ["caption", f"out={t / 'c.jsonl'}", f"captioner={DEAD}", "limit=2"],
          [URL, r"answer"]),
     # ---- candidates: a corpus file
     *file_cases("candidates", "series", lambda t, f: ["candidates", "--corpus", str(f), "--out", str(t / "out"),

@@ -76,7 +76,7 @@ def test_prompts_equal_the_training_rows():
 def test_chart_captions_with_tiny_qwen_vl_on_a_prepared_folder(tmp_path, seen):
     prep = _prepared(tmp_path)
     out = tmp_path / "vl.jsonl"
-    assert main(["caption", "captioner=tiny-qwen2.5-vl", f"prepared={prep}", f"out={out}", "max_items=3",
+    assert main(["caption", "captioner=tiny-qwen2.5-vl", f"prepared={prep}", f"out={out}", "limit=3",
                  "max_new_tokens=6", "batch_size=2"]) == 0
     recs = _records(out)
     test = {it.id: it for it in load_prepared(prep).items["test"]}
@@ -99,17 +99,17 @@ def test_numbers_run_resumes_and_feeds_bottleneck_and_identify(tmp_path, seen, m
     out = tmp_path / "llm.jsonl"
     args = ["caption", "captioner=hf:embedded,dtype=float32", f"out={out}", "length=16", "horizon=4",
             "max_new_tokens=12"]
-    assert main([*args, "max_items=2"]) == 0
+    assert main([*args, "limit=2"]) == 0
     first = _records(out)
     assert len(first) == 2 and all(r["input"] == "numbers" and len(r["next"]) == 4 and r["caption"] for r in first)
     assert len(seen) == 2
     text, images = _text_and_images(seen[0].messages)
     assert not images and text.startswith("Time series of 16 values:\n")
     monkeypatch.setenv("CAPTIONRL_FORBID_MODEL_CALLS", "1")
-    assert main([*args, "max_items=2"]) == 0  # nothing left to caption: no model call at all
+    assert main([*args, "limit=2"]) == 0  # nothing left to caption: no model call at all
     assert _records(out) == first
     monkeypatch.delenv("CAPTIONRL_FORBID_MODEL_CALLS")
-    assert main([*args, "max_items=3"]) == 0
+    assert main([*args, "limit=3"]) == 0
     third = _records(out)
     new = {r["id"] for r in third} - {r["id"] for r in first}
     assert third[:2] == first and len(third) == 2 + len(new) and len(seen) == 2 + len(new) and new
@@ -151,7 +151,7 @@ def test_run_folders_full_weights_and_lora(tmp_path, seen):
     outs = {}
     for name in ("model", "checkpoints/checkpoint-1"):
         outs[name] = tmp_path / f"{name.replace('/', '-')}.jsonl"
-        assert main(["caption", f"captioner={run / name}", f"out={outs[name]}", "max_items=2", "max_new_tokens=8",
+        assert main(["caption", f"captioner={run / name}", f"out={outs[name]}", "limit=2", "max_new_tokens=8",
                      "device=cpu"]) == 0
         recs = _records(outs[name])
         assert len(recs) == 2 and all(r["input"] == "chart" and len(r["next"]) == 6 for r in recs)

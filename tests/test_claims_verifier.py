@@ -20,7 +20,7 @@ from captionrl.errors import ConfigError
 from captionrl.eval.final_checks import run_final_checks
 from captionrl.eval.identification import CaptionSet, IdentifyEvalConfig, run_identification
 from captionrl.judges.claims_verifier import ClaimsVerifier, parse_claims_spec
-from captionrl.judges.identify import IdentifyConfig, identification_judge
+from captionrl.judges.identification import IdentifyConfig, identification_judge
 from captionrl.probes import GENERIC_WORDS, INJECTED_ANSWER, SELF_PRAISE, other_text
 
 ROOT = Path(__file__).resolve().parents[1]

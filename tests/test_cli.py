@@ -66,7 +66,7 @@ def test_eval_identify_on_a_user_file_resumes(tmp_path, embedded_backend, monkey
 
 def test_caption_command_writes_jsonl_and_resumes(tmp_path):
     out = tmp_path / "caps.jsonl"
-    args = ["caption", "--captioner", "describer", "--max-items", "3", "--out", str(out)]
+    args = ["caption", "--captioner", "describer", "--limit", "3", "--out", str(out)]
     assert main(args) == 0
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(lines) == 3 and all(r["caption"].startswith("The series has 24 points") for r in lines)
@@ -151,3 +151,37 @@ def test_library_messages_go_once_to_the_current_stderr_and_results_stay_on_stdo
     assert got.out == ""
     logging.getLogger("another_library").info("not ours")  # other libraries' levels are untouched
     assert capsys.readouterr().err == ""
+
+
+def test_library_code_logs_and_only_a_command_prints_its_product():
+    """``print`` appears only in a command's ``run_command`` (its table or summary on stdout) and in the
+    command line's ``main``: everything else reports through ``logging``, so a host application decides
+    what to show and ``captionrl ... --json | jq`` reads only the product."""
+    import ast
+    from pathlib import Path
+
+    import captionrl
+
+    stray = []
+    for path in sorted(Path(captionrl.__file__).parent.rglob("*.py")):
+        def visit(node: ast.AST, function: str | None, path: Path = path) -> None:
+            for child in ast.iter_child_nodes(node):
+                inner = function
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) and function not in ("run_command", "main"):
+                    inner = child.name
+                if (isinstance(child, ast.Call) and isinstance(child.func, ast.Name) and child.func.id == "print"
+                        and inner not in ("run_command", "main")):
+                    stray.append(f"{path.name}:{child.lineno} in {inner}")
+                visit(child, inner)
+
+        visit(ast.parse(path.read_text(encoding="utf-8")), None)
+    assert not stray, f"print outside a command's run_command (log instead, or return text): {stray}"
+
+
+def test_the_item_count_is_limit_in_every_command_and_max_items_is_refused_by_name(tmp_path, capsys):
+    """``limit`` is how many items a command captions or evaluates; the old ``max_items`` of ``caption``,
+    ``eval identify`` and ``eval paper`` fails with the new name, before any model loads."""
+    for words in (["caption"], ["eval", "identify"], ["eval", "paper"]):
+        assert main([*words, "max_items=3", f"out={tmp_path / 'o'}"]) == 2, words
+        err = capsys.readouterr().err
+        assert "max_items=3: was renamed to limit" in err and "write limit=3" in err, (words, err)

@@ -122,3 +122,27 @@ def test_help_lists_every_field_with_its_default():
         assert key.split(".")[-1] in text and help_text.split()[0] in text
         assert default in text, (key, default)
     assert "--no-fast" in text and "--max" in text and "inner.lr" in text  # nested: listed under dotted keys
+
+
+@dataclass
+class Renamed:
+    limit: int | None = help_field(None, "at most this many items", renamed_from=("max_items",))
+    inner: Inner = field(default_factory=Inner, metadata={"help": "nested section"})
+
+
+def test_a_renamed_setting_fails_naming_the_old_key_its_value_and_the_new_key(tmp_path):
+    """One name per idea: a setting renamed (``max_items`` -> ``limit``) is refused under its old name, in
+    YAML, as a key=value word and as a --flag, with a message that says what to write instead."""
+    with pytest.raises(ConfigError) as exc:
+        from_dict(Renamed, {"max_items": 5})
+    assert (exc.value.field, exc.value.value) == ("max_items", 5)
+    assert "renamed to limit" in str(exc.value) and "limit=5" in str(exc.value)
+    path = tmp_path / "old.yaml"
+    path.write_text("max_items: 7\n")
+    with pytest.raises(ConfigError, match=r"max_items=7: was renamed to limit"):
+        load_config(Renamed, path)
+    for argv in (["max_items=3"], ["--max-items", "3"], ["--max_items", "3"]):
+        with pytest.raises(ConfigError, match=r"max_items=3: was renamed to limit.*limit=3"):
+            _parse(Renamed, argv)
+    parser, cfg = _parse(Renamed, ["--limit", "3"])
+    assert cfg.limit == 3 and "max-items" not in parser.format_help()

@@ -46,7 +46,7 @@ M = 0.99  # configs/moco-cpu.yaml's momentum.m (H=1: one EMA update per step)
 
 
 def _initial(model: str) -> dict:
-    from captionrl.testing.tiny_qwen_vl import tiny_qwen_vl_dir
+    from captionrl.tiny_models import tiny_qwen_vl_dir
 
     return weights(tiny_qwen_vl_dir(model.removeprefix("tiny-")))
 

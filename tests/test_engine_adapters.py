@@ -21,7 +21,7 @@ LABEL = engine.encode_label([WAVE, RISING, FALLING])  # the wave is the true ser
 @pytest.fixture
 def embedded_judge(embedded_backend, monkeypatch):
     """The adapters' process-wide judge on the session's embedded model (likelihood mode, K=3)."""
-    from captionrl.judges.identify import IdentificationJudge, IdentifyConfig
+    from captionrl.judges.identification import IdentificationJudge, IdentifyConfig
 
     judge = IdentificationJudge(embedded_backend, IdentifyConfig(mode="likelihood", k=3, signal="soft"))
     monkeypatch.setattr(engine, "identification_judge", lambda: judge)

@@ -86,7 +86,7 @@ def test_a_likelihood_verifier_outage_is_classified_as_an_outage():
     """The likelihood judges used to drop the backend's error ("verifier returned no log-likelihood"), so
     an unreachable verifier looked like an unscorable caption and would have been given unscored_reward."""
     from captionrl.backends.openai_http import OpenAIBackend
-    from captionrl.judges.identify import IdentificationJudge, IdentifyConfig
+    from captionrl.judges.identification import IdentificationJudge, IdentifyConfig
     from captionrl.judges.rubric import RubricJudge
 
     backend = OpenAIBackend("http://127.0.0.1:9/v1", model="m", max_retries=0, progress=False)

@@ -10,7 +10,7 @@ from captionrl.backends.base import ChoiceResult
 from captionrl.errors import ConfigError, DataError
 from captionrl.eval import entailment as ent
 from captionrl.judges.base import Judge
-from captionrl.judges.entail import EntailmentJudge
+from captionrl.judges.entailment import EntailmentJudge
 
 CAPTION = "The series starts at 10 and rises steadily to 20 at step 9. The maximum is 20 at step 9."
 REFS = ["The series rises.", "The maximum is 20.", "The series falls sharply to 0."]
@@ -27,7 +27,7 @@ def test_llm_judge_scores_share_of_references(embedded_backend):
     asked (premise and hypothesis swapped), which option is read (No for Yes), and which reference a value
     lands on. Each is checked against the model's own answer to the question built here from the template.
     """
-    from captionrl.judges.entail import LETTERS_TAIL, QUESTION, YESNO_TAIL
+    from captionrl.judges.entailment import LETTERS_TAIL, QUESTION, YESNO_TAIL
 
     for method, options, tail in (("yesno", ["Yes", "No"], YESNO_TAIL), ("letters", ["A", "B"], LETTERS_TAIL)):
         judge = EntailmentJudge(embedded_backend, method=method)

@@ -95,7 +95,7 @@ def test_a_stalled_server_is_bounded_by_the_timeout_and_leaves_rewards_unscored(
     import time
 
     from captionrl.backends.openai_http import OpenAIBackend
-    from captionrl.judges.identify import IdentifyConfig
+    from captionrl.judges.identification import IdentifyConfig
     from captionrl.rewards import make_identification_reward
 
     listener = socket.socket()

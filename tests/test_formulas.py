@@ -17,7 +17,7 @@ import pytest
 from captionrl.backends.base import ChoiceResult, Generation
 from captionrl.domains.timeseries import render_numbers
 from captionrl.errors import BackendError
-from captionrl.judges.identify import (
+from captionrl.judges.identification import (
     LIKELIHOOD_CONTEXT,
     NULL_CONTEXT,
     IdentificationJudge,

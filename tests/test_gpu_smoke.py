@@ -38,7 +38,7 @@ def test_a_joint_past_its_timeout_fails_with_stacks_and_leaves_no_process(tmp_pa
 @pytest.mark.timeout(2400)  # six joints, each a fresh process, each stopped at JOINT_TIMEOUT
 @requires_deepspeed
 def test_gpu_smoke_dry_run_passes_every_joint(tmp_path):
-    from captionrl.testing.tiny_qwen_vl import tiny_qwen_vl_dir
+    from captionrl.tiny_models import tiny_qwen_vl_dir
 
     for family in ("qwen2.5-vl", "qwen3-vl"):
         tiny_qwen_vl_dir(family)  # built once here: the joints' processes would otherwise race to build them

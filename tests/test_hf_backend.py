@@ -152,7 +152,7 @@ def test_letter_scoring_fast_path_gives_the_probabilities_of_one_plain_forward_p
     """The identification judge's letter questions (G captions of one candidate set, K rotations) through
     ``choose``, which shares each rotation's candidate prefix and projects only the last positions onto
     the vocabulary, give the letter probabilities of one plain forward per question (float32, 1e-4)."""
-    from captionrl.judges.identify import IdentificationJudge, IdentifyConfig
+    from captionrl.judges.identification import IdentificationJudge, IdentifyConfig
 
     class Recorder:
         name = "recorder"

@@ -8,7 +8,7 @@ import pytest
 from captionrl.backends.base import ChoiceResult
 from captionrl.domains.describe import describe_series
 from captionrl.errors import ConfigError, DataError
-from captionrl.judges.identify import IdentificationJudge, IdentifyConfig, rotation
+from captionrl.judges.identification import IdentificationJudge, IdentifyConfig, rotation
 from captionrl.rewards import JudgeReward, make_identification_reward
 
 
@@ -155,7 +155,7 @@ def _caption_file(path, n):
     return path
 
 
-def test_identify_honours_max_items_with_caption_files(tmp_path, monkeypatch):
+def test_identify_honours_limit_with_caption_files(tmp_path, monkeypatch):
     from captionrl.cli import main
     from captionrl.eval import identification
     from captionrl.eval.identification import IdentifyEvalConfig
@@ -173,15 +173,15 @@ def test_identify_honours_max_items_with_caption_files(tmp_path, monkeypatch):
     def cfg(**kw):
         return IdentifyEvalConfig(captions=[str(f)], ks=[3], out=str(tmp_path / "o"), **kw)
 
-    assert identification.run(cfg(max_items=4, seed=1)) == "result"
+    assert identification.run(cfg(limit=4, seed=1)) == "result"
     first = seen["items"]
     assert len(first) == 4 and len(set(first)) == 4
     assert seen["pool"] == {f"s{i}" for i in range(10)}  # distractors still come from the whole file
-    identification.run(cfg(max_items=4, seed=1))
+    identification.run(cfg(limit=4, seed=1))
     assert seen["items"] == first  # a seeded sample
     identification.run(cfg())
-    assert len(seen["items"]) == 10  # no max_items: every item of the files
-    assert main(["eval", "identify", "--captions", str(f), "--max-items", "0", "--out", str(tmp_path / "o")]) == 2
+    assert len(seen["items"]) == 10  # no limit: every item of the files
+    assert main(["eval", "identify", "--captions", str(f), "--limit", "0", "--out", str(tmp_path / "o")]) == 2
 
 
 def test_identify_against_an_unreachable_verifier_fails_fast_with_a_named_error(tmp_path, capsys):

@@ -201,7 +201,7 @@ def test_sft_on_chart_captions_trains_a_vlm_policy(tmp_path):
     data.write_text("".join(json.dumps({"id": f"s{i}", "series": list(np.sin(np.arange(16) / (2 + i))),
                                         "caption": f"A wave, item {i}."}) + "\n" for i in range(2)))
     cfg = load_config(SFTRunConfig, None, [
-        "recipe=sft", f"data.path={data}", "policy.model=tiny-qwen2.5-vl", "data.instruction=Be brief.",
+        f"data.path={data}", "policy.model=tiny-qwen2.5-vl", "data.instruction=Be brief.",
         f"train.out_dir={tmp_path / 'sft'}", "train.max_steps=1", "train.per_device_train_batch_size=2",
         "train.max_length=256", "train.report_to=[]", "train.save_steps=1"])
     result = run(cfg)
@@ -210,5 +210,5 @@ def test_sft_on_chart_captions_trains_a_vlm_policy(tmp_path):
     assert len(rows) == 2 and all(r["prompt"][0]["content"][0] == {"type": "image"} for r in rows)
     assert all(r["prompt"][0]["content"][1]["text"].endswith("Be brief.") for r in rows)
     with pytest.raises(ConfigError, match="language-only"):
-        run(load_config(SFTRunConfig, None, ["recipe=sft", f"data.path={data}", "policy.input=chart",
+        run(load_config(SFTRunConfig, None, [f"data.path={data}", "policy.input=chart",
                                              f"train.out_dir={tmp_path / 'llm'}", "train.max_steps=1"]))

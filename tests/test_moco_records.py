@@ -16,7 +16,7 @@ from captionrl.config import load_config
 from captionrl.errors import ConfigError
 from captionrl.records import read_jsonl
 from captionrl.train.moco_records import MocoRecordsConfig, build_records
-from captionrl.train.sft import RoleRecords, build_multirole_rows
+from captionrl.train.moco_sft import RoleRecords, build_multirole_rows
 
 SERVER = {"kind": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1"}
 RUBRIC = [{"criterion": "Names the shapes", "test": "Yes if the shapes are named.", "weight": 3},

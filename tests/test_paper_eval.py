@@ -1,4 +1,4 @@
-"""``captionrl eval paper`` and ``captionrl eval sweep`` (issue 14 item 3) on the embedded corpus, with real
+"""``captionrl eval paper`` and ``captionrl train sweep`` (issue 14 item 3) on the embedded corpus, with real
 verifiers: the embedded SmolLM2 under two evaluation names and a tiny random Qwen2.5-VL as the training
 verifier, whose column must stay out of the held-out mean."""
 
@@ -65,7 +65,7 @@ def test_paper_eval_keeps_the_training_verifier_out_of_the_mean(tmp_path, embedd
     a, b = caption_files(tmp_path)
     cfg = PaperEvalConfig(
         captions=[f"describer={a}", f"terse={b}"], out=str(tmp_path / "paper"),
-        verifiers=["glm=hf:embedded", "phi=hf:embedded"], train_verifier="tiny-qwen2.5-vl", k=2, max_items=2,
+        verifiers=["glm=hf:embedded", "phi=hf:embedded"], train_verifier="tiny-qwen2.5-vl", k=2, limit=2,
         reference="describer",
         identify=PaperIdentify(modes=["letter", "likelihood"], controls=False),
         entail=PaperEntail(batch=8), reward=PaperReward(mode="likelihood"),

@@ -334,7 +334,7 @@ def test_cli_prepare_then_caption_with_describer(tmp_path, capsys):
                  "quiet=true"]) == 0
     assert "prepared saugeen" in capsys.readouterr().out
     caps = tmp_path / "caps.jsonl"
-    assert main(["caption", f"prepared={out}", "captioner=describer", f"out={caps}", "max_items=5"]) == 0
+    assert main(["caption", f"prepared={out}", "captioner=describer", f"out={caps}", "limit=5"]) == 0
     recs = [json.loads(line) for line in caps.read_text().splitlines()]
     test_ids = {it.id for it in load_prepared(out).items["test"]}
     assert len(recs) == 5 and {r["id"] for r in recs} <= test_ids

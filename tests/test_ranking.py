@@ -10,7 +10,7 @@ import pytest
 from captionrl.backends.base import Generation
 from captionrl.eval.common import demo_systems, easy_vqa_items
 from captionrl.eval.ranking import RankingEvalConfig, ranks_of, run, shuffled_order
-from captionrl.judges.rank import RankConfig, RankJudge, total_score, validate_reply
+from captionrl.judges.ranking import RankConfig, RankJudge, total_score, validate_reply
 
 
 class WordCounter:

@@ -63,9 +63,9 @@ def test_lineup_paper_path_rehearsal(tmp_path, llama_server, vision_calls):  # n
 
     # 4. caption the test split with the selected checkpoint (charts, the training prompt) and the untrained model
     caps = {"lineuprl": tmp_path / "caps" / "lineuprl.jsonl", "untuned": tmp_path / "caps" / "untuned.jsonl"}
-    assert main(["caption", f"captioner={best}", "max_new_tokens=8", f"out={caps['lineuprl']}", "max_items=null"]) == 0
+    assert main(["caption", f"captioner={best}", "max_new_tokens=8", f"out={caps['lineuprl']}", "limit=null"]) == 0
     assert main(["caption", "captioner=tiny-qwen2.5-vl", "input=chart", f"prepared={prep}", "max_new_tokens=8",
-                 f"out={caps['untuned']}", "max_items=null"]) == 0
+                 f"out={caps['untuned']}", "limit=null"]) == 0
     written = [json.loads(line) for line in caps["lineuprl"].read_text().splitlines()]
     assert len(written) == manifest["counts"]["test"]["prepared"] and all(r["input"] == "chart" for r in written)
     assert all(len(r["next"]) == 4 for r in written)  # the forecasting target travels with the caption
@@ -78,7 +78,7 @@ def test_lineup_paper_path_rehearsal(tmp_path, llama_server, vision_calls):  # n
                  f"verifiers=[claims=claims:rules,smol={served_spec}]", f"train_verifier={served_spec}", "k=2",
                  "reference=lineuprl", "identify.modes=[letter]", f"entail.backend={served_spec}",
                  "bottleneck.seeds=[0,1]", "bottleneck.max_epochs=30", "bottleneck.tasks=[forecast]",
-                 f"reward.runs=[{run}]", "max_items=3", "identify.controls=false", f"--out={paper}"]) == 0
+                 f"reward.runs=[{run}]", "limit=3", "identify.controls=false", f"--out={paper}"]) == 0
     ident = json.loads((paper / "identification" / "summary.json").read_text())
     row = next(r for r in ident["rows"] if r["system"] == "lineuprl")
     held_out = [row[f"c2s[{v}]"] for v in ("claims", "smol")]

@@ -91,8 +91,8 @@ def test_moco_paper_path_with_the_momentum_model_in_every_role(tmp_path, monkeyp
     from captionrl.train.curves import load_metrics
     from captionrl.train.image_checks import greedy_captions
     from captionrl.train.moco_records import MocoRecordsConfig, build_records
-    from captionrl.train.sft import SFTRunConfig
-    from captionrl.train.sft import run as sft_run
+    from captionrl.train.moco_sft import MocoSFTConfig
+    from captionrl.train.moco_sft import run as sft_run
 
     monkeypatch.chdir(tmp_path)
     data = [f"data.n_train={ITEMS}", "data.source=scenes", "data.image_size=96", "data.max_groups=1", "data.scene_seed=0"]
@@ -114,8 +114,8 @@ def test_moco_paper_path_with_the_momentum_model_in_every_role(tmp_path, monkeyp
     assert all(Path(c["image"]).read_bytes()[:4] == b"\x89PNG" for c in caps)
 
     # 2. shared multi-role SFT of a tiny Qwen3-VL on the records (images loaded from the PNGs)
-    sft_cfg = load_config(SFTRunConfig, None, [
-        "recipe=moco-sft", "policy.model=tiny-qwen3-vl", "policy.dtype=float32",
+    sft_cfg = load_config(MocoSFTConfig, None, [
+        "policy.model=tiny-qwen3-vl", "policy.dtype=float32",
         "data.captions=records/captions.jsonl", "data.rubrics=records/rubrics.jsonl",
         "data.judgments=records/judgments.jsonl", "train.out_dir=sft", "train.max_steps=2",
         "train.per_device_train_batch_size=2", "train.max_length=2048", "train.report_to=[]", "train.save_steps=2",

@@ -137,7 +137,7 @@ def test_a_shape_bug_in_a_judge_propagates_instead_of_becoming_unscored(embedded
     import torch
 
     import captionrl.backends.hf as hf
-    from captionrl.judges.identify import IdentifyConfig
+    from captionrl.judges.identification import IdentifyConfig
     from captionrl.rewards import make_identification_reward
 
     reward = make_identification_reward(embedded_backend, IdentifyConfig(mode="likelihood", k=2))

@@ -185,7 +185,7 @@ def test_service_shapes_identification_like_training(embedded_backend):
     from captionrl.domains.corpora import load_embedded_corpus
     from captionrl.domains.describe import describe_series
     from captionrl.domains.timeseries import window
-    from captionrl.judges.identify import IdentifyConfig
+    from captionrl.judges.identification import IdentifyConfig
     from captionrl.serve.config import RewardServiceConfig, ShapedJudge, build_judge
 
     corpus = [s for s in load_embedded_corpus() if len(s) >= 48][:4]

@@ -1,4 +1,5 @@
-"""Shared multi-role SFT and SFT distillation: record linking, role prompts, and real training steps in which
+"""Shared multi-role SFT (``train moco-sft``, ``train/moco_sft.py``) and SFT distillation (``train sft``,
+``train/sft.py``): record linking, role prompts, and real training steps in which
 every trainable parameter changes (full and LoRA), with resume. The steps train a tiny random SmolLM2-shaped
 model (the embedded tokenizer and chat template, ``captionrl.testing.tiny_llama``): they check mechanics."""
 
@@ -14,13 +15,8 @@ from captionrl.config import load_config
 from captionrl.errors import ConfigError, DataError
 from captionrl.judges.roles import GENERATOR_INSTRUCTION, JUDGE_INSTRUCTION, POLICY_INSTRUCTION
 from captionrl.records import read_jsonl
-from captionrl.train.sft import (
-    RoleRecords,
-    SFTRunConfig,
-    build_distill_rows,
-    build_multirole_rows,
-    demo_records,
-)
+from captionrl.train.moco_sft import MocoSFTConfig, RoleRecords, build_multirole_rows, demo_records
+from captionrl.train.sft import SFTRunConfig, build_distill_rows
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> str:
@@ -133,12 +129,14 @@ def test_distill_rows() -> None:
 
 def test_config_validation() -> None:
     with pytest.raises(ConfigError, match="needs caption, rubric and judgment"):
-        load_config(SFTRunConfig, None, ["recipe=moco-sft"])
+        load_config(MocoSFTConfig, None, [])
     with pytest.raises(ConfigError, match="teacher's captions"):
-        load_config(SFTRunConfig, None, ["recipe=sft"])
+        load_config(SFTRunConfig, None, [])
     with pytest.raises(ConfigError):
-        load_config(SFTRunConfig, None, ["data.demo=true", "data.roles=[critic]"])
-    cfg = load_config(SFTRunConfig, None, ["data.demo=true"])
+        load_config(MocoSFTConfig, None, ["data.demo=true", "data.roles=[critic]"])
+    with pytest.raises(ConfigError, match=r"data\.demo.*unknown setting"):  # each command has its own records
+        load_config(SFTRunConfig, None, ["data.demo=true"])
+    cfg = load_config(MocoSFTConfig, None, ["data.demo=true"])
     assert cfg.train.learning_rate == 1e-5 and cfg.train.lr_scheduler_type == "cosine"
 
 
@@ -166,12 +164,12 @@ def tiny_policy(tiny_llama):
 
 @pytest.mark.slow
 def test_full_multirole_sft_changes_every_parameter(tiny_policy, tmp_path) -> None:
-    from captionrl.train.sft import run
+    from captionrl.train.moco_sft import run
 
     base, tok = tiny_policy
     model = copy.deepcopy(base)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    cfg = load_config(SFTRunConfig, None, [
+    cfg = load_config(MocoSFTConfig, None, [
         "data.demo=true", "data.demo_images=1", f"train.out_dir={tmp_path}", "train.max_steps=2",
         "train.per_device_train_batch_size=1", "train.max_length=320", "train.report_to=[]",
         "train.logging_steps=1", "train.save_steps=2", "train.learning_rate=0.0001",
@@ -188,7 +186,7 @@ def test_full_multirole_sft_changes_every_parameter(tiny_policy, tmp_path) -> No
 
 @pytest.mark.slow
 def test_lora_sft_changes_every_adapter_weight_and_resumes(tiny_policy, tmp_path) -> None:
-    from captionrl.train.sft import run
+    from captionrl.train.moco_sft import run
 
     base, tok = tiny_policy
     base_before = {n: p.detach().clone() for n, p in base.named_parameters()}
@@ -205,7 +203,7 @@ def test_lora_sft_changes_every_adapter_weight_and_resumes(tiny_policy, tmp_path
         def on_train_begin(self, args, state, control, model=None, **kw):
             start.update({n: p.detach().clone() for n, p in model.named_parameters()})
 
-    cfg = load_config(SFTRunConfig, None, [*args, "train.max_steps=2"])
+    cfg = load_config(MocoSFTConfig, None, [*args, "train.max_steps=2"])
     result = run(cfg, model=copy.deepcopy(base), processing=tok,
                  callbacks=[Snapshot()])
     peft_model = result["trainer"].model
@@ -218,10 +216,10 @@ def test_lora_sft_changes_every_adapter_weight_and_resumes(tiny_policy, tmp_path
             key = n.replace("base_model.model.", "", 1).replace(".base_layer", "")
             assert (p == base_before[key]).all(), n
     # rerunning with the same folder resumes from checkpoint-2 and trains only the missing step
-    cfg3 = load_config(SFTRunConfig, None, [*args, "train.max_steps=3"])
+    cfg3 = load_config(MocoSFTConfig, None, [*args, "train.max_steps=3"])
     again = run(cfg3, model=copy.deepcopy(base), processing=tok)
     assert again["resumed_from"].endswith("checkpoint-2") and again["steps"] == 3
     losses = [h["step"] for h in again["log_history"] if "loss" in h]
     assert losses == [1, 2, 3]  # steps 1-2 come from the checkpoint's history, step 3 is new
     with pytest.raises(ConfigError, match="different config"):
-        run(load_config(SFTRunConfig, None, [*args, "train.max_steps=3", "train.learning_rate=0.01"]))
+        run(load_config(MocoSFTConfig, None, [*args, "train.max_steps=3", "train.learning_rate=0.01"]))

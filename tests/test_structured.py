@@ -182,7 +182,7 @@ def test_moco_records_in_process_writer_and_judge_are_accepted_by_train_moco_sft
     from captionrl.config import load_config
     from captionrl.records import read_jsonl
     from captionrl.train.moco_records import MocoRecordsConfig, build_records
-    from captionrl.train.sft import RoleRecords, build_multirole_rows
+    from captionrl.train.moco_sft import RoleRecords, build_multirole_rows
 
     spec = {"kind": "hf", "model": "tiny-qwen3-vl", "dtype": "float32"}
     cfg = load_config(MocoRecordsConfig, None, [

@@ -212,7 +212,7 @@ def test_llm_claims_need_a_backend():
 # ---------------------------------------------------------------------- real training
 @pytest.mark.slow
 def test_lineup_trains_for_real_and_logs_the_verifiers_rewards(tmp_path, embedded_backend, tiny_llama):
-    from captionrl.judges.identify import IdentificationJudge
+    from captionrl.judges.identification import IdentificationJudge
     from captionrl.train.curves import load_metrics
     from captionrl.train.logging import load_samples
     from checks import unchanged_between_folders

@@ -26,13 +26,15 @@ C = TypeVar("C")
 
 
 def help_field(default: Any = dataclasses.MISSING, help: str = "", *, flags: Sequence[str] = (),
-               positional: bool = False, **kw: Any) -> Any:
+               positional: bool = False, renamed_from: Sequence[str] = (), **kw: Any) -> Any:
     """A dataclass field with help text; mutable defaults are wrapped in a factory.
 
     ``flags``: extra command-line spellings kept for old commands (``("--mode",)`` for ``modes``);
-    ``positional``: bare command-line words (no ``=``) fill this list field (``report RUN_DIR...``).
+    ``positional``: bare command-line words (no ``=``) fill this list field (``report RUN_DIR...``);
+    ``renamed_from``: former names of this setting: given under one of them (YAML key, ``key=value`` or
+    ``--flag``), a config fails with a ``ConfigError`` naming the old key, its value and the new key.
     """
-    meta = {"help": help, "flags": tuple(flags), "positional": positional}
+    meta = {"help": help, "flags": tuple(flags), "positional": positional, "renamed_from": tuple(renamed_from)}
     if isinstance(default, (list, dict, set)):
         value = default
         return dataclasses.field(default_factory=lambda: copy_value(value), metadata=meta, **kw)
@@ -100,6 +102,10 @@ def from_dict(cls: type[C], data: Mapping[str, Any], prefix: str = "") -> C:
     for key, value in data.items():
         name = f"{prefix}{key}"
         if key not in fields:
+            new = next((f.name for f in fields.values() if key in f.metadata.get("renamed_from", ())), None)
+            if new is not None:
+                raise ConfigError(name, value, f"was renamed to {prefix}{new}",
+                                  f"write {prefix}{new}={value!r} (the setting is the same, only its name changed)")
             raise ConfigError(name, value, "unknown setting", suggest(key, list(fields)))
         kwargs[key] = _coerce(hints[key], value, name)
     try:
@@ -250,6 +256,9 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         else:
             kw.update(type=kind[1], metavar=f.name.upper())
         parser.add_argument(*names, **kw)
+        for old in f.metadata.get("renamed_from", ()):  # accepted, then refused by name in from_dict
+            old_kw = {**kw, "dest": f"cfg__{old}", "help": argparse.SUPPRESS}
+            parser.add_argument(*dict.fromkeys([f"--{old.replace('_', '-')}", f"--{old}"]), **old_kw)
     what = ""
     if positional:
         f = next(f for f in dataclasses.fields(cls) if f.name == positional)

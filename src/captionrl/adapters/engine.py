@@ -29,7 +29,7 @@ from functools import lru_cache
 from typing import Any
 
 from captionrl.errors import ConfigError, DataError
-from captionrl.judges.identify import IdentificationJudge, IdentifyConfig
+from captionrl.judges.identification import IdentificationJudge, IdentifyConfig
 from captionrl.rewards.shaping import Shaped, ShapedReward, ShapingConfig
 from captionrl.serve.failure import FailurePolicy, judge_through_outages_sync, settle
 from captionrl.types import Judgment

@@ -40,7 +40,7 @@ class CaptionConfig:
     length: int | None = help_field(None, "window length of a corpus (null: the run's data.window, else 24)")
     horizon: int = help_field(8, "corpus only: values of the following window written as 'next' (the bottleneck's forecasting target; 0 = none). A prepared folder carries its own")
     split: str = help_field("test", "which split to caption: train, val or test")
-    max_items: int | None = help_field(32, "caption at most this many items (seeded sample; null = all)")
+    limit: int | None = help_field(32, "caption at most this many items (seeded sample; null = all)", renamed_from=("max_items",))
     instruction: str | None = help_field(None, "captioning instruction (null: the run's data.instruction, else the default of captionrl.domains.captioning)")
     precision: int | None = help_field(None, "decimals of printed values (null: the run's data.precision, else 2)")
     normalise: str | None = help_field(None, "print values as they are (null: the run's data.normalise), or zscore / minmax")
@@ -158,14 +158,14 @@ def load_items(cfg: CaptionConfig, run: dict[str, Any] | None) -> list[Any]:
     if prepared:
         from captionrl.domains.prepare import load_prepared
 
-        items = sample(load_prepared(prepared).items[cfg.split], cfg.max_items, cfg.seed)
+        items = sample(load_prepared(prepared).items[cfg.split], cfg.limit, cfg.seed)
         if not items:
             raise DataError("split", cfg.split, f"{prepared} holds no {cfg.split} items",
                             "caption another split, or prepare again with items in this one")
         return items
     corpus = cfg.corpus or data.get("corpus") or "embedded"
     length = cfg.length or data.get("window") or 24
-    return eval_windows(corpus, int(length), cfg.split, cfg.max_items, cfg.seed, next_length=cfg.horizon)
+    return eval_windows(corpus, int(length), cfg.split, cfg.limit, cfg.seed, next_length=cfg.horizon)
 
 
 def run_command(cfg: CaptionConfig) -> int:

@@ -44,14 +44,14 @@ def sample(items: Sequence[Series], n: int | None, seed: int) -> list[Series]:
     if n is None or n >= len(items):
         return list(items)
     if n < 1:
-        raise ConfigError("max_items", n, "must be >= 1", "use a positive number of items")
+        raise ConfigError("limit", n, "must be >= 1", "use a positive number of items")
     idx = np.sort(np.random.default_rng(seed).choice(len(items), size=n, replace=False))
     return [items[i] for i in idx]
 
 
-def eval_windows(corpus: str, length: int, split: str = "test", max_items: int | None = 32, seed: int = 0,
+def eval_windows(corpus: str, length: int, split: str = "test", limit: int | None = 32, seed: int = 0,
                  next_length: int = 0) -> list[Series]:
     """A seeded sample of one split's windows (the items an evaluation captions and judges)."""
     if split not in SPLITS:
         raise ConfigError("split", split, "unknown split", "use train, val or test")
-    return sample(split_windows(corpus, length, next_length=next_length)[split], max_items, seed)
+    return sample(split_windows(corpus, length, next_length=next_length)[split], limit, seed)

@@ -23,7 +23,7 @@ from typing import Any
 from captionrl.config import help_field
 from captionrl.errors import ConfigError, DataError
 from captionrl.eval.common import backend_from_spec, check_spec
-from captionrl.eval.result import EvalResult, print_result, write_result
+from captionrl.eval.result import EvalResult, result_text, write_result
 from captionrl.records import RecordWriter, read_jsonl
 
 PROTOCOL = "agreement"
@@ -173,5 +173,5 @@ def constructed_check(cfg: AgreementEvalConfig, judge: Any = None) -> tuple[dict
 
 
 def run_command(cfg: AgreementEvalConfig) -> int:
-    print_result(run(cfg), cfg.out)
+    print(result_text(run(cfg), cfg.out))
     return 0

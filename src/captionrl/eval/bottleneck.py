@@ -44,7 +44,7 @@ import numpy as np
 from captionrl.config import help_field
 from captionrl.errors import ConfigError, DataError
 from captionrl.eval.common import split_spec
-from captionrl.eval.result import EvalResult, print_result, write_result
+from captionrl.eval.result import EvalResult, result_text, write_result
 from captionrl.records import RecordWriter, read_jsonl
 
 logger = logging.getLogger(__name__)
@@ -602,7 +602,7 @@ def _plot(result: EvalResult, path: Path) -> None:
 # ------------------------------------------------------------------------------------------------ CLI
 def run_command(cfg: BottleneckConfig) -> int:
     result = run(cfg)
-    print_result(result, cfg.out)
+    print(result_text(result, cfg.out))
     print(f"bottleneck.png in {cfg.out} ({result.extra['meta']['wall_s']} s)")
     return 0
 

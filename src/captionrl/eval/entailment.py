@@ -3,7 +3,7 @@
 Input: one JSONL file per captioner, lines ``{id, caption, references?}`` (system named after the file
 stem or ``NAME=PATH``), and optionally ``--references FILE`` with lines ``{id, references: [...]}`` for
 files that carry no references. Items are matched by id; only ids every system captioned are scored.
-The judge is ``captionrl.judges.entail.EntailmentJudge`` (an LLM through any backend, or a local NLI
+The judge is ``captionrl.judges.entailment.EntailmentJudge`` (an LLM through any backend, or a local NLI
 model). ``--demo`` builds a self-check from the embedded corpus: the references are the sentences of the
 describer's caption, and the two systems are the describer itself (should entail nearly all) and the
 describer's caption of *another* window (should entail few); a judge that cannot separate them cannot
@@ -24,8 +24,8 @@ import numpy as np
 from captionrl.config import help_field
 from captionrl.errors import ConfigError, DataError
 from captionrl.eval.common import backend_from_spec, check_spec, split_spec
-from captionrl.eval.result import EvalResult, print_result, write_result
-from captionrl.judges.entail import EntailmentJudge, references_of
+from captionrl.eval.result import EvalResult, result_text, write_result
+from captionrl.judges.entailment import EntailmentJudge, references_of
 from captionrl.records import RecordWriter, read_jsonl
 
 PROTOCOL = "entailment"
@@ -172,5 +172,5 @@ def run(cfg: EntailEvalConfig, *, judge: EntailmentJudge | None = None,
 
 
 def run_command(cfg: EntailEvalConfig) -> int:
-    print_result(run(cfg), cfg.out)
+    print(result_text(run(cfg), cfg.out))
     return 0

@@ -35,7 +35,7 @@ from tqdm import tqdm
 from captionrl.config import help_field
 from captionrl.errors import ConfigError
 from captionrl.eval.common import LazyBackend, check_spec
-from captionrl.eval.result import EvalResult, print_result, write_result
+from captionrl.eval.result import EvalResult, result_text, write_result
 from captionrl.probes import ALL_PROBES, GENERIC_WORDS, invented_values, probe_captions
 from captionrl.records import RecordWriter
 from captionrl.registry import Registry
@@ -133,7 +133,7 @@ REWARDS: Registry[RewardSpec] = Registry("reward")
 
 def _identify(mode: str) -> Callable[[Any, ProbeSet], Any]:
     def build(backend: Any, probes: ProbeSet) -> Any:
-        from captionrl.judges.identify import IdentificationJudge, IdentifyConfig
+        from captionrl.judges.identification import IdentificationJudge, IdentifyConfig
 
         return IdentificationJudge(backend, IdentifyConfig(mode=mode, k=probes.meta["k"]))
 
@@ -142,7 +142,7 @@ def _identify(mode: str) -> Callable[[Any, ProbeSet], Any]:
 
 def _claims(backend: Any, probes: ProbeSet) -> Any:
     from captionrl.judges.claims_verifier import ClaimsVerifier
-    from captionrl.judges.identify import IdentifyConfig
+    from captionrl.judges.identification import IdentifyConfig
 
     return ClaimsVerifier().identification_judge(IdentifyConfig(k=probes.meta["k"]))
 
@@ -175,7 +175,7 @@ def _rubric(backend: Any, probes: ProbeSet) -> Any:
 
 
 def _entail(backend: Any, probes: ProbeSet) -> Any:
-    from captionrl.judges.entail import EntailmentJudge
+    from captionrl.judges.entailment import EntailmentJudge
 
     return EntailmentJudge(backend)
 
@@ -340,5 +340,5 @@ def _guarded(row: Mapping[str, Any], recs: Sequence[Mapping[str, Any] | None], p
 
 
 def run_command(cfg: HackingEvalConfig) -> int:
-    print_result(run(cfg), cfg.out)
+    print(result_text(run(cfg), cfg.out))
     return 0

@@ -26,9 +26,9 @@ from captionrl.backends import Backend
 from captionrl.config import help_field
 from captionrl.errors import ConfigError, DataError
 from captionrl.eval.common import backend_from_spec, check_fits_context, check_spec, split_spec
-from captionrl.eval.result import EvalResult, print_result, write_result
+from captionrl.eval.result import EvalResult, result_text, write_result
 from captionrl.eval.stats import mean_interval
-from captionrl.judges.identify import IdentifyConfig, identification_judge
+from captionrl.judges.identification import IdentifyConfig, identification_judge
 from captionrl.records import RecordWriter, read_jsonl
 from captionrl.types import Series
 
@@ -55,7 +55,8 @@ class IdentifyEvalConfig:
     controls: bool = help_field(True, "also score the empty-caption and shuffled-caption controls")
     batch_items: int = help_field(8, "items judged per verifier call (progress granularity)")
     length: int = help_field(24, "window length of the embedded default")
-    max_items: int | None = help_field(None, "items to evaluate, a seeded sample (default: 32 embedded windows, or every item of the caption files)")
+    limit: int | None = help_field(None, "items to evaluate, a seeded sample (default: 32 embedded windows, or every item of the caption files)",
+                                   renamed_from=("max_items",))
     captioner: str = help_field("hf:embedded", "captioner of the embedded default (backend spec, or 'none')")
 
     def __post_init__(self) -> None:
@@ -80,8 +81,8 @@ class IdentifyEvalConfig:
             check_spec("train_verifier", self.train_verifier)
         if self.captioner != "none":
             check_spec("captioner", self.captioner)
-        if self.max_items is not None and self.max_items < 1:
-            raise ConfigError("max_items", self.max_items, "must be >= 1", "give a positive number of items, or omit it")
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError("limit", self.limit, "must be >= 1", "give a positive number of items, or omit it")
 
 
 CONFIG = IdentifyEvalConfig
@@ -348,14 +349,14 @@ def run(cfg: IdentifyEvalConfig, *, verifiers: Mapping[str, Backend] | None = No
     if cfg.captions:
         items, systems = _load_caption_files(cfg.captions)
         all_items = list(items)  # the distractor pool stays the whole file
-        if cfg.max_items is not None and len(items) > cfg.max_items:
-            keep = set(random.Random(cfg.seed).sample(sorted(it.id for it in items), cfg.max_items))
+        if cfg.limit is not None and len(items) > cfg.limit:
+            keep = set(random.Random(cfg.seed).sample(sorted(it.id for it in items), cfg.limit))
             items = [it for it in items if it.id in keep]
     else:
         from captionrl.domains.datasets import eval_windows, sample
 
-        n = 32 if cfg.max_items is None else cfg.max_items
-        items = (sample(prepared.items[cfg.split], cfg.max_items, cfg.seed) if prepared is not None
+        n = 32 if cfg.limit is None else cfg.limit
+        items = (sample(prepared.items[cfg.split], cfg.limit, cfg.seed) if prepared is not None
                  else eval_windows("embedded", cfg.length, "test", n, cfg.seed))
         all_items = list(items)
         systems = [CaptionSet(DESCRIBER, caption_series(items, DESCRIBER, out / "captions-describer.jsonl"))]
@@ -385,7 +386,7 @@ def run(cfg: IdentifyEvalConfig, *, verifiers: Mapping[str, Backend] | None = No
 
 def run_command(cfg: IdentifyEvalConfig) -> int:
     result = run(cfg)
-    print_result(result, cfg.out)
+    print(result_text(result, cfg.out))
     return 0 if result.rows else 1
 
 

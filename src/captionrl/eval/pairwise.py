@@ -33,7 +33,7 @@ from captionrl.eval.common import (
     shared_ids,
     systems_for,
 )
-from captionrl.eval.result import EvalResult, print_result, write_result
+from captionrl.eval.result import EvalResult, result_text, write_result
 from captionrl.records import RecordWriter
 
 PROTOCOL = "pairwise"
@@ -169,6 +169,6 @@ def aggregate(records: Sequence[Mapping[str, Any]], systems: Systems) -> tuple[l
 # ---------------------------------------------------------------------- CLI
 def run_command(cfg: PairwiseEvalConfig) -> int:
     result = run(cfg)
-    print_result(result, cfg.out)
+    print(result_text(result, cfg.out))
     print(f"{result.extra['excluded']} invalid comparisons excluded")
     return 0

@@ -104,7 +104,8 @@ class PaperEvalConfig:
     k: int = help_field(4, "candidates per identification question")
     rule: str = help_field("nearest", "distractor rule when no prepared folder is given: nearest or random")
     reference: str = help_field("", "the chosen row (LineupRL): Rel. divides by it and the p-values are its tests against every other row")
-    max_items: int | None = help_field(None, "identification/entailment on a seeded sample of this many items (the bottleneck uses every item)")
+    limit: int | None = help_field(None, "identification/entailment on a seeded sample of this many items (the bottleneck uses every item)",
+                                   renamed_from=("max_items",))
     precision: int = help_field(2, "decimals when printing series to the verifier")
     seed: int = help_field(0, "seed of samples, distractor mining and controls")
     identify: PaperIdentify = field(default_factory=PaperIdentify, metadata={"help": "identification"})
@@ -249,7 +250,7 @@ def entailment(cfg: PaperEvalConfig, items: Sequence[Any], systems: Sequence[Any
                given: Mapping[str, Any] | None = None) -> EvalResult:
     from captionrl.domains.describe import describe_series
     from captionrl.eval import entailment as ent
-    from captionrl.judges.entail import EntailmentJudge
+    from captionrl.judges.entailment import EntailmentJudge
 
     _, refs = ent.load_inputs([f"{n}={p}" for n, p in (split_spec(c) for c in cfg.captions)], cfg.entail.references)
     ids = [it.id for it in items]
@@ -391,8 +392,8 @@ def load_captioners(cfg: PaperEvalConfig) -> tuple[list[Any], list[Any], list[An
 
     all_items, systems = _load_caption_files(cfg.captions)
     items = list(all_items)
-    if cfg.max_items is not None and len(items) > cfg.max_items:
-        keep = set(random.Random(cfg.seed).sample(sorted(it.id for it in items), cfg.max_items))
+    if cfg.limit is not None and len(items) > cfg.limit:
+        keep = set(random.Random(cfg.seed).sample(sorted(it.id for it in items), cfg.limit))
         items = [it for it in items if it.id in keep]
     if len(all_items) < cfg.k and not cfg.prepared:
         raise DataError("captions", len(all_items), f"fewer captioned items than K={cfg.k} (no distractors to mine)",

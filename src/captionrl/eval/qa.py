@@ -39,7 +39,7 @@ from captionrl.eval.common import (
     load_systems,
     offline_items,
 )
-from captionrl.eval.result import EvalResult, print_result, write_result
+from captionrl.eval.result import EvalResult, result_text, write_result
 from captionrl.judges.answer_metrics import SHORT_NAMES
 from captionrl.judges.open_qa import MAX_NEW_TOKENS, OpenAnswerer, OpenQuestion, to_open_question
 from captionrl.judges.qa import CaptionAnswerer, MCQuestion, to_question
@@ -335,5 +335,5 @@ def aggregate(records: Sequence[Mapping[str, Any]], systems: Sequence[str]
 
 # ---------------------------------------------------------------------- CLI
 def run_command(cfg: QAEvalConfig) -> int:
-    print_result(run(cfg), cfg.out)
+    print(result_text(run(cfg), cfg.out))
     return 0

@@ -1,7 +1,7 @@
 """Blind ranking (MoCo Rubric §A.1.5, RubiCap): unnamed captions of one image scored side by side.
 
 For each item the systems' captions are shuffled (seeded by ``(seed, item id)``; the order is recorded)
-and shown as "Caption 1..n" to the ranking judge (``captionrl.judges.rank``). Each caption's total is
+and shown as "Caption 1..n" to the ranking judge (``captionrl.judges.ranking``). Each caption's total is
 (accuracy + completeness + clarity) / 3 - 1.5 · hallucination_penalty; the captions are ranked by total
 (rank 1 = best, ties share the average rank). Per system: mean rank, first-place share (a tie for first
 splits the share), mean criterion scores. Items whose reply fails validation are excluded and counted.
@@ -29,8 +29,8 @@ from captionrl.eval.common import (
     shared_ids,
     systems_for,
 )
-from captionrl.eval.result import EvalResult, print_result, write_result
-from captionrl.judges.rank import CRITERIA, RankConfig, RankJudge
+from captionrl.eval.result import EvalResult, result_text, write_result
+from captionrl.judges.ranking import CRITERIA, RankConfig, RankJudge
 from captionrl.records import RecordWriter
 
 PROTOCOL = "ranking"
@@ -156,6 +156,6 @@ def aggregate(records: Sequence[Mapping[str, Any]], names: Sequence[str]) -> tup
 
 def run_command(cfg: RankingEvalConfig) -> int:
     result = run(cfg)
-    print_result(result, cfg.out)
+    print(result_text(result, cfg.out))
     print(f"{result.extra['excluded']} invalid items excluded")
     return 0

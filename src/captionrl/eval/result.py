@@ -139,7 +139,6 @@ def write_result(result: EvalResult, out: str | Path) -> EvalResult:
     return result
 
 
-def print_result(result: EvalResult, out: str | Path) -> None:
+def result_text(result: EvalResult, out: str | Path) -> str:
     """What every ``captionrl eval`` command prints when it ends: the table and where the files are."""
-    print(markdown(result))
-    print(f"records.jsonl, table.md, table.html and summary.json in {out}")
+    return f"{markdown(result)}\nrecords.jsonl, table.md, table.html and summary.json in {out}"

@@ -32,7 +32,7 @@ import numpy as np
 from captionrl.config import help_field
 from captionrl.errors import ConfigError, DataError
 from captionrl.eval.common import backend_from_spec, check_spec, split_spec
-from captionrl.eval.result import EvalResult, print_result, write_result
+from captionrl.eval.result import EvalResult, result_text, write_result
 from captionrl.judges.claims import COLOURS, Claim, audit, check, extract_llm, extract_rules
 from captionrl.records import RecordWriter, read_jsonl
 
@@ -193,5 +193,5 @@ def render_html(records: Sequence[Mapping[str, Any]]) -> str:
 
 
 def run_command(cfg: SpansEvalConfig) -> int:
-    print_result(run(cfg), cfg.out)
+    print(result_text(run(cfg), cfg.out))
     return 0

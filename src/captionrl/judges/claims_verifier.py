@@ -29,7 +29,7 @@ from captionrl.domains.lineup_data import validate_candidate_set, validate_value
 from captionrl.errors import ConfigError, DataError
 from captionrl.judges.base import Columns, require_columns
 from captionrl.judges.claims import factuality
-from captionrl.judges.identify import IdentifyConfig, argmax_credit
+from captionrl.judges.identification import IdentifyConfig, argmax_credit
 from captionrl.types import Judgment
 
 PREFIX = "claims:"

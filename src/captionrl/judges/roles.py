@@ -1,7 +1,7 @@
 """The three MoCo Rubric roles' prompts and target replies (paper appendix A.1): Policy, Generator, Judge.
 
 One definition for every place that asks a role something: the shared multi-role SFT
-(``captionrl.train.sft``) trains on these prompts, and the RL recipe (``judges.online_rubric``,
+(``captionrl.train.moco_sft``) trains on these prompts, and the RL recipe (``judges.online_rubric``,
 ``train.moco``) asks its Generator and Judge with the very same ones, so a role is asked exactly what it
 learnt. The replies are JSON: the Generator's rubric ``[{criterion, test, weight}]`` and the Judge's
 ``[{id, reason, decision}]``.

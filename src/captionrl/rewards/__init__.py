@@ -100,7 +100,7 @@ class JudgeReward:
 
 def make_identification_reward(backend: Any, cfg: Any = None, name: str = "identification") -> JudgeReward:
     """The LineupRL reward: lambda * identification accuracy of the caption under a frozen verifier."""
-    from captionrl.judges.identify import IdentificationJudge, IdentifyConfig
+    from captionrl.judges.identification import IdentificationJudge, IdentifyConfig
 
     judge = IdentificationJudge(backend, cfg or IdentifyConfig())
     return JudgeReward(judge, name=name, log_fields=("hard", "soft"))

@@ -8,7 +8,7 @@ from typing import Any
 from captionrl.backends import BackendConfig
 from captionrl.config import help_field
 from captionrl.errors import ConfigError
-from captionrl.judges.identify import IdentifyConfig
+from captionrl.judges.identification import IdentifyConfig
 from captionrl.judges.ngram import NgramConfig
 from captionrl.judges.qa import QAConfig
 from captionrl.judges.scalar import ScalarConfig
@@ -92,7 +92,7 @@ def build_judge(cfg: RewardServiceConfig, backend: Any = None) -> Any:
 
         backend = make_backend(cfg.backend)
     if cfg.reward == "identification":
-        from captionrl.judges.identify import IdentificationJudge
+        from captionrl.judges.identification import IdentificationJudge
 
         return ShapedJudge(IdentificationJudge(backend, cfg.identify), cfg.shaping)
     if cfg.reward == "scalar":

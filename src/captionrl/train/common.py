@@ -458,13 +458,13 @@ def backend_config(value: Any, field: str) -> BackendConfig:
     return from_dict(BackendConfig, value or {}, prefix=field + ".")
 
 
-def print_result(result: Mapping[str, Any], keys: Sequence[str]) -> None:
-    """The console summary of a finished run: where each named output went, and how to open TensorBoard."""
-    for key in keys:
-        if result.get(key) is not None:
-            print(f"{key + ':':<11} {result[key]}")
+def run_summary(result: Mapping[str, Any], keys: Sequence[str]) -> str:
+    """The console summary of a finished run, for its command to print: where each named output went, and
+    how to open TensorBoard."""
+    lines = [f"{key + ':':<11} {result[key]}" for key in keys if result.get(key) is not None]
     if result.get("tensorboard"):
-        print(f"tensorboard: tensorboard --logdir {result['tensorboard']}")
+        lines.append(f"tensorboard: tensorboard --logdir {result['tensorboard']}")
     if "reward_first" in result:
-        print(f"reward:     {result['reward_first']} (first step) -> {result['reward_last']} (last step); "
-              f"{result.get('step_seconds')} s/step")
+        lines.append(f"reward:     {result['reward_first']} (first step) -> {result['reward_last']} (last step); "
+                     f"{result.get('step_seconds')} s/step")
+    return "\n".join(lines)

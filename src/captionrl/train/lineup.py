@@ -31,7 +31,7 @@ from captionrl.backends import BackendConfig
 from captionrl.config import help_field
 from captionrl.domains.lineup_data import LineupData, LineupDataConfig, add_charts, build_lineup_data
 from captionrl.errors import ConfigError
-from captionrl.judges.identify import IdentifyConfig, IdentifyScoring
+from captionrl.judges.identification import IdentifyConfig, IdentifyScoring
 from captionrl.judges.series_qa import SeriesQuestionsConfig
 from captionrl.rewards.bound import RewardBound
 from captionrl.rewards.shaping import ShapedReward, ShapingConfig
@@ -39,8 +39,8 @@ from captionrl.train import common
 from captionrl.train.common import (
     PolicyConfig,
     TrainConfig,
-    print_result,
     probe_servers,
+    run_summary,
 )
 from captionrl.train.common import backend_config as _backend_config  # the name evaluate() uses
 from captionrl.train.skeleton import Recipe, Run, train
@@ -542,7 +542,7 @@ def run_command(cfg: LineupConfig) -> int:
         return 0
     result = run(cfg)
     if "curves" in result:
-        print_result(result, ["model", "curves", "metrics"])
+        print(run_summary(result, ["model", "curves", "metrics"]))
         ev = result.get("eval")
         if ev:
             print(f"evaluation: {ev['table']}")

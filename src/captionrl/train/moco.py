@@ -75,7 +75,7 @@ from captionrl.train import common
 from captionrl.train.common import (
     GRPOTrainConfig,
     PolicyConfig,
-    print_result,
+    run_summary,
 )
 from captionrl.train.skeleton import Recipe, Run, prepare, train
 
@@ -718,7 +718,7 @@ def run_command(cfg: MocoConfig) -> int:
                           "images": loaded.summary()}))
         return 0
     result = run(cfg)
-    print_result(result, ["model", "curves", "records", "metrics"])
+    print(run_summary(result, ["model", "curves", "records", "metrics"]))
     step_s = result.get("seconds_per_step") or result.get("seconds_per_policy_step")
     print(f"steps: {result.get('steps')} ({step_s} s/step)")
     return 0

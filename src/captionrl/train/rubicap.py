@@ -57,8 +57,8 @@ from captionrl.train.common import (
     GRPOTrainConfig,
     PolicyConfig,
     backend_config,
-    print_result,
     probe_servers,
+    run_summary,
 )
 from captionrl.train.skeleton import Recipe, Run, train
 
@@ -581,5 +581,5 @@ def run_command(cfg: RubicapConfig) -> int:
         return 0
     result = run(cfg)
     if "curves" in result:
-        print_result(result, ["model", "curves", "metrics", "samples", "rubrics"])
+        print(run_summary(result, ["model", "curves", "metrics", "samples", "rubrics"]))
     return 0

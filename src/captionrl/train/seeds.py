@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from captionrl.errors import ConfigError
 from captionrl.records import write_json
+
+logger = logging.getLogger(__name__)
 
 CHECKS = ("red", "green", "red_of_checkable", "green_of_checkable", "c2s[claims]", "c2s_eval_mean",
           "bottleneck_mse", "transcription", "ends_with_stop", "clipped_ratio", "length_chars", "c2s[train]")
@@ -64,10 +67,10 @@ def run_seeds(cfg: Any, run_one: Callable[[Any], Mapping[str, Any]]) -> dict[str
         c = seed_config(cfg, seed)
         done = Path(c.train.out_dir) / "result.json"
         if done.is_file():
-            print(f"seed {seed}: finished earlier ({done})", flush=True)
+            logger.info(f"seed {seed}: finished earlier ({done})")
             result = json.loads(done.read_text())
         else:
-            print(f"seed {seed}: training in {c.train.out_dir}", flush=True)
+            logger.info(f"seed {seed}: training in {c.train.out_dir}")
             result = dict(run_one(c))
         per_seed.append(seed_row(seed, Path(c.train.out_dir), result))
     summary = aggregate(per_seed)

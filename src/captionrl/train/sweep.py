@@ -1,4 +1,7 @@
-"""``captionrl eval sweep``: the ablations of the reward's three knobs (LineupRL Tables 10-15, Figure 3).
+"""``captionrl train sweep``: the ablations of the reward's three knobs (LineupRL Tables 10-15, Figure 3).
+
+It trains a LineupRL run per setting, so it lives in ``train/`` (``eval/`` sits below ``train/`` and may
+not import it); ``captionrl eval sweep`` is an alias kept for existing scripts.
 
 ``lineup`` names the base ``train lineup`` YAML (the LineupRL recipe).
 
@@ -35,7 +38,7 @@ from captionrl.records import dumps, write_json
 
 @dataclass
 class SweepConfig:
-    """Settings of ``captionrl eval sweep``."""
+    """Settings of ``captionrl train sweep``."""
 
     lineup: str | None = help_field(None, "base 'train lineup' YAML (the LineupRL recipe every setting starts from)")
     overrides: list[str] = help_field([], "key=value overrides of the base config applied to every setting (e.g. train.max_steps=200)")

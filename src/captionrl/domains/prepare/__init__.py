@@ -31,6 +31,7 @@ orig_length, split, source, start, domain, captions, next, distractor_ids, dista
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -50,6 +51,8 @@ __all__ = ["CONFIG", "FORMAT", "PrepareConfig", "Prepared", "allocate", "load_pr
            "run_command"]
 
 CONFIG = PrepareConfig
+
+logger = logging.getLogger(__name__)
 
 
 # ------------------------------------------------------------------------------------ lengths, counts
@@ -266,11 +269,11 @@ def _manifest(cfg: PrepareConfig, read: Read, chosen: Mapping[str, list[Series]]
 
 
 def run_command(cfg: PrepareConfig) -> int:
-    """Prepare, then print one line per split and what was skipped."""
+    """Prepare, then print one line per split; what was skipped is logged as warnings."""
     m = prepare(cfg)
     c = m["counts"]
     print(f"prepared {cfg.source} -> {cfg.out}: " + ", ".join(f"{s} {c[s]['prepared']}" for s in SPLITS)
           + f"; lengths {m['lengths']['min']}-{m['lengths']['max']} ({m['lengths']['rule']}); K={cfg.k}, {cfg.rule}")
     for s in m["skipped"]:
-        print(f"  skipped {s.get('split', '') + ': ' if s.get('split') else ''}{s['what']}: {s['why']}")
+        logger.warning(f"  skipped {s.get('split', '') + ': ' if s.get('split') else ''}{s['what']}: {s['why']}")
     return 0
