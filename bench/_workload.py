@@ -6,6 +6,7 @@ Also a path to the test suite's llama.cpp server helper, so benches start server
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 from typing import Any
@@ -82,14 +83,48 @@ def cpu_line() -> str:
             f"(native bf16: {cpu_native_bf16()[0]})")
 
 
-def record_result(bench: str, flags: str, output: str) -> None:
+def record_result(bench: str, flags: str, output: str, wall_s: float | None = None) -> None:
     """Append one run's printed output to ``bench/RESULTS.md`` under a dated heading, written by the bench
-    itself so every figure quoted from it has the command and the machine beside it."""
+    itself so every figure quoted from it has the command and the machine beside it. The command names
+    ``OMP_NUM_THREADS`` where it is set (it changes the figures); ``wall_s``, the run's wall time, follows it."""
     import datetime
+    import os
 
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     path = ROOT / "bench" / "RESULTS.md"
-    command = f"{bench} {flags}".strip()
-    block = f"\n## {stamp}: `{command}`\n\n```\n{output.rstrip()}\n```\n"
+    threads = os.environ.get("OMP_NUM_THREADS")
+    command = f"{f'OMP_NUM_THREADS={threads} ' if threads else ''}{bench} {flags}".strip()
+    wall = f" ({wall_s:.0f} s wall)" if wall_s is not None else ""
+    block = f"\n## {stamp}: `{command}`{wall}\n\n```\n{output.rstrip()}\n```\n"
     with path.open("a") as f:
         f.write(block)
+
+
+def add_record_flag(ap: argparse.ArgumentParser) -> None:
+    """The benches' ``--no_record``: print only, append nothing to ``bench/RESULTS.md``."""
+    ap.add_argument("--no_record", action="store_true", help="print only; do not append to bench/RESULTS.md")
+
+
+class Printed:
+    """A bench's printed lines, kept so that the bench can append exactly what it printed to
+    ``bench/RESULTS.md`` (``record_result``) when it ends: call it as ``print`` with one string."""
+
+    def __init__(self, bench_file: str, argv: list[str] | None = None) -> None:
+        self.bench = Path(bench_file).name
+        self.flags = " ".join(sys.argv[1:] if argv is None else argv)
+        self.lines: list[str] = []
+
+    def __call__(self, text: str = "") -> None:
+        print(text, flush=True)
+        self.lines.append(text)
+
+    def record(self, args: argparse.Namespace) -> None:
+        """Append the lines printed so far, with the process's wall time, unless ``--no_record`` was given."""
+        if args.no_record:
+            return
+        import time
+
+        import psutil
+
+        wall = time.time() - psutil.Process().create_time()
+        record_result(self.bench, self.flags, "\n".join(self.lines), wall)

@@ -13,9 +13,15 @@ checked to equal the fast path's on that subsample.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _workload import Printed, add_record_flag, cpu_line
 
 from captionrl.domains.candidates import mine_candidates, mine_candidates_naive
 from captionrl.domains.corpora import load_embedded_corpus
@@ -47,14 +53,17 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--naive-items", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
+    add_record_flag(ap)
     args = ap.parse_args()
+    say = Printed(__file__)
+    say(cpu_line())
 
     import scipy.spatial  # noqa: F401  (import time is not mining time)
 
     t0 = time.perf_counter()
     pool = build_pool(args.pool, args.length, args.seed)
-    print(f"pool: {len(pool):,} windows of length {args.length} from {len({s.source for s in pool})} sources "
-          f"(built in {time.perf_counter() - t0:.1f} s)")
+    say(f"pool: {len(pool):,} windows of length {args.length} from {len({s.source for s in pool})} sources "
+        f"(built in {time.perf_counter() - t0:.1f} s)")
 
     t0, c0 = time.perf_counter(), time.process_time()
     fast = mine_candidates(pool, pool, k=args.k, seed=args.seed, progress=False)
@@ -71,13 +80,14 @@ def main() -> None:
     agree = sum(fast[i].distractor_ids == nv.distractor_ids for i, nv in zip(sub_idx, naive, strict=True))
 
     # CPU seconds are the comparison: wall time on a shared machine measures the neighbours too.
-    print(f"{'method':<28}{'items':>10}{'CPU s':>10}{'wall s':>10}{'CPU s/item':>12}")
-    print(f"{'fast (k-d tree, vectorised)':<28}{len(pool):>10,}{c_fast:>10.2f}{t_fast:>10.2f}"
-          f"{c_fast / len(pool):>12.2e}")
-    print(f"{'naive per-item scan':<28}{len(sub):>10,}{c_naive:>10.2f}{t_naive:>10.2f}{per_item:>12.2e}")
-    print(f"naive extrapolated to {len(pool):,} items: {est_naive:,.0f} CPU s; "
-          f"speed-up {est_naive / c_fast:,.0f}x")
-    print(f"same distractors on the subsample: {agree}/{len(sub)}")
+    say(f"{'method':<28}{'items':>10}{'CPU s':>10}{'wall s':>10}{'CPU s/item':>12}")
+    say(f"{'fast (k-d tree, vectorised)':<28}{len(pool):>10,}{c_fast:>10.2f}{t_fast:>10.2f}"
+        f"{c_fast / len(pool):>12.2e}")
+    say(f"{'naive per-item scan':<28}{len(sub):>10,}{c_naive:>10.2f}{t_naive:>10.2f}{per_item:>12.2e}")
+    say(f"naive extrapolated to {len(pool):,} items: {est_naive:,.0f} CPU s; "
+        f"speed-up {est_naive / c_fast:,.0f}x")
+    say(f"same distractors on the subsample: {agree}/{len(sub)}")
+    say.record(args)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,13 @@ so the constraint's share of a step can be read off (target: it must not dominat
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _workload import Printed, add_record_flag, cpu_line
 
 from captionrl.backends import structured as S
 from captionrl.backends.base import ChatRequest
@@ -60,7 +66,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="constrained/free pairs (alternating, so load drifts hit both)")
     ap.add_argument("--max_new_tokens", type=int, default=512)
     ap.add_argument("--max_items", type=int, default=12, help="rubric_schema(3, max_items): the paper preset's 12")
+    add_record_flag(ap)
     args = ap.parse_args()
+    say = Printed(__file__)
+    say(cpu_line())
 
     backend = HFBackend(args.model, dtype="float32", batch_size=1)
     backend._ensure_loaded()
@@ -88,22 +97,23 @@ def main() -> None:
                 ok, why = False, str(exc)[:160]
             rows[path].append((len(tok(g.text or "", add_special_tokens=False)["input_ids"]), dt, g.finish_reason or "?", ok))
             if why:
-                print(f"{path}: not a usable rubric: {why}")
-    print(f"model {backend.name} (float32, batch 1), rubric schema 3..{args.max_items} items, budget "
-          f"{args.max_new_tokens} tokens, {args.rounds} round(s); grammar compile {compile_s:.3f} s (once per schema)")
-    print(f"{'path':<12} {'tokens':>7} {'seconds':>8} {'ms/token':>9} {'512-token rubric s':>19} {'parses':>7}  finish")
+                say(f"{path}: not a usable rubric: {why}")
+    say(f"model {backend.name} (float32, batch 1), rubric schema 3..{args.max_items} items, budget "
+        f"{args.max_new_tokens} tokens, {args.rounds} round(s); grammar compile {compile_s:.3f} s (once per schema)")
+    say(f"{'path':<12} {'tokens':>7} {'seconds':>8} {'ms/token':>9} {'512-token rubric s':>19} {'parses':>7}  finish")
     rate = {}
     for path, rs in rows.items():
         n = sum(r[0] for r in rs)
         s = sum(r[1] for r in rs)
         rate[path] = s / max(1, n)
-        print(f"{path:<12} {n:>7} {s:>8.2f} {1000 * rate[path]:>9.1f} {512 * rate[path]:>19.1f} "
-              f"{sum(r[3] for r in rs):>3}/{len(rs):<3}  {','.join(r[2] for r in rs)}")
+        say(f"{path:<12} {n:>7} {s:>8.2f} {1000 * rate[path]:>9.1f} {512 * rate[path]:>19.1f} "
+            f"{sum(r[3] for r in rs):>3}/{len(rs):<3}  {','.join(r[2] for r in rs)}")
     c_tokens = sum(r[0] for r in rows["constrained"])
     c_s = sum(r[1] for r in rows["constrained"])
-    print(f"constrained/free time per token: {rate['constrained'] / rate['free']:.2f}x; time inside the mask: "
-          f"{mask_s:.2f} s = {100 * mask_s / max(c_s, 1e-9):.1f}% of constrained generation "
-          f"({1000 * mask_s / max(1, c_tokens):.2f} ms/token)")
+    say(f"constrained/free time per token: {rate['constrained'] / rate['free']:.2f}x; time inside the mask: "
+        f"{mask_s:.2f} s = {100 * mask_s / max(c_s, 1e-9):.1f}% of constrained generation "
+        f"({1000 * mask_s / max(1, c_tokens):.2f} ms/token)")
+    say.record(args)
 
 
 if __name__ == "__main__":

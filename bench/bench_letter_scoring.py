@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _workload import cpu_line, groups, letter_questions
+from _workload import Printed, add_record_flag, cpu_line, groups, letter_questions
 
 from captionrl.backends.base import ChatRequest, option_letters, parse_choice
 from captionrl.backends.hf import HFBackend
@@ -59,21 +59,23 @@ def main() -> None:
     ap.add_argument("--max_new_tokens", type=int, default=0,
                     help="generate-and-parse reply length (0: the fewest tokens that parse on a probe batch)")
     ap.add_argument("--dtype", default="auto")
+    add_record_flag(ap)
     args = ap.parse_args()
+    say = Printed(__file__)
 
     captions, candidates = groups(args.items, args.g, args.k, args.length)
     prompts = letter_questions(captions, candidates, args.k)
     letters = option_letters(args.k)
     backend = HFBackend("embedded", dtype=args.dtype, batch_size=8)
     backend._ensure_loaded()
-    print(cpu_line())
-    print(f"torch threads {os.environ.get('OMP_NUM_THREADS', '(default)')}, dtype {backend.dtype_chosen} "
-          f"({backend.dtype_reason})")
-    print(f"{len(prompts)} questions ({args.items} items x G={args.g} x K={args.k} rotations), series length {args.length}")
+    say(cpu_line())
+    say(f"torch threads {os.environ.get('OMP_NUM_THREADS', '(default)')}, dtype {backend.dtype_chosen} "
+        f"({backend.dtype_reason})")
+    say(f"{len(prompts)} questions ({args.items} items x G={args.g} x K={args.k} rotations), series length {args.length}")
     backend.choose(prompts[:2], letters)  # warm-up both paths (the probe below warms generation)
     max_new = args.max_new_tokens or fewest_tokens_that_parse(backend, prompts[: backend.batch_size], letters)
-    print(f"generate-and-parse: greedy, max_new_tokens {max_new}"
-          f"{' (the fewest that parse on a probe batch)' if not args.max_new_tokens else ''}, batch {backend.batch_size}")
+    say(f"generate-and-parse: greedy, max_new_tokens {max_new}"
+        f"{' (the fewest that parse on a probe batch)' if not args.max_new_tokens else ''}, batch {backend.batch_size}")
 
     t0 = time.perf_counter()
     scored = backend.choose(prompts, letters)
@@ -90,14 +92,15 @@ def main() -> None:
     parsed = [parse_letter(g.text or "", letters) for g in gens]
     same = sum(p is not None and p == s.choice for p, s in zip(parsed, scored, strict=True))
     n = len(prompts)
-    print(f"{'path':<22} {'seconds':>8} {'questions/s':>12}")
-    print(f"{'letter scoring':<22} {t_letter:>8.2f} {n / t_letter:>12.2f}")
-    print(f"{'letter, no sharing':<22} {t_plain:>8.2f} {n / t_plain:>12.2f}")
-    print(f"{'generate-and-parse':<22} {t_gen:>8.2f} {n / t_gen:>12.2f}")
-    print(f"ratio letter/generate: {t_gen / t_letter:.1f}x (target >= 5x); prefix sharing alone: "
-          f"{t_plain / t_letter:.1f}x; max |probability difference| shared vs plain: {diff:.1e}")
-    print(f"generate-and-parse: {sum(p is None for p in parsed)}/{n} replies without a letter; "
-          f"same letter as scoring on {same}/{n}")
+    say(f"{'path':<22} {'seconds':>8} {'questions/s':>12}")
+    say(f"{'letter scoring':<22} {t_letter:>8.2f} {n / t_letter:>12.2f}")
+    say(f"{'letter, no sharing':<22} {t_plain:>8.2f} {n / t_plain:>12.2f}")
+    say(f"{'generate-and-parse':<22} {t_gen:>8.2f} {n / t_gen:>12.2f}")
+    say(f"ratio letter/generate: {t_gen / t_letter:.1f}x (target >= 5x); prefix sharing alone: "
+        f"{t_plain / t_letter:.1f}x; max |probability difference| shared vs plain: {diff:.1e}")
+    say(f"generate-and-parse: {sum(p is None for p in parsed)}/{n} replies without a letter; "
+        f"same letter as scoring on {same}/{n}")
+    say.record(args)
 
 
 if __name__ == "__main__":

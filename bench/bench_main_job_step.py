@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _workload import ROOT, cpu_line
+from _workload import ROOT, Printed, add_record_flag, cpu_line
 
 OLD = ["verifier.dtype=bfloat16", "train.max_completion_length=48", "data.instruction=null",
        "reward.factuality_penalty=0.0", "reward.factuality_bonus=0.0", "reward.unfinished_penalty=0.0",
@@ -96,11 +96,13 @@ def main() -> None:
     ap.add_argument("--avx2_timeout", type=float, default=300.0,
                     help="seconds an AVX2-only run may take (the emulated bf16 verifier can be very slow)")
     ap.add_argument("--out", default=None, help="keep the runs here (default: a temporary folder)")
+    add_record_flag(ap)
     args = ap.parse_args()
+    say = Printed(__file__)
 
-    print(cpu_line())
-    print(f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(unset)')}; {args.steps} steps per run; "
-          f"old overrides: {' '.join(OLD)}")
+    say(cpu_line())
+    say(f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(unset)')}; {args.steps} steps per run; "
+        f"old overrides: {' '.join(OLD)}")
     setups = [("old", OLD, {}), ("new", NEW, {})]
     if args.avx2:
         setups += [("new-avx2", NEW, AVX2_ENV), ("old-avx2", OLD, AVX2_ENV)]
@@ -112,35 +114,36 @@ def main() -> None:
             results.append(res)
             cut = f" (cut at {res['wall_s']:.0f} s)" if res["cut"] else ""
             if res["steps"]:
-                print(f"{name}: {res['mean_seconds']['step']:.1f} s/step over {res['steps']} steps, "
-                      f"process {res['wall_s']:.0f} s{cut}", flush=True)
+                say(f"{name}: {res['mean_seconds']['step']:.1f} s/step over {res['steps']} steps, "
+                    f"process {res['wall_s']:.0f} s{cut}")
             else:
-                print(f"{name}: no step finished{cut}", flush=True)
+                say(f"{name}: no step finished{cut}")
 
-    print()
+    say()
     head = f"{'run':<9} {'verifier':<9} " + " ".join(f"{p:>10}" for p in PARTS) + f" {'reward share':>13}"
-    print("mean seconds per step (timing.json of each run)")
-    print(head)
+    say("mean seconds per step (timing.json of each run)")
+    say(head)
     for res in results:
         m = res["mean_seconds"]
         if not res["steps"]:
-            print(f"{res['name']:<9} no step finished in {res['wall_s']:.0f} s (model load included)")
+            say(f"{res['name']:<9} no step finished in {res['wall_s']:.0f} s (model load included)")
             continue
         dtype = next((v["dtype"] for k, v in res["dtypes"].items() if "verifier" in k or k.startswith("hf:")), "?")
         share = res["share_of_step"].get("reward", float("nan"))
-        print(f"{res['name']:<9} {dtype:<9} " + " ".join(f"{m[p]:>10.2f}" for p in PARTS) + f" {share:>13.3f}")
+        say(f"{res['name']:<9} {dtype:<9} " + " ".join(f"{m[p]:>10.2f}" for p in PARTS) + f" {share:>13.3f}")
     by = {r["name"]: r["mean_seconds"]["step"] for r in results if r["steps"]}
-    print()
-    print(f"ratio old/new, this CPU: {by['old'] / by['new']:.2f}x (new takes {by['new'] / by['old']:.2f}x the old step time)")
+    say()
+    say(f"ratio old/new, this CPU: {by['old'] / by['new']:.2f}x (new takes {by['new'] / by['old']:.2f}x the old step time)")
     if args.avx2 and "old-avx2" in by:
-        print(f"ratio old/new, AVX2 kernels only: {by['old-avx2'] / by['new-avx2']:.2f}x "
-              f"(new takes {by['new-avx2'] / by['old-avx2']:.2f}x the old step time)")
+        say(f"ratio old/new, AVX2 kernels only: {by['old-avx2'] / by['new-avx2']:.2f}x "
+            f"(new takes {by['new-avx2'] / by['old-avx2']:.2f}x the old step time)")
     elif args.avx2:
         cut = next(r for r in results if r["name"] == "old-avx2")
-        print(f"ratio old/new, AVX2 kernels only: > {cut['wall_s'] / by['new-avx2']:.1f}x (the old run finished no "
-              f"step in {cut['wall_s']:.0f} s; new: {by['new-avx2']:.1f} s/step)")
+        say(f"ratio old/new, AVX2 kernels only: > {cut['wall_s'] / by['new-avx2']:.1f}x (the old run finished no "
+            f"step in {cut['wall_s']:.0f} s; new: {by['new-avx2']:.1f} s/step)")
     for res in results:
-        print(f"{res['name']}: dtypes {json.dumps(res['dtypes'])}")
+        say(f"{res['name']}: dtypes {json.dumps(res['dtypes'])}")
+    say.record(args)
 
 
 if __name__ == "__main__":

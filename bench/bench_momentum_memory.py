@@ -18,6 +18,11 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _workload import Printed, add_record_flag, cpu_line
 
 MB = 1024 * 1024
 
@@ -73,10 +78,13 @@ def main() -> int:
     ap.add_argument("--variant", default="joint", help="momentum variant (one-sided variants hold two copies)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    add_record_flag(ap)
     a = ap.parse_args()
     if a.child:
         print(json.dumps(measure(a.child, a.lora_r, a.targets, a.variant)))
         return 0
+    say = Printed(__file__)
+    say(cpu_line())
     results = {}
     for impl in ("lora_adapter", "full_copy"):
         cmd = [sys.executable, __file__, "--child", impl, "--lora-r", str(a.lora_r), "--targets", a.targets,
@@ -84,20 +92,22 @@ def main() -> int:
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
         results[impl] = json.loads(out.strip().splitlines()[-1])
     if a.json:
-        print(json.dumps(results, indent=2))
+        say(json.dumps(results, indent=2))
+        say.record(a)
         return 0
     pol = results["lora_adapter"]
-    print(f"Policy: SmolLM2-135M + LoRA r={a.lora_r} ({a.targets}): {pol['policy_param_mb']:.1f} MB parameters "
-          f"({pol['policy_adapter_mb']:.1f} MB adapter), {pol['policy_rss_mb']:.1f} MB RSS; variant={a.variant}")
-    print(f"{'momentum':<14}{'+RSS MB':>10}{'+params MB':>12}{'RSS/policy':>12}{'params/policy':>15}{'build s':>9}{'update s':>10}")
+    say(f"Policy: SmolLM2-135M + LoRA r={a.lora_r} ({a.targets}): {pol['policy_param_mb']:.1f} MB parameters "
+        f"({pol['policy_adapter_mb']:.1f} MB adapter), {pol['policy_rss_mb']:.1f} MB RSS; variant={a.variant}")
+    say(f"{'momentum':<14}{'+RSS MB':>10}{'+params MB':>12}{'RSS/policy':>12}{'params/policy':>15}{'build s':>9}{'update s':>10}")
     for impl, r in results.items():
-        print(f"{impl:<14}{r['momentum_rss_mb']:>10.1f}{r['momentum_param_mb']:>12.1f}{r['ratio_rss']:>12.1%}"
-              f"{r['ratio_param']:>15.1%}{r['build_s']:>9.2f}{r['update_s']:>10.3f}")
+        say(f"{impl:<14}{r['momentum_rss_mb']:>10.1f}{r['momentum_param_mb']:>12.1f}{r['ratio_rss']:>12.1%}"
+            f"{r['ratio_param']:>15.1%}{r['build_s']:>9.2f}{r['update_s']:>10.3f}")
     full, lora = results["full_copy"], results["lora_adapter"]
-    print(f"adapter / full copy: {lora['momentum_param_mb'] / full['momentum_param_mb']:.3f} (params), "
-          f"{lora['momentum_rss_mb'] / max(full['momentum_rss_mb'], 1e-9):.3f} (RSS)")
+    say(f"adapter / full copy: {lora['momentum_param_mb'] / full['momentum_param_mb']:.3f} (params), "
+        f"{lora['momentum_rss_mb'] / max(full['momentum_rss_mb'], 1e-9):.3f} (RSS)")
     ok = lora["ratio_rss"] < 0.10 and lora["ratio_param"] < 0.10
-    print(f"target adapter momentum < 10% of the Policy: {'met' if ok else 'NOT met'}")
+    say(f"target adapter momentum < 10% of the Policy: {'met' if ok else 'NOT met'}")
+    say.record(a)
     return 0 if ok else 1
 
 

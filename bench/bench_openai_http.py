@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx
-from _workload import cpu_line, groups, letter_questions, llama_server_class
+from _workload import Printed, add_record_flag, cpu_line, groups, letter_questions, llama_server_class
 
 from captionrl.backends.base import ChatRequest, option_letters
 from captionrl.backends.openai_http import OpenAIBackend
@@ -50,7 +50,9 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--n_threads", type=int, default=1, help="llama.cpp threads")
+    add_record_flag(ap)
     args = ap.parse_args()
+    say = Printed(__file__)
 
     captions, candidates = groups(args.items, args.g, args.k, args.length)
     prompts = letter_questions(captions, candidates, args.k)
@@ -63,9 +65,9 @@ def main() -> None:
             body = backend._chat_payload(ChatRequest(p, max_new_tokens=1, temperature=0.0))
             body.update(logprobs=True, top_logprobs=backend.top_logprobs)
             payloads.append(body)
-        print(cpu_line())
-        print(f"llama.cpp server, --n_threads {args.n_threads}; {len(prompts)} letter questions "
-              f"({args.items} items x G={args.g} x K={args.k}), concurrency {args.concurrency}")
+        say(cpu_line())
+        say(f"llama.cpp server, --n_threads {args.n_threads}; {len(prompts)} letter questions "
+            f"({args.items} items x G={args.g} x K={args.k}), concurrency {args.concurrency}")
         backend.choose(prompts[:1], letters)  # warm-up
         best = {"raw client": float("inf"), "openai backend": float("inf")}
         for rnd in range(args.rounds):
@@ -76,17 +78,18 @@ def main() -> None:
             res = backend.choose(prompts, letters)
             t_be = time.perf_counter() - t0
             ok_be = sum(r.probs is not None for r in res)
-            print(f"round {rnd + 1}: raw {t_raw:.2f}s ({ok_raw} ok), backend {t_be:.2f}s ({ok_be} ok)")
+            say(f"round {rnd + 1}: raw {t_raw:.2f}s ({ok_raw} ok), backend {t_be:.2f}s ({ok_be} ok)")
             best["raw client"] = min(best["raw client"], t_raw)
             best["openai backend"] = min(best["openai backend"], t_be)
         n = len(prompts)
-        print(f"{'client':<16} {'best s':>7} {'questions/s':>12}")
+        say(f"{'client':<16} {'best s':>7} {'questions/s':>12}")
         for name, t in best.items():
-            print(f"{name:<16} {t:>7.2f} {n / t:>12.2f}")
-        print(f"ratio backend/raw: {best['raw client'] / best['openai backend']:.0%} of the server's own "
-              f"throughput (target >= 80%)")
+            say(f"{name:<16} {t:>7.2f} {n / t:>12.2f}")
+        say(f"ratio backend/raw: {best['raw client'] / best['openai backend']:.0%} of the server's own "
+            f"throughput (target >= 80%)")
     finally:
         server.stop()
+    say.record(args)
 
 
 if __name__ == "__main__":

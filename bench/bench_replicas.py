@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _workload import cpu_line, groups, letter_questions, llama_server_class
+from _workload import Printed, add_record_flag, cpu_line, groups, letter_questions, llama_server_class
 
 from captionrl.backends.base import option_letters
 from captionrl.backends.openai_http import OpenAIBackend
@@ -33,7 +33,9 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=16)
     ap.add_argument("--concurrency", type=int, default=4, help="requests in flight per replica")
     ap.add_argument("--rounds", type=int, default=2)
+    add_record_flag(ap)
     args = ap.parse_args()
+    say = Printed(__file__)
 
     captions, candidates = groups(args.items, args.g, args.k, args.length)
     prompts = letter_questions(captions, candidates, args.k)
@@ -43,13 +45,13 @@ def main() -> None:
     try:
         one = OpenAIBackend(a.base_url, model="smollm2", concurrency=args.concurrency, progress=False)
         two = OpenAIBackend([a.base_url, b.base_url], model="smollm2", concurrency=args.concurrency, progress=False)
-        print(cpu_line())
+        say(cpu_line())
         cores = os.cpu_count() or 1
         if cores < 4:
-            print(f"NOTE: {cores} cores on this machine (shared with other jobs): two 1-thread replicas need "
-                  "2 free cores plus the client's; the ratio below is bounded by the free cores, not the routing")
-        print(f"{len(prompts)} letter questions ({args.items} items x G={args.g} x K={args.k}); "
-              f"llama.cpp --n_threads 1 per replica, concurrency {args.concurrency} per replica")
+            say(f"NOTE: {cores} cores on this machine (shared with other jobs): two 1-thread replicas need "
+                "2 free cores plus the client's; the ratio below is bounded by the free cores, not the routing")
+        say(f"{len(prompts)} letter questions ({args.items} items x G={args.g} x K={args.k}); "
+            f"llama.cpp --n_threads 1 per replica, concurrency {args.concurrency} per replica")
         two.choose(prompts[:2], letters)  # warm-up both replicas
         best = {"1 replica": float("inf"), "2 replicas": float("inf")}
         for rnd in range(args.rounds):
@@ -60,16 +62,17 @@ def main() -> None:
                 times[name] = time.perf_counter() - t0
                 assert all(r.probs is not None for r in res), [r.error for r in res if r.error][:2]
                 best[name] = min(best[name], times[name])
-            print(f"round {rnd + 1}: " + ", ".join(f"{k} {v:.2f}s" for k, v in times.items()))
+            say(f"round {rnd + 1}: " + ", ".join(f"{k} {v:.2f}s" for k, v in times.items()))
         n = len(prompts)
-        print(f"{'verifier':<12} {'best s':>7} {'questions/s':>12}")
+        say(f"{'verifier':<12} {'best s':>7} {'questions/s':>12}")
         for name, t in best.items():
-            print(f"{name:<12} {t:>7.2f} {n / t:>12.2f}")
-        print(f"ratio 2 replicas / 1: {best['1 replica'] / best['2 replicas']:.2f}x "
-              f"(served per replica: {[s['served'] for s in two.replica_status()]})")
+            say(f"{name:<12} {t:>7.2f} {n / t:>12.2f}")
+        say(f"ratio 2 replicas / 1: {best['1 replica'] / best['2 replicas']:.2f}x "
+            f"(served per replica: {[s['served'] for s in two.replica_status()]})")
     finally:
         a.stop()
         b.stop()
+    say.record(args)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx
-from _workload import cpu_line, groups
+from _workload import Printed, add_record_flag, cpu_line, groups
 
 from captionrl.adapters.engine import encode_label
 from captionrl.backends.hf import HFBackend
@@ -41,7 +41,9 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=16)
     ap.add_argument("--window_ms", type=float, default=50.0)
     ap.add_argument("--dtype", default="auto")
+    add_record_flag(ap)
     args = ap.parse_args()
+    say = Printed(__file__)
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from servers import free_port
@@ -62,9 +64,9 @@ def main() -> None:
     prompt = "Describe the series.\n"
     labels = [encode_label(c) for c in candidates]
     n = len(captions)
-    print(cpu_line())
-    print(f"{n} captions ({args.items} items x G={args.g}), K={args.k}, likelihood verifier "
-          f"{backend.dtype_chosen}; batching window {args.window_ms:g} ms")
+    say(cpu_line())
+    say(f"{n} captions ({args.items} items x G={args.g}), K={args.k}, likelihood verifier "
+        f"{backend.dtype_chosen}; batching window {args.window_ms:g} ms")
     judge.judge(captions[:1], {"candidates": candidates[:1]})  # warm-up
 
     t0 = time.perf_counter()
@@ -92,12 +94,13 @@ def main() -> None:
     def agree(xs: list[float]) -> float:
         return max(abs(a - b) for a, b in zip(xs, local, strict=True) if not (math.isnan(a) or b is None))
 
-    print(f"{'path':<34} {'seconds':>8} {'captions/s':>11} {'vs in-process':>14} {'max |diff|':>11}")
-    print(f"{'in-process judge call':<34} {t_local:>8.2f} {n / t_local:>11.2f} {1.0:>13.2f}x {0.0:>11.1e}")
-    print(f"{'service, 1 request':<34} {t_one:>8.2f} {n / t_one:>11.2f} {t_local / t_one:>13.2f}x {agree(one):>11.1e}")
-    print(f"{f'service, {n} concurrent requests':<34} {t_many:>8.2f} {n / t_many:>11.2f} {t_local / t_many:>13.2f}x "
-          f"{agree(per_sample):>11.1e}")
-    print(f"judge calls made by the service: {health['batches']} for {health['requests']} requests")
+    say(f"{'path':<34} {'seconds':>8} {'captions/s':>11} {'vs in-process':>14} {'max |diff|':>11}")
+    say(f"{'in-process judge call':<34} {t_local:>8.2f} {n / t_local:>11.2f} {1.0:>13.2f}x {0.0:>11.1e}")
+    say(f"{'service, 1 request':<34} {t_one:>8.2f} {n / t_one:>11.2f} {t_local / t_one:>13.2f}x {agree(one):>11.1e}")
+    say(f"{f'service, {n} concurrent requests':<34} {t_many:>8.2f} {n / t_many:>11.2f} {t_local / t_many:>13.2f}x "
+        f"{agree(per_sample):>11.1e}")
+    say(f"judge calls made by the service: {health['batches']} for {health['requests']} requests")
+    say.record(args)
 
 
 if __name__ == "__main__":

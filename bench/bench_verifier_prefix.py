@@ -12,9 +12,15 @@ second and the ratio, and checks that both paths give the same scores.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _workload import Printed, add_record_flag, cpu_line
 
 from captionrl.backends.hf import HFBackend
 from captionrl.domains.candidates import mine_candidates
@@ -31,7 +37,10 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=48)
     ap.add_argument("--modes", nargs="+", default=["likelihood", "letter"])
     ap.add_argument("--dtype", default="float32")
+    add_record_flag(ap)
     args = ap.parse_args()
+    say = Printed(__file__)
+    say(cpu_line())
 
     windows = split_windows("embedded", args.length)["train"]
     rng = np.random.default_rng(0)
@@ -49,8 +58,8 @@ def main() -> None:
     shared._ensure_loaded()
     plain = HFBackend.from_model(shared.model, shared._processor, share_prefix=False)
     n = len(captions)
-    print(f"{args.items} items x G={args.g} captions, K={args.k}, series length {args.length}, dtype {args.dtype}")
-    print(f"{'mode':<11} {'shared j/s':>11} {'plain j/s':>10} {'speed-up':>9} {'max |diff|':>11}")
+    say(f"{args.items} items x G={args.g} captions, K={args.k}, series length {args.length}, dtype {args.dtype}")
+    say(f"{'mode':<11} {'shared j/s':>11} {'plain j/s':>10} {'speed-up':>9} {'max |diff|':>11}")
     for mode in args.modes:
         cfg = IdentifyConfig(mode=mode, k=args.k, signal="soft")
         timings, scores = {}, {}
@@ -62,8 +71,9 @@ def main() -> None:
             timings[name] = time.perf_counter() - t0
             scores[name] = np.array([j.score for j in out], dtype=float)
         diff = float(np.max(np.abs(scores["shared"] - scores["plain"])))
-        print(f"{mode:<11} {n / timings['shared']:>11.2f} {n / timings['plain']:>10.2f} "
-              f"{timings['plain'] / timings['shared']:>8.2f}x {diff:>11.2e}")
+        say(f"{mode:<11} {n / timings['shared']:>11.2f} {n / timings['plain']:>10.2f} "
+            f"{timings['plain'] / timings['shared']:>8.2f}x {diff:>11.2e}")
+    say.record(args)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _workload import groups
+from _workload import Printed, add_record_flag, cpu_line, groups
 
 QWEN25_14B = {"vocab_size": 152064, "hidden_size": 5120, "intermediate_size": 13824, "num_hidden_layers": 48,
               "num_attention_heads": 40, "num_key_value_heads": 8, "max_position_embeddings": 32768,
@@ -54,7 +54,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--batch_size", type=int, default=32)
     ap.add_argument("--device", default=None, help="default: cuda when available (required without --tiny)")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
+    add_record_flag(ap)
     args = ap.parse_args(argv)
+    say = Printed(__file__, argv)
 
     import torch
 
@@ -81,10 +83,11 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = IdentifyConfig(mode="letter", k=args.k, signal="soft")
     n_questions = len(captions) * args.k
     dev_name = torch.cuda.get_device_name(0) if device.startswith("cuda") else "cpu"
-    print(f"device {dev_name}, {dtype_name(dtype)} ({reason}); model {'tiny ' if args.tiny else ''}Qwen2.5-14B shape, "
-          f"{sum(p.numel() for p in model.parameters()) / 1e9:.3f}B random parameters built in {build_s:.1f}s")
-    print(f"{n_questions} letter questions: {args.prompts} prompts x {args.g} captions x K={args.k}, "
-          f"series length {args.length}, batch {args.batch_size}")
+    say(cpu_line())
+    say(f"device {dev_name}, {dtype_name(dtype)} ({reason}); model {'tiny ' if args.tiny else ''}Qwen2.5-14B shape, "
+        f"{sum(p.numel() for p in model.parameters()) / 1e9:.3f}B random parameters built in {build_s:.1f}s")
+    say(f"{n_questions} letter questions: {args.prompts} prompts x {args.g} captions x K={args.k}, "
+        f"series length {args.length}, batch {args.batch_size}")
     results: dict[str, dict] = {}
     scores: dict[str, list] = {}
     for name, share in (("shared prefix", True), ("no sharing", False)):
@@ -105,10 +108,10 @@ def main(argv: list[str] | None = None) -> dict:
     diffs = [abs(a - b) for a, b in zip(scores["shared prefix"], scores["no sharing"], strict=True)
              if a is not None and b is not None]
     speedup = results["no sharing"]["seconds"] / results["shared prefix"]["seconds"]
-    print(f"{'path':<15} {'seconds':>8} {'questions/s':>12}")
+    say(f"{'path':<15} {'seconds':>8} {'questions/s':>12}")
     for name, r in results.items():
-        print(f"{name:<15} {r['seconds']:>8.2f} {r['questions_per_s']:>12.2f}")
-    print(f"prefix sharing speed-up: {speedup:.2f}x; max |soft score difference| {max(diffs, default=0.0):.2e}")
+        say(f"{name:<15} {r['seconds']:>8.2f} {r['questions_per_s']:>12.2f}")
+    say(f"prefix sharing speed-up: {speedup:.2f}x; max |soft score difference| {max(diffs, default=0.0):.2e}")
     summary = {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"), "device": dev_name,
                "torch": torch.__version__, "dtype": dtype_name(dtype), "tiny": args.tiny,
                "shape": {k: shape[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -116,11 +119,12 @@ def main(argv: list[str] | None = None) -> dict:
                "questions": n_questions, "prompts": args.prompts, "g": args.g, "k": args.k,
                "length": args.length, "results": results, "speedup": round(speedup, 3),
                "max_abs_diff": max(diffs, default=0.0)}
-    print(f"README: | {summary['date']} | {dev_name} | {dtype_name(dtype)} | {n_questions} questions | "
-          f"shared {results['shared prefix']['questions_per_s']} q/s | plain {results['no sharing']['questions_per_s']} q/s "
-          f"| {speedup:.2f}x |")
+    say(f"README: | {summary['date']} | {dev_name} | {dtype_name(dtype)} | {n_questions} questions | "
+        f"shared {results['shared prefix']['questions_per_s']} q/s | plain {results['no sharing']['questions_per_s']} q/s "
+        f"| {speedup:.2f}x |")
     if args.out:
         Path(args.out).write_text(json.dumps(summary, indent=2) + "\n")
+    say.record(args)
     return summary
 
 

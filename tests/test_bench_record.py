@@ -1,0 +1,37 @@
+"""``bench/_workload.py``'s record: a bench appends exactly what it printed, under its command (with
+``OMP_NUM_THREADS``) and wall time, to ``bench/RESULTS.md``; ``--no_record`` appends nothing."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import _workload  # noqa: E402
+
+
+def test_printed_lines_are_recorded_under_the_command(tmp_path, monkeypatch, capsys):
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "RESULTS.md").write_text("# Bench results\n")
+    monkeypatch.setattr(_workload, "ROOT", tmp_path)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--items", type=int)
+    _workload.add_record_flag(ap)
+    for argv in (["--items", "2"], ["--items", "3", "--no_record"]):
+        say = _workload.Printed("/x/bench/bench_demo.py", argv)
+        say("CPU: demo")
+        say()
+        say(f"ratio: {argv[1]}x")
+        say.record(ap.parse_args(argv))
+    assert capsys.readouterr().out == "CPU: demo\n\nratio: 2x\nCPU: demo\n\nratio: 3x\n"
+    text = (tmp_path / "bench" / "RESULTS.md").read_text()
+    head, block = text.split("\n## ")
+    assert head == "# Bench results\n" and "ratio: 3x" not in text
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC: `OMP_NUM_THREADS=2 bench_demo.py --items 2` \(\d+ s wall\)",
+                        block.split("\n")[0])
+    assert block.split("\n", 1)[1] == "\n```\nCPU: demo\n\nratio: 2x\n```\n"
