@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _workload import ROOT, cpu_line, record_result
+from _workload import ROOT, Printed, add_record_flag, cpu_line
 
 OLD_REF = "e6c58d9"
 """The commit issue 26 was filed against (its README: 656 lines, "644 passed in 12 min 6 s")."""
@@ -68,17 +68,12 @@ def main() -> None:
     ap.add_argument("--new_ref", default="HEAD")
     ap.add_argument("--out", default=None, help="keep the clones and logs here (default: a temporary folder)")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per suite before it is killed")
-    ap.add_argument("--no_record", action="store_true", help="print only; do not append to bench/RESULTS.md")
+    add_record_flag(ap)
     args = ap.parse_args()
     refs = {"old": args.old_ref, "new": args.new_ref}
     commits = {k: subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", v], capture_output=True,
                                  text=True, check=True).stdout.strip() for k, v in refs.items()}
-    lines: list[str] = []
-
-    def say(text: str = "") -> None:
-        print(text, flush=True)
-        lines.append(text)
-
+    say = Printed(__file__)
     say(cpu_line())
     say(f"default test tier from clean clones, one after the other: old {commits['old']}, new {commits['new']}")
     with tempfile.TemporaryDirectory(prefix="bench-suite-") as tmp:
@@ -94,8 +89,7 @@ def main() -> None:
     say(f"wall time new/old: {new['wall_s'] / old['wall_s']:.2f}x; CPU time new/old: {new['cpu_s'] / old['cpu_s']:.2f}x")
     if any(r["rc"] != 0 for r in results):
         say("a suite failed: " + ", ".join(f"{r['name']} exit {r['rc']}" for r in results if r["rc"] != 0))
-    if not args.no_record:
-        record_result("bench_suite.py", " ".join(sys.argv[1:]), "\n".join(lines))
+    say.record(args)
     sys.exit(0 if all(r["rc"] == 0 for r in results) else 1)
 
 
