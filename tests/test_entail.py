@@ -46,16 +46,20 @@ def test_llm_judge_scores_share_of_references(embedded_backend):
 
 
 @pytest.mark.slow
-def test_entail_run_writes_tables_and_resumes(embedded_backend, tmp_path):
+def test_entail_run_writes_tables_and_resumes(tiny_llama, tmp_path):
+    """The command's bookkeeping (tables, resume), not the model's judgment: the tiny random Llama answers."""
+    from captionrl.backends.hf import HFBackend
+
     systems, refs = ent.demo_inputs(n_items=3)
     calls = []
+    backend = HFBackend(tiny_llama, dtype="float32")
 
     class Counting:
-        name = embedded_backend.name
+        name = backend.name
 
         def choose(self, prompts, options):
             calls.append(len(prompts))
-            return embedded_backend.choose(prompts, options)
+            return backend.choose(prompts, options)
 
     judge = EntailmentJudge(Counting())
     cfg = ent.EntailEvalConfig(out=str(tmp_path), quiet=True)
