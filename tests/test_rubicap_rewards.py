@@ -1,6 +1,6 @@
 """``train rubicap`` with every reward family (``reward.family``): the paper's baselines through one recipe.
 
-Config and data checks load no model. The two training runs (1 GRPO step of the tiny VLM on 4 scenes)
+Config and data checks load no model. The two training runs (1 GRPO step of the tiny random Qwen2.5-VL on 4 scenes)
 show that the reward really came from the family's judge: re-scoring the logged captions with that judge
 gives the logged rewards back, and those differ from what the rubric judge says about the same captions;
 the preflight ran, and the end-of-run check holds a judge that did not produce the reward.
@@ -27,6 +27,9 @@ ONE_STEP = [
     "data.items=scenes:4:0", "train.num_generations=2", "train.per_device_train_batch_size=2",
     "train.max_completion_length=8", "train.max_steps=1", "train.save_steps=100", "train.report_to=[]",
     "train.threads=1", "train.learning_rate=1.0e-5", "train.preflight_items=4",
+    # where the reward came from, not what the policy writes: the 2-layer random Qwen2.5-VL, not the tiny VLM
+    # (whose language model is the whole 135M)
+    "policy.model=tiny-qwen2.5-vl",
 ]
 
 
