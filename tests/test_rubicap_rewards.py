@@ -131,6 +131,14 @@ def test_cider_family_trains_on_cider_d(tmp_path, embedded_backend):
         [s["caption"] for s in samples], {"references": [refs[s["item_id"]] for s in samples]})
     assert [s["reward"] for s in samples] == pytest.approx([j.score for j in again], abs=1e-9)
     assert [s["reward"] for s in samples] != pytest.approx(_rubric_scores(cfg, embedded_backend, samples, tmp_path / "cider"), abs=1e-3)
+    # a random policy's captions share no n-gram with the references (every reward above is 0, with any
+    # policy tried), so the nonzero check is the preflight's: the training reward gave each item's first
+    # reference exactly its CIDEr-D against the item's references, with the training corpus's frequencies
+    pre = json.loads((tmp_path / "cider" / "preflight.json").read_text())
+    honest = NgramJudge(cfg.reward.cider, corpus=list(refs.values())).judge(
+        [refs[i][0] for i in pre["items"]], {"references": [refs[i] for i in pre["items"]]})
+    assert pre["honest_mean"] == pytest.approx(sum(j.score for j in honest) / len(honest), abs=1e-6)
+    assert pre["honest_mean"] > 0
 
 
 @pytest.mark.slow
