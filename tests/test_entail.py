@@ -46,16 +46,20 @@ def test_llm_judge_scores_share_of_references(embedded_backend):
 
 
 @pytest.mark.slow
-def test_entail_run_writes_tables_and_resumes(embedded_backend, tmp_path):
+def test_entail_run_writes_tables_and_resumes(tiny_llama, tmp_path):
+    """The command's bookkeeping (tables, resume), not the model's judgment: the tiny random Llama answers."""
+    from captionrl.backends.hf import HFBackend
+
     systems, refs = ent.demo_inputs(n_items=3)
     calls = []
+    backend = HFBackend(tiny_llama, dtype="float32")
 
     class Counting:
-        name = embedded_backend.name
+        name = backend.name
 
         def choose(self, prompts, options):
             calls.append(len(prompts))
-            return embedded_backend.choose(prompts, options)
+            return backend.choose(prompts, options)
 
     judge = EntailmentJudge(Counting())
     cfg = ent.EntailEvalConfig(out=str(tmp_path), quiet=True)
@@ -94,25 +98,49 @@ def test_bad_references_and_settings():
 
 
 def _nli_folder(tmp_path, labels):
+    import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from captionrl.encoders import minilm_dir
 
     src = minilm_dir()
+    torch.manual_seed(0)  # the same head every run
     model = AutoModelForSequenceClassification.from_pretrained(
         src, num_labels=len(labels), id2label=dict(enumerate(labels)), label2id={v: k for k, v in enumerate(labels)})
+    # transformers initialises a new head near zero (all labels ~1/3): a wider one makes the labels, and the
+    # two orders of a pair, differ enough for the checks below to tell them apart
+    torch.nn.init.normal_(model.classifier.weight, std=1.0)
     model.save_pretrained(tmp_path)
     AutoTokenizer.from_pretrained(src).save_pretrained(tmp_path)
     return tmp_path
 
 
 def test_nli_path_reads_the_entailment_label(tmp_path):
-    """Plumbing only: MiniLM with an untrained 3-way head (no NLI model ships offline)."""
+    """Plumbing only: MiniLM with an untrained 3-way head (no NLI model ships offline). The head is random,
+    so no value is right or wrong; what a wrong implementation breaks is which label is read (the
+    contradiction column for the entailment one), which text is the premise (caption and reference
+    swapped), and which reference a value lands on, each checked against the folder's own softmax."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
     folder = _nli_folder(tmp_path / "nli", ["contradiction", "neutral", "entailment"])
     judge = EntailmentJudge(method="nli", nli_model=str(folder))
     assert judge.nli.entail_index == 2
     (j,) = judge.judge([CAPTION], {"references": [REFS]})
-    assert j.scored and j.extra["path"] == "nli" and all(0 < p < 1 for p in j.extra["p_entail"])
+    assert j.scored and j.extra["path"] == "nli"
+    tok, model = AutoTokenizer.from_pretrained(folder), AutoModelForSequenceClassification.from_pretrained(folder)
+
+    def softmax(premises, hypotheses):
+        with torch.inference_mode():
+            return model.eval()(**tok(premises, hypotheses, padding=True, return_tensors="pt")).logits.softmax(-1)
+
+    probs = softmax([CAPTION] * len(REFS), REFS)
+    assert j.extra["p_entail"] == pytest.approx(probs[:, 2].tolist(), abs=1e-5)
+    # the checks above can tell: another column, or the swapped pair, gives other values on this head
+    assert probs[:, 0].tolist() != pytest.approx(probs[:, 2].tolist(), abs=5e-3)
+    assert softmax(REFS, [CAPTION] * len(REFS))[:, 2].tolist() != pytest.approx(probs[:, 2].tolist(), abs=5e-3)
+    assert j.score == pytest.approx(sum(p > 0.5 for p in j.extra["p_entail"]) / len(REFS))
+    assert j.extra["soft"] == pytest.approx(float(probs[:, 2].mean()), abs=1e-5)
     bad = _nli_folder(tmp_path / "bad", ["a", "b"])
     with pytest.raises(ConfigError, match="entailment"):
         EntailmentJudge(method="nli", nli_model=str(bad))

@@ -283,7 +283,8 @@ def test_rubicap_one_step_on_a_manifest_of_image_files(tmp_path, embedded_backen
     out = tmp_path / "run"
     cfg = load_config(RubicapConfig, ROOT / "configs" / "rubicap-cpu.yaml", [
         "data.source=manifest", f"data.path={m}", "data.on_bad_image=skip", "rubrics.source=facts",
-        *ONE_STEP, "train.preflight_items=0", f"train.out_dir={out}"])
+        *ONE_STEP, "train.preflight_items=0", f"train.out_dir={out}",
+        "policy.model=tiny-qwen2.5-vl"])  # image loading, not captioning: the 2-layer random VLM policy
     res = rubicap.run(cfg, judge_backend=embedded_backend)
     assert res["steps"] == 1 and res["items"] == 2
     saved = json.loads((out / "result.json").read_text())

@@ -115,11 +115,14 @@ def _samples(out):
 
 
 @pytest.mark.slow
-def test_answerability_family_trains_on_verified_questions(tmp_path, embedded_backend):
+def test_answerability_family_trains_on_verified_questions(tmp_path, embedded_backend, tiny_llama):
+    """The real verifier writes and answers the questions; the policy is the tiny random Llama (its captions
+    need only be re-scored to the logged reward, not be good)."""
     from captionrl.judges.qa import QAConfig, QAJudge
 
     out = tmp_path / "answ"
-    cfg = load_config(LineupConfig, None, [*SMALL, "reward.family=answerability", "reward.answerability.n_generated=7",
+    cfg = load_config(LineupConfig, None, [*SMALL, f"policy.model={tiny_llama}",
+                                           "reward.family=answerability", "reward.answerability.n_generated=7",
                                            "reward.answerability.min_verified=1", "reward.answerability.blind_check=false",
                                            "reward.answerability.n_questions=2", f"train.out_dir={out}"])
     result = lineup.run(cfg, verifier=embedded_backend)

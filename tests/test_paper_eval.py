@@ -158,11 +158,13 @@ def test_sweep_config_errors_before_training(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_sweep_trains_evaluates_and_resumes(tmp_path, embedded_backend, monkeypatch):
+def test_sweep_trains_evaluates_and_resumes(tmp_path, embedded_backend, tiny_llama, monkeypatch):
+    """The sweep's bookkeeping (settings, tables, figures, resume): each setting trains the tiny random Llama."""
     from captionrl.train import sweep
     from captionrl.train.curves import load_metrics
 
-    cfg = sweep.SweepConfig(lineup=str(ROOT / "configs" / "lineup-cpu.yaml"), overrides=SWEEP_TINY, out=str(tmp_path / "sweep"),
+    overrides = [*SWEEP_TINY, f"policy.model={tiny_llama}"]
+    cfg = sweep.SweepConfig(lineup=str(ROOT / "configs" / "lineup-cpu.yaml"), overrides=overrides, out=str(tmp_path / "sweep"),
                             ks=[2], rules=["nearest", "random"], eval=SWEEP_EVAL)
     result = sweep.run(cfg, backends={"hf:embedded": embedded_backend})
     out = Path(cfg.out)

@@ -6,11 +6,11 @@ import re
 
 import pytest
 
-from captionrl.backends.base import ChoiceResult
+from captionrl.backends.base import ChoiceResult, option_letters
 from captionrl.errors import DataError
 from captionrl.eval.common import easy_vqa_items
 from captionrl.eval.qa import QAEvalConfig, item_questions, load_qa_file, run
-from captionrl.judges.qa import CANNOT_ANSWER, CaptionAnswerer, QAConfig, QAJudge, to_question
+from captionrl.judges.qa import CANNOT_ANSWER, CaptionAnswerer, QAConfig, QAJudge, render_prompt, to_question
 
 
 class Reader:
@@ -101,3 +101,11 @@ def test_embedded_answerer(embedded_backend):
     for a, q in zip(answers, qs, strict=True):
         assert a.method == "logits" and a.correct is not None
         assert len(a.probs) == len(q["question"].options) and abs(sum(a.probs.values()) - 1) < 1e-6
+        # the model's own letter probabilities for the prompt built here: the right caption and question
+        # asked, the chosen letter the likeliest one, and graded against this question's key
+        letters = option_letters(len(q["question"].options))
+        (own,) = embedded_backend.choose([render_prompt(q["question"], "A blue circle.")], letters)
+        assert a.probs == pytest.approx(own.probs, abs=1e-4)  # batched vs alone: padding
+        assert a.choice == max(range(len(letters)), key=lambda i: own.probs[letters[i]])
+        assert a.correct == (a.choice == q["question"].answer)
+    assert {a.correct for a in answers} == {True, False}  # both gradings occur: a constant would fail

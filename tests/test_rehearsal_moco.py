@@ -221,6 +221,10 @@ def test_moco_paper_path_with_the_momentum_model_in_every_role(tmp_path, monkeyp
         orders = {r["order"]: r for r in records if r["id"] == item}
         assert (orders[1]["system_a"], orders[2]["system_a"]) == ("trained", "initial")  # both orders
     assert all(r["valid"] and r["method"] == "logits" for r in records)
+    for r in records:  # each verdict is the judge's likeliest letter, credited to the system shown in that slot
+        top = max(r["probs"], key=r["probs"].get)
+        assert r["decision"] == ("tie" if top == "C" else top), r
+        assert r["winner"] == {"A": r["system_a"], "B": r["system_b"], "C": "tie"}[top], r
     row = next(r for r in pw.rows if r["system"] == "trained")
     wins = sum(r["winner"] == "trained" for r in records)
     ties = sum(r["winner"] == "tie" for r in records)

@@ -114,7 +114,16 @@ def test_rubicap_paper_path_committee_writer_store_grpo_eval(tmp_path, llama_ser
         f"out={tmp_path / 'pairwise'}"]))
     comps = list(read_jsonl(tmp_path / "pairwise" / "records.jsonl"))
     assert len(comps) == 2 * 2 and {c["order"] for c in comps} == {1, 2}  # both orders of both images
-    assert (tmp_path / "pairwise" / "summary.json").is_file() and pw is not None
+    assert (tmp_path / "pairwise" / "summary.json").is_file()
+    valid = [c for c in comps if c["valid"]]
+    assert valid, comps
+    for c in valid:  # each verdict is the judge's likeliest letter, credited to the system shown in that slot
+        top = max(c["probs"], key=c["probs"].get)
+        assert c["decision"] == ("tie" if top == "C" else top), c
+        assert c["winner"] == {"A": c["system_a"], "B": c["system_b"], "C": "tie"}[top], c
+    row = next(r for r in pw.rows if r["system"] == "trained")
+    wins, ties = sum(c["winner"] == "trained" for c in valid), sum(c["winner"] == "tie" for c in valid)
+    assert (row["wins"], row["ties"], row["losses"]) == (wins, ties, len(valid) - wins - ties)
     qa.run(load_config(qa.CONFIG, None, [
         f"captions={json.dumps(systems)}", f"qa=[\"scenes={qa_file}\"]", f"answerer=openai:{url}#{name}",
         f"out={tmp_path / 'qa'}"]))

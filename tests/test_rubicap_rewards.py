@@ -1,6 +1,6 @@
 """``train rubicap`` with every reward family (``reward.family``): the paper's baselines through one recipe.
 
-Config and data checks load no model. The two training runs (1 GRPO step of the tiny VLM on 4 scenes)
+Config and data checks load no model. The two training runs (1 GRPO step of the tiny random Qwen2.5-VL on 4 scenes)
 show that the reward really came from the family's judge: re-scoring the logged captions with that judge
 gives the logged rewards back, and those differ from what the rubric judge says about the same captions;
 the preflight ran, and the end-of-run check holds a judge that did not produce the reward.
@@ -27,6 +27,9 @@ ONE_STEP = [
     "data.items=scenes:4:0", "train.num_generations=2", "train.per_device_train_batch_size=2",
     "train.max_completion_length=8", "train.max_steps=1", "train.save_steps=100", "train.report_to=[]",
     "train.threads=1", "train.learning_rate=1.0e-5", "train.preflight_items=4",
+    # where the reward came from, not what the policy writes: the 2-layer random Qwen2.5-VL, not the tiny VLM
+    # (whose language model is the whole 135M)
+    "policy.model=tiny-qwen2.5-vl",
 ]
 
 
@@ -128,6 +131,14 @@ def test_cider_family_trains_on_cider_d(tmp_path, embedded_backend):
         [s["caption"] for s in samples], {"references": [refs[s["item_id"]] for s in samples]})
     assert [s["reward"] for s in samples] == pytest.approx([j.score for j in again], abs=1e-9)
     assert [s["reward"] for s in samples] != pytest.approx(_rubric_scores(cfg, embedded_backend, samples, tmp_path / "cider"), abs=1e-3)
+    # a random policy's captions share no n-gram with the references (every reward above is 0, with any
+    # policy tried), so the nonzero check is the preflight's: the training reward gave each item's first
+    # reference exactly its CIDEr-D against the item's references, with the training corpus's frequencies
+    pre = json.loads((tmp_path / "cider" / "preflight.json").read_text())
+    honest = NgramJudge(cfg.reward.cider, corpus=list(refs.values())).judge(
+        [refs[i][0] for i in pre["items"]], {"references": [refs[i] for i in pre["items"]]})
+    assert pre["honest_mean"] == pytest.approx(sum(j.score for j in honest) / len(honest), abs=1e-6)
+    assert pre["honest_mean"] > 0
 
 
 @pytest.mark.slow

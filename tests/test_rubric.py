@@ -206,14 +206,16 @@ class Interrupting:
 
 
 @pytest.mark.slow
-def test_pipeline_with_tiny_vlm_committee_resumes_after_interruption(tmp_path, embedded_backend):
+def test_pipeline_with_tiny_vlm_committee_resumes_after_interruption(tmp_path, tiny_llama):
+    """Resume bookkeeping, and each store record is what the writer's parser makes of its recorded reply.
+    The writer is the tiny random Llama: in 24 tokens the real 135M wrote no complete rubric either."""
     from captionrl.backends.hf import HFBackend
     from captionrl.tiny_models import tiny_vlm_dir
 
     vlm = HFBackend(str(tiny_vlm_dir()), batch_size=4)
     items = load_images("scenes:3:0").items
     t1, t2 = Interrupting(vlm, "tiny-a"), Interrupting(vlm, "tiny-b", fail_on=1)
-    writer = RubricWriter(embedded_backend, max_attempts=1, max_new_tokens=24, min_items=1)
+    writer = RubricWriter(HFBackend(tiny_llama, dtype="float32"), max_attempts=1, max_new_tokens=24, min_items=1)
     with pytest.raises(KeyboardInterrupt):
         build_rubrics(items, teachers=[t1, t2], writer=writer, out_dir=tmp_path, max_new_tokens=8, progress=False)
     assert len(list(read_jsonl(tmp_path / "committee.jsonl"))) == 3  # teacher a finished, b was killed

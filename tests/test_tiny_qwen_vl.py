@@ -366,4 +366,12 @@ def test_moco_grpo_steps_with_tiny_qwen2_5_vl_policy(tmp_path, vision_calls):
     metrics = [m for m in load_metrics(out / "metrics.jsonl") if "reward" in m]
     assert [m["step"] for m in metrics] == [1, 2]
     assert all(m["rubric/fallback_frac"] == 1.0 and m["rubric/generator_valid_frac"] == 0.0 for m in metrics)
-    assert all("momentum/distance" in m for m in metrics) and vision_calls
+    assert vision_calls
+    # GRPO moved the policy (the groups' rewards differed) and the EMA trails it: after the first update the
+    # momentum is m*phi0 + (1-m)*theta1, so it moved (1-m) as far as the policy and sits m as far from it
+    m, first = cfg.momentum.m, metrics[0]
+    assert first["frac_reward_zero_std"] < 1.0, first  # else nothing moves and the checks below are void
+    assert first["momentum/policy_to_initial_l2"] > 0
+    assert first["momentum/momentum_to_initial_l2"] == pytest.approx((1 - m) * first["momentum/policy_to_initial_l2"], abs=2e-6)
+    assert first["momentum/distance"] == pytest.approx(m * first["momentum/policy_to_initial"], abs=2e-6)
+    assert all(0 < x["momentum/momentum_to_initial"] < x["momentum/policy_to_initial"] for x in metrics)

@@ -1,5 +1,6 @@
 """MoCo Rubric and EvoLM on TRL: config checks (H against the reward interval, GRPO only, G), and CPU smoke
-runs of both methods with the tiny VLM Policy (its Generator fails the schema: recorded, facts fallback)."""
+runs of both methods with a tiny Policy, the tiny VLM for MoCo and the random Qwen2.5-VL for EvoLM (its Generator
+fails the schema: recorded, facts fallback)."""
 
 from __future__ import annotations
 
@@ -92,7 +93,9 @@ def test_moco_smoke_trains_with_momentum_judge_and_resumes(tmp_path):
 @pytest.mark.slow
 def test_evolm_smoke_alternates_policy_and_generator_phases(tmp_path):
     out = tmp_path / "evo"
-    cfg = load_config(MocoConfig, CPU, [*SMALL, "method=evolm", f"train.out_dir={out}", "train.max_steps=1",
+    # EvoLM's phase bookkeeping, not a model's captions: the tiny random Qwen2.5-VL policy (2 layers) stands in
+    # for the tiny VLM, whose language model is the whole 135M
+    cfg = load_config(MocoConfig, CPU, [*SMALL, "policy.model=tiny-qwen2.5-vl", "method=evolm", f"train.out_dir={out}", "train.max_steps=1",
                                  "evolm.policy_steps=1", "evolm.generator_steps=1", "evolm.n_captions=2",
                                  "evolm.generator_num_generations=2", "train.num_generations=2",
                                  "train.per_device_train_batch_size=2"])

@@ -110,7 +110,11 @@ def test_build_trainer_returns_the_algorithms_trainer(algorithm, beta, tmp_path)
 
 
 @pytest.mark.slow
-def test_a_real_rloo_run_with_a_kl_term_logs_it(tmp_path, embedded_backend):
+def test_a_real_rloo_run_with_a_kl_term_logs_it(tmp_path, tiny_llama):
+    """TRL's mechanics, not the model's: the tiny random SmolLM2-shaped policy (``captionrl.testing.tiny_llama``)
+    trains, and the same tiny model in likelihood mode is the verifier (any caption-dependent reward gives
+    RLOO an advantage; no real 135M loads)."""
+    from captionrl.backends.hf import HFBackend
     from captionrl.config import load_config
     from captionrl.train import lineup
     from captionrl.train.curves import load_metrics
@@ -121,9 +125,10 @@ def test_a_real_rloo_run_with_a_kl_term_logs_it(tmp_path, embedded_backend):
         "data.window=8", "data.n_train=2", "data.n_test=2", "data.series=[nile,sunspots]", "reward.k=2",
         "reward.signal=soft", "train.algorithm=rloo", "train.num_generations=2", "train.per_device_train_batch_size=2",
         "train.max_completion_length=6", "train.max_steps=2", "train.save_steps=2", "train.learning_rate=1.0e-4",
-        "train.beta=0.05", "train.report_to=[]", "train.threads=1", "eval.enabled=false", f"train.out_dir={out}"])
+        "train.beta=0.05", "train.report_to=[]", "train.threads=1", "eval.enabled=false", f"train.out_dir={out}",
+        f"policy.model={tiny_llama}", "train.preflight_items=0"])  # the preflight: tests/test_preflight.py
     assert cfg.train.beta == 0.05
-    lineup.run(cfg, verifier=embedded_backend)
+    lineup.run(cfg, verifier=HFBackend(tiny_llama, dtype="float32"))
     metrics = load_metrics(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2]
     kls = [m.get("kl") for m in metrics]
