@@ -28,7 +28,8 @@ from _workload import ROOT, Printed, add_record_flag, cpu_line
 
 OLD_REF = "e6c58d9"
 """The commit issue 26 was filed against (its README: 656 lines, "644 passed in 12 min 6 s")."""
-SUMMARY = re.compile(r"=+ (.*) in ([\d.]+)s")
+SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed|error).*?) in ([\d.]+)s", re.MULTILINE)
+"""pytest's last line, with ``-q`` (bare) or without (between ``=`` rules)."""
 
 
 def clone(ref: str, dest: Path) -> Path:
