@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from captionrl.tiny_models.save import save_tiny_model
+from captionrl.tiny_models.save import cached_tiny_model, save_tiny_model
 
 TINY_LLAMA_VERSION = 1
 """Bump when the recipe changes so stale cached folders are rebuilt, not reused."""
@@ -48,15 +48,10 @@ def tiny_llama_recipe(*, seed: int = 0, hidden: int = 64, layers: int = 2, heads
 
 def tiny_llama_dir(*, seed: int = 0, rebuild: bool = False, **recipe: Any) -> Path:
     """Folder of the tiny policy, built on first use (about a second after the embedded model) and cached."""
-    from captionrl.embedded import cache_dir
-
     spec = tiny_llama_recipe(seed=seed, **recipe)
     name = (f"tiny-llama-smollm2-v{TINY_LLAMA_VERSION}-s{seed}-h{spec['hidden']}-l{spec['layers']}"
             f"-a{spec['heads']}-kv{spec['kv_heads']}")
-    target = cache_dir() / "models" / name
-    if not rebuild and (target / "captionrl_fixture.json").exists():
-        return target
-    return build_tiny_llama(target, spec)
+    return cached_tiny_model(name, lambda target: build_tiny_llama(target, spec), rebuild)
 
 
 def build_tiny_llama(target: Path, spec: dict[str, Any]) -> Path:

@@ -29,7 +29,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from captionrl.tiny_models.save import save_tiny_model
+from captionrl.tiny_models.save import cached_tiny_model, save_tiny_model
 
 TINY_QWEN_VL_VERSION = 2
 """Bump when the recipe changes so stale cached folders are rebuilt, not reused."""
@@ -242,15 +242,10 @@ def tiny_qwen_vl_recipe(
 
 def tiny_qwen_vl_dir(family: str = "qwen2.5-vl", *, seed: int = 0, rebuild: bool = False, **recipe: Any) -> Path:
     """Folder of the tiny ``family`` model, built on first use (a few seconds) and cached; loads like a hub one."""
-    from captionrl.embedded import cache_dir
-
     spec = tiny_qwen_vl_recipe(family, seed=seed, **recipe)
     name = (f"tiny-{family}-v{TINY_QWEN_VL_VERSION}-s{seed}-h{spec['hidden']}-l{spec['layers']}"
             f"-vh{spec['vision_hidden']}-vl{spec['vision_layers']}-t{spec['max_image_tokens']}")
-    target = cache_dir() / "models" / name
-    if not rebuild and (target / "captionrl_fixture.json").exists():
-        return target
-    return build_tiny_qwen_vl(target, spec)
+    return cached_tiny_model(name, lambda target: build_tiny_qwen_vl(target, spec), rebuild)
 
 
 def _model_config(spec: dict[str, Any], tok: Any) -> Any:

@@ -9,8 +9,22 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+SPEC_FILE = "captionrl_fixture.json"
+"""The spec a tiny model was built from, saved beside it; its presence marks a finished folder."""
+
+
+def cached_tiny_model(name: str, build: Callable[[Path], Path], rebuild: bool = False) -> Path:
+    """The folder ``name`` under the model cache, built by ``build(target)`` unless a finished one is there."""
+    from captionrl.embedded import cache_dir
+
+    target = cache_dir() / "models" / name
+    if not rebuild and (target / SPEC_FILE).exists():
+        return target
+    return build(target)
 
 
 def save_tiny_model(target: Path, model: Any, processor: Any, spec: dict[str, Any]) -> Path:
@@ -20,7 +34,7 @@ def save_tiny_model(target: Path, model: Any, processor: Any, spec: dict[str, An
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     processor.save_pretrained(tmp)
-    (tmp / "captionrl_fixture.json").write_text(json.dumps(spec, indent=2) + "\n")
+    (tmp / SPEC_FILE).write_text(json.dumps(spec, indent=2) + "\n")
     target.parent.mkdir(parents=True, exist_ok=True)
     if target.exists():  # a rebuild, or another process finished first
         shutil.rmtree(target, ignore_errors=True)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from captionrl.tiny_models.save import save_tiny_model
+from captionrl.tiny_models.save import cached_tiny_model, save_tiny_model
 
 TINY_VLM_VERSION = 1
 """Bump when the recipe changes so stale cached folders are rebuilt, not reused."""
@@ -78,15 +78,10 @@ def tiny_vlm_recipe(
 
 def tiny_vlm_dir(*, seed: int = 0, image_size: int = 64, rebuild: bool = False, **recipe: Any) -> Path:
     """Folder of the tiny VLM, built on first use (~10 s) and cached; ``HFBackend`` loads it."""
-    from captionrl.embedded import cache_dir
-
     spec = tiny_vlm_recipe(seed=seed, image_size=image_size, **recipe)
     name = f"tiny-vlm-smollm2-v{TINY_VLM_VERSION}-s{seed}-i{image_size}-p{spec['patch_size']}"
     name += f"-l{spec['vision_layers']}-h{spec['vision_hidden']}"
-    target = cache_dir() / "models" / name
-    if not rebuild and (target / "captionrl_fixture.json").exists():
-        return target
-    return build_tiny_vlm(target, spec)
+    return cached_tiny_model(name, lambda target: build_tiny_vlm(target, spec), rebuild)
 
 
 def build_tiny_vlm(target: Path, spec: dict[str, Any]) -> Path:
