@@ -496,7 +496,8 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
         del base
     items = [data.pool[r["item_id"]] for r in rows]
     distractors = {r["item_id"]: list(r["candidate_ids"][1:]) for r in rows}
-    verifiers = {"train-verifier": verifier} if cfg.eval.train_verifier else {}
+    train_name = "train-verifier" if cfg.eval.train_verifier else None
+    verifiers = {train_name: verifier} if train_name else {}
     from captionrl.backends import make_backend
 
     for name, value in cfg.eval.verifiers.items():
@@ -507,7 +508,7 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
                               controls=cfg.eval.controls)
     # the training verifier keeps its own column and stays out of the held-out mean (issue 14)
     summary = run_identification(items, systems, distractors, data.pool, verifiers, ecfg, out_dir,
-                                 train_verifier="train-verifier" if cfg.eval.train_verifier else None)
+                                 train_verifier=train_name)
     result = {"table": str(out_dir / "table.md"), "summary": str(out_dir / "summary.json"),
               "rows": summary.rows, "captions": {s.name: s.captions for s in systems}}
     if cfg.eval.final_checks:
