@@ -26,6 +26,7 @@ import pytest
 from captionrl.adapters.engine import encode_label
 from captionrl.errors import BackendError, ConfigError, DataError
 from captionrl.judges.ngram import CorpusRequired
+from captionrl.rewards.spec import RewardSpec
 from captionrl.serve.failure import (
     FailurePolicy,
     UnscorableCaption,
@@ -103,9 +104,9 @@ def test_removed_nan_settings_say_what_replaces_them(monkeypatch):
     from captionrl.serve.config import RewardServiceConfig
 
     with pytest.raises(ConfigError, match="unscored_reward"):
-        RewardServiceConfig(reward="cider", failure_value="nan")
+        RewardServiceConfig(reward=RewardSpec(family="cider"), failure_value="nan")
     with pytest.raises(ConfigError, match="unscored_reward"):
-        RewardServiceConfig(reward="cider", unscored_reward=math.nan)
+        RewardServiceConfig(reward=RewardSpec(family="cider"), unscored_reward=math.nan)
     monkeypatch.setenv(engine.REMOVED_ENV, "nan")
     with pytest.raises(ConfigError, match=engine.UNSCORED_ENV):
         engine.failure_policy()
@@ -128,12 +129,12 @@ def test_an_unscorable_caption_gets_the_chosen_value_or_a_422(tmp_path: Path):
                     Judgment(score=0.7, extra={"accuracy": math.nan})][: len(captions)]
 
     body = {"query": ["a", "b", "c"], "labels": [{"reference": "r"}] * 3}
-    with TestClient(create_app(RewardServiceConfig(reward="scalar", batch_window_ms=0, records=None), NoGrade())) as c:
+    with TestClient(create_app(RewardServiceConfig(reward=RewardSpec(family="judge"), batch_window_ms=0, records=None), NoGrade())) as c:
         reply = c.post("/reward", json=body)
         assert reply.status_code == 422 and strict_json(reply.text)["error"]["field"] == "unscored_reward"
         assert "no grade" in reply.json()["error"]["fix"] and c.get("/health").json()["refused"] == 1
     records = tmp_path / "r.jsonl"
-    cfg = RewardServiceConfig(reward="answerability", batch_window_ms=0, records=str(records), unscored_reward=0.25)
+    cfg = RewardServiceConfig(reward=RewardSpec(family="answerability"), batch_window_ms=0, records=str(records), unscored_reward=0.25)
     questions = [{"question": "q?", "options": ["a", "b"], "answer": "a"}]
     body = {"query": ["a", "b", "c"], "labels": [{"questions": questions}] * 3}
     with TestClient(create_app(cfg, NoGrade())) as c:
@@ -165,12 +166,13 @@ def test_malformed_labels_are_400_naming_field_and_fix(tmp_path: Path, reference
         "rubric": [({"rubric": [{"criterion": "", "test": "t", "weight": 1}]}, "labels[0].rubric[0].criterion")],
         "answerability": [({"questions": [{"question": "q?", "options": ["a", "b"], "answer": "c"}]},
                            "labels[0].questions[0].answer")],
-        "scalar": [('{"reference": 3}', "labels[0].reference")],
+        "judge": [('{"reference": 3}', "labels[0].reference")],
     }
     for reward, bad in cases.items():
-        fields: dict[str, Any] = {"reward": reward, "records": None, "batch_window_ms": 0, "backend": nowhere}
+        fields: dict[str, Any] = {"reward": {"family": reward}, "records": None, "batch_window_ms": 0,
+                                  "verifier": nowhere}
         if reward == "cider":
-            fields["ngram"] = {"references": str(reference_file)}
+            fields["reward"]["cider"] = {"references": str(reference_file)}
         from captionrl.config import from_dict
 
         cfg = from_dict(RewardServiceConfig, fields)
@@ -193,7 +195,7 @@ def test_the_eos_text_openrlhf_decodes_is_not_judged(service_factory, reference_
     assert strip_end("A cat.<|im_end|>", ["<|im_end|>"]) == "A cat."
     assert strip_end("A cat. </s> <|im_end|>\n", ["<|im_end|>", "</s>"]) == "A cat."
     assert strip_end("A cat. ", ["</s>"]) == "A cat. "
-    svc = service_factory(reward="cider", ngram={"references": str(reference_file)}, records=None)
+    svc = service_factory(reward={"family": "cider", "cider": {"references": str(reference_file)}}, records=None)
     label = json.dumps({"references": REFS[0]})
     plain, with_eos = (strict_json(svc.post({"query": [PROMPT + c], "prompts": [PROMPT], "labels": [label]}).text)
                        for c in (REFS[0][0], REFS[0][0] + "<|im_end|>"))
@@ -202,24 +204,24 @@ def test_the_eos_text_openrlhf_decodes_is_not_judged(service_factory, reference_
 
 # ------------------------------------------------------------------------------------ CIDEr-D
 def test_cider_refuses_to_start_without_training_references(monkeypatch, tmp_path: Path):
-    from captionrl.adapters import rewards
+    from captionrl.adapters import engine
     from captionrl.adapters.verl import compute_score
     from captionrl.serve.config import RewardServiceConfig, build_judge
 
     with pytest.raises(CorpusRequired) as info:
-        build_judge(RewardServiceConfig(reward="cider"))
-    assert info.value.field == "ngram.references" and "prepared folder" in info.value.fix
+        build_judge(RewardServiceConfig(reward=RewardSpec(family="cider")))
+    assert info.value.field == "reward.cider.references" and "prepared folder" in info.value.fix
     yaml = tmp_path / "reward.yaml"
-    yaml.write_text("reward: cider\n")
+    yaml.write_text("reward:\n  family: cider\n")
     monkeypatch.setenv("CAPTIONRL_REWARD_CONFIG", str(yaml))
-    rewards.reward_config.cache_clear()
-    rewards.reward_judge.cache_clear()
+    engine.setup.cache_clear()
+    engine.reward.cache_clear()
     try:
         with pytest.raises(CorpusRequired):
             compute_score("caps", "a red circle", json.dumps({"references": ["a red circle"]}))
     finally:
-        rewards.reward_config.cache_clear()
-        rewards.reward_judge.cache_clear()
+        engine.setup.cache_clear()
+        engine.reward.cache_clear()
 
 
 def _prepared_folder(tmp_path: Path) -> Path:
@@ -248,7 +250,7 @@ def test_cider_single_sample_requests_rank_the_reference_first(service_factory, 
     folder_sets = load_reference_sets(_prepared_folder(tmp_path))
     assert len(folder_sets) == 12 and folder_sets[0][0].endswith("number 0")
     for source in (reference_file, tmp_path / "prepared"):
-        svc = service_factory(reward="cider", ngram={"references": str(source)}, records=None)
+        svc = service_factory(reward={"family": "cider", "cider": {"references": str(source)}}, records=None)
         label = json.dumps({"references": REFS[0]})
         same = strict_json(svc.post({"query": [PROMPT + REFS[0][0]], "prompts": [PROMPT], "labels": [label]}).text)
         other = strict_json(svc.post({"query": [PROMPT + "an orange cat on a sofa"], "prompts": [PROMPT],
@@ -335,8 +337,8 @@ def verifier_service(service_factory, server, tmp_path: Path, **kw: Any) -> Serv
     """The service on a llama.cpp verifier: the scalar judge reading its grade's probabilities (one
     verifier call per caption keeps the replays short on a shared CPU); no verifier-side retries, so an
     outage reaches the service's policy at once."""
-    fields = {"reward": "scalar", "scalar": {"mode": "choose"},
-              "backend": {"kind": "openai", "model": "smollm2", "base_url": server.base_url, "concurrency": 2,
+    fields = {"reward": {"family": "judge", "judge": {"mode": "choose"}, "subject": "image"},
+              "verifier": {"kind": "openai", "model": "smollm2", "base_url": server.base_url, "concurrency": 2,
                           "max_retries": 0, "timeout_s": 60.0, "cooldown_s": 0.5},
               "batch_window_ms": 200, "outage_retry_s": 0.5, "records": str(tmp_path / "requests.jsonl")}
     return service_factory(**{**fields, **kw})
@@ -442,7 +444,7 @@ def test_verl_reward_loop_replay_cider_sync_and_async(service_factory, reference
     one key set, the reference caption first, concurrent single-sample calls pooled into one batch."""
     from captionrl.serve import client
 
-    svc = service_factory(reward="cider", ngram={"references": str(reference_file)}, batch_window_ms=300,
+    svc = service_factory(reward={"family": "cider", "cider": {"references": str(reference_file)}}, batch_window_ms=300,
                           records=None)
     label = json.dumps({"references": REFS[0]})
     samples = [(REFS[0][0], label), ("an orange cat on a sofa", label), (REFS[0][1], {"references": REFS[0]})]
@@ -450,7 +452,8 @@ def test_verl_reward_loop_replay_cider_sync_and_async(service_factory, reference
         outputs = asyncio.run(verl_loop(fn, samples, {"url": svc.url}))
         scores, extra = verl_reduce(outputs)
         assert scores.isfinite().all() and scores[0] > 1.0 > scores[1] and scores[2] > scores[1]
-        assert set(extra) == {"score", "unscored", "error"} and list(extra["unscored"]) == [0.0, 0.0, 0.0]
+        assert set(extra) == {"score", "unscored", "error", "base", "length_penalty", "caption_chars"}
+        assert list(extra["unscored"]) == [0.0, 0.0, 0.0]
     assert svc.health()["batches"] <= 4  # 6 per-sample calls, pooled
 
 
@@ -469,7 +472,7 @@ def test_verl_reward_loop_replay_survives_a_killed_and_restarted_verifier(llama_
     killer.join()
     scores, extra = verl_reduce(outputs)
     assert scores.isfinite().all() and list(extra["unscored"]) == [0.0] * len(CAPTIONS)
-    assert set(extra) == {"score", "unscored", "error"}
+    assert set(extra) == {"score", "unscored", "error", "expected_grade", "grade", "base", "length_penalty", "caption_chars"}
     assert svc.health()["retries"] >= 1
     sync = asyncio.run(verl_loop(client.compute_score, samples[:2], {"url": svc.url}))  # the thread-pool path
     assert verl_reduce(sync)[0].isfinite().all()
@@ -500,9 +503,9 @@ def test_every_reward_family_through_the_service_ranks_the_better_caption(embedd
     from captionrl.serve.config import RewardServiceConfig, build_judge
 
     for reward, (settings, label, good, bad) in FAMILIES(reference_file).items():
-        cfg = from_dict(RewardServiceConfig, {"reward": reward, "records": None, "unscored_reward": 0.0, **settings})
-        svc = service_factory(judge=build_judge(cfg, backend=embedded_backend), reward=reward, records=None,
-                              unscored_reward=0.0, **settings)
+        fields = {"reward": {"family": reward, **settings}, "records": None, "unscored_reward": 0.0}
+        cfg = from_dict(RewardServiceConfig, fields)
+        svc = service_factory(judge=build_judge(cfg, backend=embedded_backend), **fields)
         got = {}
         for name, caption in (("good", good), ("bad", bad)):
             body = strict_json(svc.post({"query": [PROMPT + caption], "prompts": [PROMPT], "labels": [label]}).text)
@@ -518,20 +521,20 @@ def FAMILIES(reference_file: Path) -> dict[str, tuple[dict[str, Any], Any, str, 
     """reward -> (service settings, label, a caption that fits the label, one that does not)."""
     series, other = [3.0, 4.0, 6.0, 9.0, 13.0, 18.0], [18.0, 13.0, 9.0, 6.0, 4.0, 3.0]
     return {
-        "identification": ({"identify": {"mode": "likelihood", "k": 2, "signal": "soft"}},
+        "identification": ({"mode": "likelihood", "k": 2, "signal": "soft"},
                            encode_label([series, other]), "It starts at 3 and rises to 18.",
                            "It starts at 18 and falls to 3."),
         "rubric": ({"rubric": {"mode": "likelihood", "decision": "soft"}},
                    {"rubric": [{"criterion": "The caption says the circle is red", "test": "Is the circle red?",
                                 "weight": 2}]},
                    "A red circle.", "A blue square."),
-        "scalar": ({"scalar": {"mode": "choose"}}, {"reference": "A red circle above a blue square."},
+        "judge": ({"judge": {"mode": "choose"}, "subject": "image"}, {"reference": "A red circle above a blue square."},
                    "A red circle above a blue square.", "Nothing to see."),
-        "answerability": ({"qa": {"n_questions": 2, "cannot_answer": False}},
+        "answerability": ({"answerability": {"n_questions": 2, "cannot_answer": False}, "subject": "image"},
                           {"questions": [{"question": "Is there a cat in the picture?", "options": ["yes", "no"],
                                           "answer": "yes"}], "id": "item-1"},
                           "A cat sits on a mat.", "An empty room with no animals."),
-        "cider": ({"ngram": {"references": str(reference_file)}}, {"references": REFS[0]}, REFS[0][0],
+        "cider": ({"cider": {"references": str(reference_file)}}, {"references": REFS[0]}, REFS[0][0],
                   "an orange cat on a sofa"),
     }
 
@@ -539,24 +542,24 @@ def FAMILIES(reference_file: Path) -> dict[str, tuple[dict[str, Any], Any, str, 
 # ------------------------------------------------------------------------------------ adapters
 def test_adapters_serve_cider_with_the_same_labels_and_policy(monkeypatch, tmp_path, reference_file):
     """The in-process adapters give the service's rewards (one label format, one policy, fixed keys)."""
-    from captionrl.adapters import rewards
+    from captionrl.adapters import engine
     from captionrl.adapters.openrlhf import reward_func
     from captionrl.adapters.verl import compute_score, compute_score_async
 
     yaml = tmp_path / "reward.yaml"
-    yaml.write_text(f"reward: cider\nngram:\n  references: {reference_file}\n")
+    yaml.write_text(f"reward:\n  family: cider\n  cider:\n    references: {reference_file}\n")
     monkeypatch.setenv("CAPTIONRL_REWARD_CONFIG", str(yaml))
-    rewards.reward_config.cache_clear()
-    rewards.reward_judge.cache_clear()
+    engine.setup.cache_clear()
+    engine.reward.cache_clear()
     try:
         label = json.dumps({"references": REFS[0]})
         same, other = compute_score("c", REFS[0][0], label), compute_score("c", "an orange cat", label)
         assert same["score"] > 1.0 > other["score"] and set(same) == set(other)
         assert asyncio.run(compute_score_async("c", REFS[0][0], label))["score"] == pytest.approx(same["score"])
         out = reward_func([PROMPT + REFS[0][0] + "<|im_end|>"], [PROMPT], [label])
-        assert float(out["rewards"][0]) == pytest.approx(same["score"]) and set(out["extra_logs"]) == {"unscored"}
+        assert float(out["rewards"][0]) == pytest.approx(same["score"]) and set(out["extra_logs"]) == {"unscored", "base", "length_penalty", "caption_chars"}
         with pytest.raises(DataError, match=r"labels\[0\]"):
             compute_score("c", "x", "not json {")
     finally:
-        rewards.reward_config.cache_clear()
-        rewards.reward_judge.cache_clear()
+        engine.setup.cache_clear()
+        engine.reward.cache_clear()

@@ -95,8 +95,9 @@ def test_a_stalled_server_is_bounded_by_the_timeout_and_leaves_rewards_unscored(
     import time
 
     from captionrl.backends.openai_http import OpenAIBackend
-    from captionrl.judges.identification import IdentifyConfig
-    from captionrl.rewards import make_identification_reward
+    from captionrl.judges.identification import IdentificationJudge, IdentifyConfig
+    from captionrl.rewards import RewardFunction
+    from captionrl.rewards.reward import Reward
 
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -118,7 +119,7 @@ def test_a_stalled_server_is_bounded_by_the_timeout_and_leaves_rewards_unscored(
         port = listener.getsockname()[1]
         backend = OpenAIBackend(f"http://127.0.0.1:{port}/v1", model="m", timeout_s=1.0, max_retries=1,
                                 backoff_s=0.1, verify_echo=False, progress=False)
-        reward = make_identification_reward(backend, IdentifyConfig(mode="likelihood", k=2))
+        reward = RewardFunction(Reward(IdentificationJudge(backend, IdentifyConfig(mode="likelihood", k=2))))
         t0 = time.perf_counter()
         scores = reward(completions=["it rises", "it falls"], candidates=[[[1.0, 2.0], [2.0, 1.0]]] * 2)
         elapsed = time.perf_counter() - t0

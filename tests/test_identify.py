@@ -9,7 +9,8 @@ from captionrl.backends.base import ChoiceResult
 from captionrl.domains.describe import describe_series
 from captionrl.errors import ConfigError, DataError
 from captionrl.judges.identification import IdentificationJudge, IdentifyConfig, rotation
-from captionrl.rewards import JudgeReward, make_identification_reward
+from captionrl.rewards import RewardFunction
+from captionrl.rewards.reward import Reward
 
 
 class AlwaysA:
@@ -80,12 +81,12 @@ def test_failed_verifier_leaves_captions_unscored_never_zero():
         judge = IdentificationJudge(Broken(), IdentifyConfig(mode=mode, k=4))
         out = judge.judge(["a caption"], {"candidates": _sets(1, 4)})
         assert out[0].score is None and "connection refused" in out[0].error
-    reward = JudgeReward(IdentificationJudge(Broken(), IdentifyConfig(mode="letter", k=2)))
+    reward = RewardFunction(Reward(IdentificationJudge(Broken(), IdentifyConfig(mode="letter", k=2))))
     logged: dict = {}
     scores = reward(prompts=["p"], completions=[[{"role": "assistant", "content": "c"}]],
                     candidates=_sets(1, 2, seed=1), log_metric=lambda k, v: logged.__setitem__(k, v))
     assert scores == [None]
-    assert logged[f"{reward.__name__}/unscored_frac"] == 1.0
+    assert logged["identification/unscored_frac"] == 1.0
 
 
 def test_bad_candidate_sets_fail_clearly():
@@ -133,7 +134,7 @@ def test_likelihood_mode_identifies_describer_captions_and_not_shuffled_ones(emb
 def test_reward_callable_follows_trl_contract(embedded_backend):
     series = [float(x) for x in np.sin(np.arange(16) / 3) * 5 + 20]
     other = [float(x) for x in np.linspace(30, 10, 16)]
-    reward = make_identification_reward(embedded_backend, IdentifyConfig(mode="likelihood", k=2, signal="soft"))
+    reward = RewardFunction(Reward(IdentificationJudge(embedded_backend, IdentifyConfig(mode="likelihood", k=2, signal="soft"))))
     metrics: dict = {}
     completions = [[{"role": "assistant", "content": describe_series(np.array(series))}],
                    [{"role": "assistant", "content": describe_series(np.array(other))}]]

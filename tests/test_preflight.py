@@ -12,8 +12,9 @@ import pytest
 from captionrl.config import load_config
 from captionrl.domains.lineup_data import build_lineup_data
 from captionrl.preflight import PreflightError, run_preflight, sample_rows, series_references
-from captionrl.rewards import make_identification_reward
-from captionrl.rewards.shaping import ShapedReward
+from captionrl.rewards import RewardFunction
+from captionrl.rewards.reward import build_reward
+from captionrl.rewards.shaping import Shaper
 from captionrl.train import lineup
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,8 +26,8 @@ UNGUARDED = ["reward.transcription_penalty=0", "reward.run_penalty=0", "reward.f
 def _setup(backend, overrides):
     cfg = load_config(lineup.LineupConfig, ROOT / "configs" / "lineup-cpu.yaml", ["data.n_train=8", *overrides])
     rows = sample_rows(build_lineup_data(cfg.data, cfg.reward.k, cfg.seed).rows["train"], N_ITEMS, cfg.seed)
-    reward = ShapedReward(make_identification_reward(backend, cfg.identify_config()),
-                          cfg.reward, name="lineup")
+    reward = RewardFunction(build_reward(cfg.reward, backend, series=cfg.series_print(), name="lineup",
+                                         series_rows=True))
     honest, dumps = series_references(rows, cfg.data.precision)
     return cfg, rows, reward, honest, dumps
 
@@ -95,7 +96,7 @@ def test_invented_values_escape_the_guard_and_the_number_budget_prices_them():
     text = invented_values([{"series": series}], precision=2)[0]
     assert count_numbers(text) == len(series)
     assert transcription(text, series).copied == 0  # no value matches the series at any rounding: the guard is blind
-    budget = ShapedReward(lambda *a, **k: [], ShapingConfig(max_numbers=3, number_penalty=0.1))
+    budget = Shaper(ShapingConfig(max_numbers=3, number_penalty=0.1))
     assert budget.length_penalty(text) == pytest.approx(0.1 * (len(series) - 3))
     assert budget.length_penalty("It rises from 10 to 12.") == 0.0  # 2 numbers: within the budget
-    assert ShapedReward(lambda *a, **k: [], ShapingConfig()).length_penalty(text) == 0.0  # no budget by default
+    assert Shaper(ShapingConfig()).length_penalty(text) == 0.0  # no budget by default

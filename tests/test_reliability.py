@@ -137,10 +137,11 @@ def test_a_shape_bug_in_a_judge_propagates_instead_of_becoming_unscored(embedded
     import torch
 
     import captionrl.backends.hf as hf
-    from captionrl.judges.identification import IdentifyConfig
-    from captionrl.rewards import make_identification_reward
+    from captionrl.judges.identification import IdentificationJudge, IdentifyConfig
+    from captionrl.rewards import RewardFunction
+    from captionrl.rewards.reward import Reward
 
-    reward = make_identification_reward(embedded_backend, IdentifyConfig(mode="likelihood", k=2))
+    reward = RewardFunction(Reward(IdentificationJudge(embedded_backend, IdentifyConfig(mode="likelihood", k=2))))
     columns = {"candidates": [[[1.0, 2.0, 3.0], [3.0, 2.0, 1.0]]] * 2}
     assert all(isinstance(s, float) for s in reward(completions=["it rises", "it falls"], **columns))
 
@@ -195,8 +196,9 @@ def test_only_model_failures_count_as_model_failures():
 # ---------------------------------------------------------------------- 3. failed generation is not persisted
 def test_failed_question_generation_is_not_persisted_and_is_retried(tmp_path, embedded_backend):
     from captionrl.domains.lineup_data import build_lineup_data
+    from captionrl.judges.series_qa import attach_questions
     from captionrl.records import read_jsonl
-    from captionrl.train.lineup import LineupConfig, attach_questions
+    from captionrl.train.lineup import LineupConfig
 
     cfg = load_config(LineupConfig, None, [
         "data.window=8", "data.n_train=2", "data.n_val=0", "data.n_test=0", "data.series=[nile,sunspots]",
@@ -204,14 +206,15 @@ def test_failed_question_generation_is_not_persisted_and_is_retried(tmp_path, em
         "reward.answerability.max_new_tokens=24", "reward.answerability.min_verified=1",
         f"train.out_dir={tmp_path}"])
     with pytest.raises(DataError, match="2 series failed: question generation failed"):
-        attach_questions(cfg, build_lineup_data(cfg.data, cfg.reward.k, cfg.seed), dead_openai_backend(), tmp_path)
+        attach_questions(build_lineup_data(cfg.data, cfg.reward.k, cfg.seed).rows, cfg.reward.answerability,
+                         dead_openai_backend(), tmp_path)
     assert not list(read_jsonl(tmp_path / "questions.jsonl", appended=True))  # nothing persisted: the outage is not "no questions"
     summary = json.loads((tmp_path / "questions_summary.json").read_text())
     assert summary["failed"]["series"] == 2
 
     data = build_lineup_data(cfg.data, cfg.reward.k, cfg.seed)  # the next run, with a working model, retries them
     try:
-        attach_questions(cfg, data, embedded_backend, tmp_path)
+        attach_questions(data.rows, cfg.reward.answerability, embedded_backend, tmp_path)
     except DataError as exc:  # the 135M writer may produce no valid question: that is a result, and recorded
         assert "0 series failed" in str(exc)
     recs = list(read_jsonl(tmp_path / "questions.jsonl", appended=True))
@@ -239,20 +242,29 @@ def test_evolm_generator_parser_failure_is_unscored_and_an_invalid_reply_is_form
 
 # ---------------------------------------------------------------------- 5. a needed column is missing
 def test_shaping_without_the_series_column_raises_at_the_first_call():
-    from captionrl.rewards.shaping import ShapedReward
-    from captionrl.train.lineup import LineupRewardConfig
+    from captionrl.rewards import RewardFunction
+    from captionrl.rewards.reward import Reward
+    from captionrl.rewards.spec import RewardSpec
+    from captionrl.types import Judgment
 
     calls = []
 
-    def base(prompts, completions, completion_ids=None, **kw):  # never reached: the check comes first
-        calls.append(completions)
-        return [1.0] * len(completions)
+    class _Judge:  # never reached without a series: the check comes first
+        name = "fixed"
 
-    reward = ShapedReward(base, LineupRewardConfig(), name="lineup")  # the guard is on by default
+        def judge(self, captions, columns):
+            calls.append(captions)
+            return [Judgment(score=1.0) for _ in captions]
+
+    reward = RewardFunction(Reward(_Judge(), RewardSpec(), series_rows=True))  # the guard is on by default
     with pytest.raises(DataError, match=r"columns\.series.*needs the 'series' column"):
-        reward(prompts=["p"], completions=["1, 2, 3, 4, 5"], candidates=[[[1, 2, 3, 4, 5]] * 2])
+        reward(prompts=["p"], completions=["1, 2, 3, 4, 5"], item_id=["a"])
     assert not calls
     assert reward(prompts=["p"], completions=["It rises."], series=[[1.0, 2.0, 3.0]]) == [1.0]  # with it: scored
+    # an engine's label gives only the candidates: the true series is the first of them
+    series = [12.5, 13.75, 14.25, 15.5, 16.0]
+    dump = reward(prompts=["p"], completions=["12.50, 13.75, 14.25, 15.50, 16.00"], candidates=[[series, series[::-1]]])
+    assert dump == [pytest.approx(1.0 - 0.1 - 1.0)]  # 5 copied values (1 beyond 4) and a run: guarded
 
 
 # ---------------------------------------------------------------------- 6. longer than the context

@@ -15,6 +15,7 @@ import pytest
 
 from captionrl.adapters.engine import encode_label
 from captionrl.config import from_dict
+from captionrl.rewards.spec import RewardSpec
 from captionrl.serve.config import RewardServiceConfig
 from captionrl.serve.reward import make_server
 from servers import free_port, requires_llama_cpp
@@ -85,8 +86,8 @@ def openrlhf_batch(captions: list[str]) -> dict:
 def test_openrlhf_batch_survives_a_replica_killed_mid_batch(llama_server_factory, service_factory, tmp_path: Path):
     a, b = llama_server_factory(), llama_server_factory()
     svc = service_factory(
-        reward="identification", identify={"mode": "letter", "k": 2, "signal": "soft"},
-        backend={"kind": "openai", "model": "smollm2", "base_url": [a.base_url, b.base_url], "concurrency": 2,
+        reward={"family": "identification", "mode": "letter", "k": 2, "signal": "soft"},
+        verifier={"kind": "openai", "model": "smollm2", "base_url": [a.base_url, b.base_url], "concurrency": 2,
                  "max_retries": 2, "backoff_s": 0.05, "cooldown_s": 5.0},
         batch_window_ms=50, records=str(tmp_path / "requests.jsonl"),
     )
@@ -119,7 +120,7 @@ def test_openrlhf_batch_survives_a_replica_killed_mid_batch(llama_server_factory
 
 
 def test_bad_requests_get_a_400_naming_field_and_fix(service_factory, tmp_path: Path, references_file: Path):
-    svc = service_factory(reward="cider", ngram={"references": str(references_file)}, records=str(tmp_path / "r.jsonl"))
+    svc = service_factory(reward={"family": "cider", "cider": {"references": str(references_file)}}, records=str(tmp_path / "r.jsonl"))
     cases = [
         ({"prompts": ["p"]}, "query"),
         ({"query": ["a", "b"], "prompts": ["a"]}, "prompts"),
@@ -137,7 +138,7 @@ def test_bad_requests_get_a_400_naming_field_and_fix(service_factory, tmp_path: 
 
 
 def test_concurrent_clients_share_one_judge_call(service_factory, tmp_path: Path, references_file: Path):
-    svc = service_factory(reward="cider", ngram={"references": str(references_file)}, batch_window_ms=400,
+    svc = service_factory(reward={"family": "cider", "cider": {"references": str(references_file)}}, batch_window_ms=400,
                           records=str(tmp_path / "r.jsonl"))
     refs = ["a red circle above a blue square", "a green triangle on the left"]
     results: dict[int, httpx.Response] = {}
@@ -160,8 +161,8 @@ def test_concurrent_clients_share_one_judge_call(service_factory, tmp_path: Path
 
 def test_unreachable_verifier_is_a_503_past_the_deadline_never_nan_or_zero(service_factory, tmp_path: Path):
     svc = service_factory(
-        reward="identification", identify={"mode": "letter", "k": 2}, outage_deadline_s=0.6, outage_retry_s=0.2,
-        backend={"kind": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1|http://127.0.0.1:7/v1",
+        reward={"family": "identification", "mode": "letter", "k": 2}, outage_deadline_s=0.6, outage_retry_s=0.2,
+        verifier={"kind": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1|http://127.0.0.1:7/v1",
                  "max_retries": 0},
         records=str(tmp_path / "r.jsonl"),
     )
@@ -185,16 +186,16 @@ def test_service_shapes_identification_like_training(embedded_backend):
     from captionrl.domains.corpora import load_embedded_corpus
     from captionrl.domains.describe import describe_series
     from captionrl.domains.timeseries import window
-    from captionrl.judges.identification import IdentifyConfig
-    from captionrl.serve.config import RewardServiceConfig, ShapedJudge, build_judge
+    from captionrl.rewards.reward import Reward
+    from captionrl.serve.config import build_judge
 
     corpus = [s for s in load_embedded_corpus() if len(s) >= 48][:4]
     wins = [window(s, 24)[0] for s in corpus]
     cands = [[w.values.tolist(), *[o.values.tolist() for o in wins if o is not w][:3]] for w in wins[:2]]
     honest = [describe_series(w) for w in wins[:2]]
     dumps = [", ".join(f"{v:.2f}" for v in np.asarray(w.values)) for w in wins[:2]]
-    judge = build_judge(RewardServiceConfig(identify=IdentifyConfig(mode="likelihood")), backend=embedded_backend)
-    assert isinstance(judge, ShapedJudge)
+    judge = build_judge(from_dict(RewardServiceConfig, {"reward": {"mode": "likelihood"}}), backend=embedded_backend)
+    assert isinstance(judge, Reward)
     got = judge.judge([*honest, *dumps], {"candidates": cands + cands})
     for j in got[:2]:
         assert j.scored and j.score == pytest.approx(j.extra["base"])
@@ -219,7 +220,7 @@ def test_a_bug_in_the_judge_is_a_500_not_an_unscored_batch(tmp_path):
         def judge(self, captions, columns):
             raise self.exc
 
-    cfg = RewardServiceConfig(reward="cider", batch_window_ms=0, records=str(tmp_path / "r.jsonl"),
+    cfg = RewardServiceConfig(reward=RewardSpec(family="cider"), batch_window_ms=0, records=str(tmp_path / "r.jsonl"),
                               outage_deadline_s=0.3, outage_retry_s=0.1)
     body = {"query": ["a red square"], "prompts": [""], "labels": [{"references": ["a red square"]}]}
     with TestClient(create_app(cfg, Raising(TypeError("unsupported operand")))) as client:
@@ -229,3 +230,31 @@ def test_a_bug_in_the_judge_is_a_500_not_an_unscored_batch(tmp_path):
         resp = client.post("/reward", json=body)
     got = resp.json()
     assert resp.status_code == 503 and "out of memory" in got["error"]["value"]
+
+
+@pytest.mark.parametrize("key, value", [("max_concurrency", 0), ("port", 70000), ("max_batch", 0),
+                                        ("max_pending", 0), ("batch_window_ms", -1.0), ("port", -1)])
+def test_the_services_ranges_are_validated(key, value):
+    """Each range check runs (they once sat after an early return: max_concurrency=0 started a service that
+    could never judge, port=70000 failed only when uvicorn bound it)."""
+    from captionrl.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        from_dict(RewardServiceConfig, {key: value})
+    assert err.value.field == key and err.value.value == value
+
+
+def test_old_sections_and_a_bare_reward_name_say_where_their_keys_went():
+    """The reward has one spelling; the service's earlier sections fail naming their new place."""
+    from captionrl.errors import ConfigError
+
+    for old, new in (("identify", "reward"), ("shaping", "reward"), ("backend", "verifier"), ("ngram", "reward.cider"),
+                     ("scalar", "reward.judge"), ("qa", "reward.answerability")):
+        with pytest.raises(ConfigError, match=f"merged into {new}") as err:
+            from_dict(RewardServiceConfig, {old: {}})
+        assert err.value.field == old
+    with pytest.raises(ConfigError, match="is a section") as err:
+        from_dict(RewardServiceConfig, {"reward": "cider"})
+    assert err.value.field == "reward" and "reward.family" in err.value.fix
+    with pytest.raises(ConfigError, match="renamed to judge"):
+        from_dict(RewardServiceConfig, {"reward": {"family": "scalar"}})

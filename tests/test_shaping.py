@@ -13,7 +13,8 @@ from captionrl.rewards.shaping import ShapingConfig
 
 @pytest.mark.parametrize("key", ShapingConfig.WEIGHTS)
 def test_a_negative_weight_is_named_by_its_own_key(key):
-    """Each weight's error names that weight (an older check named length_penalty for all of them)."""
+    """Each weight's error names that weight (an older check named length_penalty for all of them), as the
+    reward section spells it everywhere: ``reward.<key>``."""
     from captionrl.train.lineup import LineupConfig
 
     with pytest.raises(ConfigError) as err:
@@ -21,38 +22,34 @@ def test_a_negative_weight_is_named_by_its_own_key(key):
     assert err.value.field == f"reward.{key}"
     with pytest.raises(ConfigError) as err:
         ShapingConfig(**{key: -0.5})
-    assert err.value.field == f"shaping.{key}"
+    assert err.value.field == f"reward.{key}"
 
 
-def test_training_adapters_and_service_read_the_same_keys_and_defaults():
-    from captionrl.adapters import engine
+def test_training_adapters_and_service_read_one_reward_section():
+    """One spelling: ``train lineup``'s ``reward`` section, the service's and the adapters' are the same class,
+    so the same YAML mapping gives the same reward in all three."""
+    from captionrl.rewards.spec import RewardSetup, RewardSpec
     from captionrl.serve.config import RewardServiceConfig
-    from captionrl.train.lineup import LineupRewardConfig
+    from captionrl.train.lineup import LineupConfig
 
+    section = {"mode": "likelihood", "k": 3, "transcription_run": 4, "factuality_penalty": 1.0, "masked_weight": 0.5}
+    trained = load_config(LineupConfig, None, [f"reward.{k}={v}" for k, v in section.items()]).reward
+    served = from_dict(RewardServiceConfig, {"reward": section}).reward
+    adapted = from_dict(RewardSetup, {"reward": section}).reward
+    assert type(trained) is type(served) is type(adapted) is RewardSpec
+    assert trained == served == adapted
+    assert served.guard().min_run == 4 and served.factuality_term().weight == 1.0
+    assert ShapingConfig().guard() is not None  # the transcription guard is on unless switched off
     names = [f.name for f in dataclasses.fields(ShapingConfig)]
-    reward = LineupRewardConfig()
-    assert {f.name for f in dataclasses.fields(LineupRewardConfig)} >= set(names)
-    default = ShapingConfig()
-    assert {n: getattr(reward, n) for n in names} == dataclasses.asdict(default)
-    assert engine.shaping_config({}) == default and RewardServiceConfig().shaping == default
-    assert default.guard() is not None  # the transcription guard is on unless switched off
-    served = from_dict(RewardServiceConfig, {"shaping": {"transcription_run": 4, "factuality_penalty": 1.0}})
-    assert engine.shaping_config({"transcription_run": 4, "factuality_penalty": 1.0}) == served.shaping
-    assert served.shaping.guard().min_run == 4 and served.shaping.factuality_term().weight == 1.0
+    assert {n: getattr(RewardSpec(), n) for n in names} == dataclasses.asdict(ShapingConfig())
 
 
-def test_unknown_keys_get_close_matches_and_single_pass_callers_refuse_the_masked_pass():
-    from captionrl.adapters import engine
-    from captionrl.serve.config import RewardServiceConfig
+def test_unknown_keys_get_close_matches():
+    from captionrl.rewards.spec import RewardSetup
 
     with pytest.raises(ConfigError, match="transcription_run") as err:
-        engine.shaping_config({"transcription_runs": 3})
-    assert err.value.field == "shaping.transcription_runs"
-    for build in (lambda: engine.shaping_config({"masked_weight": 0.5}),
-                  lambda: from_dict(RewardServiceConfig, {"shaping": {"masked_weight": 0.5}})):
-        with pytest.raises(ConfigError) as err:
-            build()
-        assert err.value.field == "shaping.masked_weight"
+        from_dict(RewardSetup, {"reward": {"transcription_runs": 3}})
+    assert err.value.field == "reward.transcription_runs"
 
 
 def test_guard_and_factuality_term_follow_the_settings():
@@ -64,4 +61,4 @@ def test_guard_and_factuality_term_follow_the_settings():
     assert (term.weight, term.bonus, term.tolerance, term.extractor) == (0.4, 0.2, 0.5, "rules")
     with pytest.raises(ConfigError) as err:
         ShapingConfig(transcription_run=1)
-    assert err.value.field == "shaping.transcription_run"
+    assert err.value.field == "reward.transcription_run"

@@ -19,9 +19,12 @@ import pytest
 from captionrl.config import load_config
 from captionrl.domains.lineup_data import build_lineup_data, validate_candidate_set
 from captionrl.errors import ConfigError, DataError
-from captionrl.rewards.shaping import ShapedReward
+from captionrl.rewards import RewardFunction
+from captionrl.rewards.reward import Reward
+from captionrl.rewards.spec import RewardSpec
 from captionrl.train import lineup
-from captionrl.train.lineup import LineupConfig, LineupEvalConfig, LineupRewardConfig
+from captionrl.train.lineup import LineupConfig, LineupEvalConfig
+from captionrl.types import Judgment
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -153,20 +156,22 @@ def test_algorithm_defaults_are_explicit():
 
 
 # ---------------------------------------------------------------------- shaping (no model)
-class _FixedBase:
-    """A stand-in identification reward (parse path only): fixed scores, one verifier failure."""
+class _FixedJudge:
+    """A stand-in identification judge (parse path only): fixed scores, one verifier failure."""
+
+    name = "fixed"
 
     def __init__(self, scores):
         self.scores = scores
 
-    def __call__(self, prompts, completions, completion_ids=None, **kw):
-        return list(self.scores)
+    def judge(self, captions, columns):
+        return [Judgment(score=s, error=None if s is not None else "verifier down") for s in self.scores]
 
 
 def test_shaping_penalises_scored_captions_and_keeps_failures_unscored():
-    cfg = LineupRewardConfig(max_caption_chars=20, length_penalty=1.0, max_copied_values=1, transcription_penalty=0.1,
-                             transcription_run=3, run_penalty=1.0)
-    shaped = ShapedReward(_FixedBase([1.0, 1.0, None]), cfg)
+    cfg = RewardSpec(max_caption_chars=20, length_penalty=1.0, max_copied_values=1, transcription_penalty=0.1,
+                     transcription_run=3, run_penalty=1.0)
+    shaped = RewardFunction(Reward(_FixedJudge([1.0, 1.0, None]), cfg))
     logged = {}
     caps = ["short one", "1.50, 2.25, 3.00, 4.75 copied", "anything"]
     out = shaped(prompts=[None] * 3, completions=caps, series_text=["1.50, 2.25, 3.00, 4.75"] * 3,
@@ -180,13 +185,15 @@ def test_shaping_penalises_scored_captions_and_keeps_failures_unscored():
 
 
 def test_factuality_penalises_contradicted_claims_and_masked_pass_mixes_scores():
-    cfg = LineupRewardConfig(factuality_penalty=0.5, masked_weight=0.5, transcription_penalty=0.0, run_penalty=0.0)
+    cfg = RewardSpec(factuality_penalty=0.5, masked_weight=0.5, transcription_penalty=0.0, run_penalty=0.0)
 
-    class _Masked(_FixedBase):
-        def __call__(self, prompts, completions, completion_ids=None, **kw):
-            return [0.2 if "#" in c else 1.0 for c in completions]
+    class _Masked:
+        name = "masked"
 
-    shaped = ShapedReward(_Masked([]), cfg)
+        def judge(self, captions, columns):
+            return [Judgment(score=0.2 if "#" in c else 1.0) for c in captions]
+
+    shaped = RewardFunction(Reward(_Masked(), cfg))
     series = [[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]]
     logged = {}
     true, false = shaped(completions=["It rises and ends at 6.", "It falls and ends at 1."], series=series * 2,
@@ -206,7 +213,7 @@ def test_an_evaluation_without_any_verifier_is_refused_before_training():
 
 def test_llm_claims_need_a_backend():
     with pytest.raises(ConfigError, match="claims_backend"):
-        LineupRewardConfig(claims_extractor="llm")
+        RewardSpec(claims_extractor="llm")
 
 
 # ---------------------------------------------------------------------- real training
@@ -242,8 +249,8 @@ def test_lineup_trains_for_real_and_logs_the_verifiers_rewards(tmp_path, embedde
     judge = IdentificationJudge(embedded_backend, cfg.identify_config())
     judged = judge.judge([s["caption"] for s in samples], {"candidates": [by_id[s["item_id"]]["candidates"] for s in samples]})
     got = [j.score for j in judged]
-    assert got == pytest.approx([s["identification"] for s in samples], abs=2e-3)
-    assert len({round(s["identification"], 4) for s in samples}) > 1  # a real, varying signal
+    assert got == pytest.approx([s["base"] for s in samples], abs=2e-3)
+    assert len({round(s["base"], 4) for s in samples}) > 1  # a real, varying signal
 
     # 4. the run ends with curves, a model and an evaluation table in the run folder
     assert Path(result["curves"]).stat().st_size > 0

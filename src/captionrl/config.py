@@ -93,7 +93,9 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def from_dict(cls: type[C], data: Mapping[str, Any], prefix: str = "") -> C:
-    """Build dataclass ``cls`` from a (nested) mapping; unknown keys fail with close matches."""
+    """Build dataclass ``cls`` from a (nested) mapping; unknown keys fail with close matches, a renamed key
+    (``help_field(renamed_from=...)``) or a section merged into another (``cls.MERGED_SECTIONS``) with
+    where it went."""
     if not isinstance(data, Mapping):
         raise ConfigError(prefix or cls.__name__, data, "must be a mapping", "write key: value lines")
     fields = {f.name: f for f in dataclasses.fields(typing.cast(Any, cls))}
@@ -106,6 +108,10 @@ def from_dict(cls: type[C], data: Mapping[str, Any], prefix: str = "") -> C:
             if new is not None:
                 raise ConfigError(name, value, f"was renamed to {prefix}{new}",
                                   f"write {prefix}{new}={value!r} (the setting is the same, only its name changed)")
+            merged = getattr(cls, "MERGED_SECTIONS", {}).get(key)
+            if merged is not None:
+                raise ConfigError(name, value, f"was merged into {prefix}{merged}",
+                                  f"move its keys under {prefix}{merged} (same names, except where --help says)")
             raise ConfigError(name, value, "unknown setting", suggest(key, list(fields)))
         kwargs[key] = _coerce(hints[key], value, name)
     try:
@@ -119,6 +125,11 @@ def _coerce(tp: Any, value: Any, name: str) -> Any:
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         if isinstance(value, tp):
             return value
+        if value is not None and not isinstance(value, Mapping):
+            names = [f.name for f in dataclasses.fields(tp)]
+            example = next((k for k in ("family", "kind", "name") if k in names), names[0])
+            raise ConfigError(name, value, f"is a section, not a value (its keys: {', '.join(names)})",
+                              f"write {name}.<key>=... (e.g. {name}.{example}={value!r})")
         return from_dict(tp, value or {}, prefix=name + ".")
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]

@@ -104,7 +104,8 @@ def _mean(values: Sequence[Any]) -> tuple[float | None, int]:
 def score_probes(reward: Callable[..., Sequence[Any]], rows: Sequence[Mapping[str, Any]], honest: Sequence[str],
                  dumps: Sequence[str], batch: int = 64,
                  extra: Mapping[str, Sequence[str]] | None = None) -> dict[str, list[Any]]:
-    """Every probe's rewards on ``rows``, through ``reward`` called as TRL calls it (chat completions).
+    """Every probe's rewards on ``rows``, through ``reward`` called as TRL calls it (chat completions):
+    give the trainer's reward function's ``quiet()`` twin, so that probes are no training samples.
 
     The probes of one row go to the reward together (calls of up to ``batch`` completions, row-major): a
     verifier that shares a context across requests then reads each row's candidate series once for all
@@ -113,22 +114,15 @@ def score_probes(reward: Callable[..., Sequence[Any]], rows: Sequence[Mapping[st
     captions = probe_captions(list(honest), list(dumps), extra)
     cols = [k for k in rows[0] if k != "prompt"] if rows else []
     todo = [(probe, i) for i in range(len(rows)) for probe in captions]
-    saved = getattr(reward, "samples", None)
-    if saved is not None:
-        reward.samples = None  # type: ignore[attr-defined]  # probes are not training samples
-    try:
-        out: dict[str, list[Any]] = {probe: [None] * len(rows) for probe in captions}
-        for a in range(0, len(todo), batch):
-            chunk = todo[a: a + batch]
-            got = reward(prompts=[rows[i].get("prompt") for _, i in chunk],
-                         completions=[[{"role": "assistant", "content": captions[probe][i]}] for probe, i in chunk],
-                         **{k: [rows[i][k] for _, i in chunk] for k in cols})
-            for (probe, i), value in zip(chunk, got, strict=True):
-                out[probe][i] = value
-        return out
-    finally:
-        if saved is not None:
-            reward.samples = saved  # type: ignore[attr-defined]
+    out: dict[str, list[Any]] = {probe: [None] * len(rows) for probe in captions}
+    for a in range(0, len(todo), batch):
+        chunk = todo[a: a + batch]
+        got = reward(prompts=[rows[i].get("prompt") for _, i in chunk],
+                     completions=[[{"role": "assistant", "content": captions[probe][i]}] for probe, i in chunk],
+                     **{k: [rows[i][k] for _, i in chunk] for k in cols})
+        for (probe, i), value in zip(chunk, got, strict=True):
+            out[probe][i] = value
+    return out
 
 
 def run_preflight(reward: Callable[..., Sequence[Any]], rows: Sequence[Mapping[str, Any]], honest: Sequence[str],

@@ -52,7 +52,7 @@ NULL_CONTEXT = "Description of a time series:"
 @dataclass
 class IdentifyScoring:
     """What an identification question asks and how it is scored: the settings a training reward shares
-    with every identification judge (``LineupRewardConfig`` extends it, so they are declared once)."""
+    with every identification judge (``rewards.spec.RewardSpec`` extends it, so they are declared once)."""
 
     FIELD_PREFIX: ClassVar[str] = "identify"  # error messages name fields as the config that holds them does
 

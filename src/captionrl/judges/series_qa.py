@@ -24,6 +24,7 @@ that the next run retries it instead of dropping the series for good after one o
 from __future__ import annotations
 
 import json
+import logging
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ from captionrl.backends.base import Backend, ChatRequest
 from captionrl.config import help_field
 from captionrl.errors import ConfigError, DataError
 from captionrl.judges.qa import CaptionAnswerer, MCQuestion, to_question
+
+logger = logging.getLogger(__name__)
 
 GENERATORS = ("rules", "llm")
 
@@ -209,3 +212,66 @@ class SeriesQuestionMaker:
 def question_record(q: MCQuestion) -> dict[str, Any]:
     """A question as the ``questions`` column holds it (``judges.qa.to_question`` reads it back)."""
     return {"question": q.question, "options": list(q.options), "answer": q.answer, "qid": q.qid}
+
+
+def attach_questions(rows: dict[str, list[dict[str, Any]]], cfg: SeriesQuestionsConfig, backend: Backend,
+                     out: Any, *, seed: int = 0, precision: int = 2,
+                     batch: int = 16) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
+    """The answerability family's data: verified questions for every train and val series.
+
+    Returns ``(rows, stats)``: new rows per split, each with a ``questions`` column; series with fewer than
+    ``min_verified`` verified questions leave their split (``rows`` itself is not changed). Questions are
+    written to ``out/questions.jsonl`` (resumable: a rerun reuses every item's questions) with the counts in
+    ``questions_summary.json``. An item whose generation or verification request failed is not written (an
+    outage is not "no questions"): it sits out this run and the next run retries it."""
+    from pathlib import Path
+
+    from captionrl.records import RecordWriter, write_json
+
+    out = Path(out)
+    maker = SeriesQuestionMaker(backend, cfg, seed=seed, precision=precision)
+    stats: dict[str, Any] = {"generator": cfg.generator, "verify": cfg.verify, "blind_check": cfg.blind_check,
+                             "min_verified": cfg.min_verified}
+    failed: dict[str, str] = {}  # item -> error of a request that failed: not persisted, retried next run
+    result = {split: list(split_rows) for split, split_rows in rows.items()}
+    with RecordWriter(out / "questions.jsonl", key_field="item_id") as writer:
+        for split in ("train", "val"):
+            split_rows = rows.get(split) or []
+            todo = [r for r in split_rows if not writer.has(r["item_id"])]
+            for start in range(0, len(todo), batch):
+                chunk = todo[start: start + batch]
+                made = maker.generate(chunk)
+                checks = maker.verify(chunk, [m.questions for m in made])
+                for r, m, ch in zip(chunk, made, checks, strict=True):
+                    error = m.error or next((c["error"] for c in ch if c.get("error")), None)
+                    if error:
+                        failed[r["item_id"]] = error
+                        continue
+                    writer.write({"item_id": r["item_id"], "split": split,
+                                  "generated": [question_record(q) for q in m.questions], "malformed": m.malformed,
+                                  "checks": ch,
+                                  "verified": [question_record(q) for q, c in zip(m.questions, ch, strict=True) if c["kept"]]})
+            recs = {rec["item_id"]: rec for rec in writer.records()}
+            written = [r for r in split_rows if r["item_id"] in recs]  # failed ones sit this run out (retried next run)
+            kept = [{**r, "questions": recs[r["item_id"]]["verified"]} for r in written
+                    if len(recs[r["item_id"]]["verified"]) >= cfg.min_verified]
+            stats[split] = {"series": len(split_rows), "kept": len(kept),
+                            "generated": sum(len(recs[r["item_id"]]["generated"]) for r in written),
+                            "verified": sum(len(recs[r["item_id"]]["verified"]) for r in written),
+                            "malformed": sum(recs[r["item_id"]]["malformed"] for r in written)}
+            result[split] = kept
+    stats["failed"] = {"series": len(failed), "last_error": next(reversed(failed.values()), None)}
+    write_json(out / "questions_summary.json", stats)
+    if failed:
+        logger.warning(f"answerability questions: {len(failed)} series not written because a request failed "
+                       f"({stats['failed']['last_error']}); the next run retries them")
+    if "train" in stats:
+        logger.info(f"answerability questions: train {stats['train']['kept']}/{stats['train']['series']} series kept "
+                    f"({stats['train']['verified']}/{stats['train']['generated']} questions verified)")
+    if not result.get("train"):
+        raise DataError("reward.answerability.min_verified", cfg.min_verified,
+                        f"no training series has {cfg.min_verified} verified questions ({stats.get('train')}; "
+                        f"{len(failed)} series failed: {stats['failed']['last_error']})",
+                        "lower reward.answerability.min_verified, raise n_generated, set blind_check: false, or use a "
+                        "stronger verifier (see questions.jsonl in the run folder)")
+    return result, stats

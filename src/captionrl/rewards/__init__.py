@@ -1,21 +1,22 @@
-"""Judges -> TRL reward callables.
+"""Rewards: the one reward object (``rewards.reward``) and its TRL face.
 
 TRL 1.16 calls ``f(prompts, completions, completion_ids, **columns, trainer_state, log_extra, log_metric)``
-and expects one float (or ``None``, turned into NaN and skipped) per completion. ``JudgeReward`` adapts
-any ``Judge``: it extracts the caption text, forwards the dataset columns, returns the judgments' scores
-(``None`` where the judge could not score: an outage is never learned as a 0) and logs the judge's extra
-fields (hard/soft accuracy, failures) through ``log_metric``/``log_extra`` when TRL provides them. Its
-``health`` (``rewards.bound.RewardHealth``) counts the unscored captions and the last error, which the
-trainer's reward bound reads every step: a reward that stays gone stops the run.
+and expects one float (or ``None``, turned into NaN and skipped) per completion. ``RewardFunction`` is that
+callable over a ``Reward`` (``rewards.reward``): it extracts the caption text, forwards the dataset columns,
+returns the shaped judgments' scores (``None`` where the judge could not score: an outage is never learned as
+a 0), logs the family's fields and the shaping terms through ``log_metric``/``log_extra`` when TRL provides
+them, and writes one sample record per caption when given a sample log. Its ``health``
+(``rewards.bound.RewardHealth``) counts the unscored captions and the last error, which the trainer's reward
+bound reads every step: a reward that stays gone stops the run.
 """
 
 from __future__ import annotations
 
+import copy
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from captionrl.judges.base import Judge
 from captionrl.rewards.bound import RewardHealth
 from captionrl.types import Judgment
 
@@ -47,60 +48,85 @@ def _mean(values: Sequence[float | None]) -> float:
     return sum(vals) / len(vals) if vals else float("nan")
 
 
-class JudgeReward:
-    """A TRL reward function backed by a judge.
+class RewardFunction:
+    """The TRL face of a ``Reward``: ``f(prompts, completions, **columns) -> list[float | None]``.
 
     Args:
-        judge: any object with ``judge(captions, columns) -> list[Judgment]``.
-        name: the reward's name in TRL's logs (``rewards/<name>/mean``).
-        log_fields: numeric ``Judgment.extra`` fields averaged into ``<name>/<field>`` metrics.
-        on_judgments: optional hook receiving (captions, columns, judgments), e.g. to write records.
+        reward: a ``rewards.reward.Reward`` (or any object with ``score(captions, columns)`` and ``family``).
+        name: the reward's name in TRL's logs (``rewards/<name>/mean``); default: the reward's.
+        log_fields: numeric ``Judgment.extra`` fields averaged into ``<family>/<field>`` metrics; default:
+            the family's own (``rewards.reward.FAMILY_FIELDS``).
+        samples: optional sample log (``write(step, rows)``): one record per caption, ``sample_row``'s.
     """
 
-    def __init__(
-        self,
-        judge: Judge,
-        name: str | None = None,
-        log_fields: Sequence[str] = ("hard", "soft"),
-        on_judgments: Callable[[list[str], dict[str, list[Any]], list[Judgment]], None] | None = None,
-    ) -> None:
-        self.judge = judge
-        self.__name__ = name or judge.name.replace("-", "_")
-        self.log_fields = tuple(log_fields)
-        self.on_judgments = on_judgments
-        self.calls = 0
-        self.failures = 0
-        self.health = RewardHealth(judge_label(judge))
+    def __init__(self, reward: Any, name: str | None = None, log_fields: Sequence[str] | None = None,
+                 samples: Any = None) -> None:
+        from captionrl.rewards.reward import FAMILY_FIELDS
 
-    def __call__(
-        self, prompts: Sequence[Any] | None = None, completions: Sequence[Any] = (), completion_ids: Any = None, **kwargs: Any
-    ) -> list[float | None]:
+        self.reward = reward
+        self.family = str(getattr(reward, "family", None) or reward.name)
+        self.__name__ = (name or reward.name).replace("-", "_")
+        self.log_fields = tuple(FAMILY_FIELDS.get(self.family, ()) if log_fields is None else log_fields)
+        self.samples = samples
+        self.health = RewardHealth(judge_label(getattr(reward, "base", reward)))
+
+    @property
+    def judge(self) -> Any:
+        """The family's judge behind the reward (what the recipes and the preflight inspect)."""
+        return getattr(self.reward, "base", self.reward)
+
+    def quiet(self) -> RewardFunction:
+        """The same reward writing no sample records and counting apart (the preflight's probes, checkpoint
+        selection): the training run's samples and its reward bound see training captions only."""
+        twin = copy.copy(self)
+        twin.samples = None
+        twin.health = RewardHealth(self.health.judge)
+        return twin
+
+    def __call__(self, prompts: Sequence[Any] | None = None, completions: Sequence[Any] = (),
+                 completion_ids: Any = None, **kwargs: Any) -> list[float | None]:
         captions = [completion_text(c) for c in completions]
         columns = {k: list(v) for k, v in kwargs.items() if k not in TRL_SPECIAL_KWARGS and isinstance(v, (list, tuple))}
-        judgments = self.judge.judge(captions, columns)
+        judgments = self.reward.score(captions, columns)
         scores = [j.score if j.scored else None for j in judgments]
-        self.calls += len(scores)
-        n_failed = sum(s is None for s in scores)
-        self.failures += n_failed
         self.health.record(scores, [j.error for j in judgments if not j.scored])
         log_metric = kwargs.get("log_metric")
         if callable(log_metric):
-            log_metric(f"{self.__name__}/unscored_frac", n_failed / max(len(scores), 1))
-            for field in self.log_fields:
-                value = _mean([j.extra.get(field) for j in judgments if j.scored])
-                if not math.isnan(value):
-                    log_metric(f"{self.__name__}/{field}", value)
+            for key, value in self.metrics(captions, columns, judgments).items():
+                log_metric(key, value)
         log_extra = kwargs.get("log_extra")
         if callable(log_extra):
-            log_extra(f"{self.__name__}_error", [j.error or "" for j in judgments])
-        if self.on_judgments is not None:
-            self.on_judgments(captions, columns, judgments)
+            log_extra(f"{self.family}_error", [j.error or "" for j in judgments])
+            for key in ("copied_values", "red_share"):
+                if any(key in j.extra for j in judgments):
+                    log_extra(key, [float(j.extra.get(key, math.nan)) for j in judgments])
+            log_extra("shaped_reward", [s if s is not None else math.nan for s in scores])
+        if self.samples is not None:
+            state = kwargs.get("trainer_state")
+            rows = [self.sample_row(i, captions[i], columns, j) for i, j in enumerate(judgments)]
+            self.samples.write(int(getattr(state, "global_step", -1)) if state is not None else -1, rows)
         return scores
 
+    def metrics(self, captions: Sequence[str], columns: Mapping[str, Sequence[Any]],
+                judgments: Sequence[Judgment]) -> dict[str, float]:
+        """One call's metrics: the unscored share, the family's fields over scored captions, the shaping terms."""
+        from captionrl.rewards.shaping import metrics as shaping_metrics
 
-def make_identification_reward(backend: Any, cfg: Any = None, name: str = "identification") -> JudgeReward:
-    """The LineupRL reward: lambda * identification accuracy of the caption under a frozen verifier."""
-    from captionrl.judges.identification import IdentificationJudge, IdentifyConfig
+        n_failed = sum(not j.scored for j in judgments)
+        out = {f"{self.family}/unscored_frac": n_failed / max(len(judgments), 1),
+               "verifier_failures": float(n_failed)}
+        for field in self.log_fields:
+            value = _mean([j.extra.get(field) for j in judgments if j.scored])
+            if not math.isnan(value):
+                out[f"{self.family}/{field}"] = value
+        out.update(shaping_metrics([j.extra for j in judgments]))
+        return out
 
-    judge = IdentificationJudge(backend, cfg or IdentifyConfig())
-    return JudgeReward(judge, name=name, log_fields=("hard", "soft"))
+    def sample_row(self, i: int, caption: str, columns: Mapping[str, Sequence[Any]], j: Judgment) -> dict[str, Any]:
+        """The sample record of caption ``i``: the item, the caption, the reward, every numeric field of the
+        judgment (the family's and each shaping term) and its error."""
+        from captionrl.rewards.reward import sample_extras
+
+        ids = columns.get("item_id")
+        return {"item_id": ids[i] if ids else None, "caption": caption, "family": self.family,
+                **sample_extras(j), "reward": j.score if j.scored else None, "error": j.error, "method": j.method}

@@ -1,12 +1,13 @@
-"""Reward shaping around any judge reward: ``base - length - transcription - factuality``.
+"""Reward shaping around any judge's score: ``base - length - transcription - factuality``.
 
-It is a *wrapper*, not extra TRL reward functions: TRL sums several reward functions with ``nansum`` and
-treats a row as unscored only when *all* of them return ``None``, so a separate penalty function would turn
+``rewards.reward.Reward`` applies it to its judge's scores; every face (TRL, the service, the engine
+adapters) reads the shaped result. It is part of the one reward, not extra TRL reward functions: TRL sums
+several reward functions with ``nansum`` and treats a row as unscored only when *all* of them return ``None``, so a separate penalty function would turn
 a verifier failure into a penalty-only score (a silent 0 the policy learns from). The wrapper subtracts its
 penalties only from scored captions and leaves a failed base judgment ``None``.
 
-Terms, each logged as its own metric through TRL's ``log_metric`` (``shaping/*``) and, per caption, through
-``log_extra`` (the completions table):
+Terms, each carried in the shaped judgment's ``extra`` (``terms``) and logged by the faces (``shaping/*``
+metrics of the TRL face, ``extra_logs`` of the engines):
 
 - length: ``length_penalty`` per 100 characters above ``max_caption_chars``, and ``unfinished_penalty``
   when the caption does not end a sentence (cut by the token budget);
@@ -18,21 +19,19 @@ Terms, each logged as its own metric through TRL's ``log_metric`` (``shaping/*``
   masked, and the base becomes ``(1 - w) * base + w * masked``: a caption that is identifiable only through
   copied numbers loses that part. A failed masked judgment leaves the caption unscored (``None``).
 
-The same object is the training reward, the preflight's reward and the checkpoint-selection reward.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from captionrl.config import help_field
-from captionrl.errors import ConfigError, DataError
+from captionrl.errors import ConfigError
 from captionrl.judges.transcription import Transcription, TranscriptionConfig, parse_shown, transcription
-from captionrl.rewards import TRL_SPECIAL_KWARGS, completion_text
 from captionrl.rewards.factuality import EXTRACTORS, FactualityTerm
 
 MASK_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
@@ -58,12 +57,11 @@ def ends_with_stop(caption: str) -> bool:
 class ShapingConfig:
     """The reward-shaping settings: their one declaration (help, defaults, validation).
 
-    ``train lineup`` reads them as ``reward.<key>`` (``LineupRewardConfig`` extends this class), the verl /
-    OpenRLHF adapters and ``serve reward`` as ``shaping.<key>``; errors name the key as the config holding it
-    spells it (``FIELD_PREFIX``). The guard's defaults are its counting rule's (``TranscriptionConfig``), so a
+    Every YAML spells them ``reward.<key>`` (``rewards.spec.RewardSpec`` extends this class); errors name
+    the key as the config holding it spells it (``FIELD_PREFIX``). The guard's defaults are its counting rule's (``TranscriptionConfig``), so a
     section that says nothing keeps the transcription guard on and every other term off."""
 
-    FIELD_PREFIX: ClassVar[str] = "shaping"
+    FIELD_PREFIX: ClassVar[str] = "reward"
 
     max_caption_chars: int | None = help_field(None, "captions longer than this are penalised (null = no length shaping)")
     length_penalty: float = help_field(0.0, "penalty per 100 characters above max_caption_chars")
@@ -92,7 +90,7 @@ class ShapingConfig:
         """Reject inconsistent shaping settings, naming the key as the holding config spells it.
 
         A separate method so that a config extending this class and another validated one
-        (``LineupRewardConfig``) can run both checks from its own ``__post_init__``."""
+        (``rewards.spec.RewardSpec``) can run both checks from its own ``__post_init__``."""
         f = self.FIELD_PREFIX
         negative = {f"{f}.{w}": getattr(self, w) for w in self.WEIGHTS if getattr(self, w) < 0}
         if negative:
@@ -138,14 +136,10 @@ class ShapingConfig:
         return FactualityTerm(weight=self.factuality_penalty, bonus=self.factuality_bonus,
                               tolerance=self.factuality_tolerance, backend=backend)
 
-    def single_pass(self) -> ShapingConfig:
-        """These settings for a caller that judges each caption once (the engine adapters, ``serve reward``):
-        the numbers-masked pass needs a second verifier call per caption, so it is refused there."""
-        if self.masked_weight > 0:
-            raise ConfigError(f"{self.FIELD_PREFIX}.masked_weight", self.masked_weight,
-                              "the numbers-masked pass needs a second verifier call per caption, which the engine "
-                              "adapters and serve reward do not make", "set masked_weight: 0 here (train lineup offers it)")
-        return self
+    @classmethod
+    def off(cls) -> ShapingConfig:
+        """Every term off, the guard included: a judge's score as it is (rubric, CIDEr-D and the image judges)."""
+        return cls(transcription_penalty=0.0, run_penalty=0.0)
 
 
 @dataclass(frozen=True)
@@ -170,46 +164,19 @@ def _score(x: Any) -> float | None:
     return None if math.isnan(x) else x
 
 
-class ShapedReward:
-    """A TRL reward callable: ``base(captions) - penalties``; ``None`` stays ``None`` (the judge applies lambda).
+class Shaper:
+    """The shaping terms of one ``ShapingConfig``, built once (the guard, the factuality term and its LLM
+    extractor): ``shape`` turns base scores into shaped rewards; ``None`` stays ``None``."""
 
-    Args:
-        base: a TRL reward callable (e.g. ``JudgeReward``); if it has ``on_judgments`` the judgments are
-            kept for the sample records (hard/soft/error).
-        cfg: the shaping settings (a ``ShapingConfig`` or a config that extends it, e.g. ``reward`` of
-            ``train lineup``); the guard and the factuality term (and its LLM extractor) are built once here.
-        samples: optional ``SampleLog``-like object with ``write(step, rows)``.
-        name: the reward's name in TRL's logs.
-        family: which judge gives the base score (identification, answerability, judge), written in every
-            sample record; only the identification family's base is also written as ``identification``.
-    """
-
-    def __init__(self, base: Callable[..., Sequence[float | None]], cfg: ShapingConfig | None = None,
-                 samples: Any = None, name: str = "shaped", family: str = "identification") -> None:
-        self.base = base
-        self.family = family
+    def __init__(self, cfg: ShapingConfig | None = None) -> None:
         self.cfg = cfg or ShapingConfig()
         self.guard = self.cfg.guard()
         self.factuality = self.cfg.factuality_term()
-        self.samples = samples
-        self.__name__ = name
-        self._last_judgments: list[Any] = []
-        previous = getattr(base, "on_judgments", None)
 
-        def keep(captions: Any, columns: Any, judgments: list[Any]) -> None:
-            self._last_judgments = judgments
-            if previous is not None:
-                previous(captions, columns, judgments)
+    def needs_series(self) -> bool:
+        """Whether a term reads the ``series`` column (the transcription guard, the factuality term)."""
+        return self.guard is not None or self.factuality.enabled
 
-        if hasattr(base, "on_judgments"):
-            base.on_judgments = keep
-
-    @property
-    def health(self) -> Any:
-        """The base reward's ``RewardHealth`` (what the reward bound reads): a shaped reward loses what its judge loses."""
-        return getattr(self.base, "health", None)
-
-    # ------------------------------------------------------------------ per-caption terms
     def length_penalty(self, caption: str) -> float:
         """Form: characters above the limit, the unfinished-sentence penalty, and the number budget.
 
@@ -225,7 +192,7 @@ class ShapedReward:
         return form + c.length_penalty * (len(caption) - c.max_caption_chars) / 100.0
 
     def shape(self, captions: Sequence[str], base_scores: Sequence[Any], series: Sequence[Any] | None = None,
-              series_text: Sequence[str] | None = None, masked_scores: Sequence[Any] | None = None) -> list[Shaped]:
+              series_text: Sequence[str | None] | None = None, masked_scores: Sequence[Any] | None = None) -> list[Shaped]:
         """The shaped reward of each caption from its base score (and masked score) and its series."""
         c = self.cfg
         n = len(captions)
@@ -250,106 +217,38 @@ class ShapedReward:
                               f.green_share if f else None, fp))
         return out
 
-    # ------------------------------------------------------------------ TRL entry point
-    def needed_columns(self) -> list[str]:
-        """Columns the configured terms read: ``series`` for the transcription guard and the factuality term."""
-        return ["series"] if (self.guard is not None or self.factuality.enabled) else []
 
-    def check_columns(self, kwargs: dict[str, Any]) -> None:
-        """Raise at the first call when a term's column is missing: without it the guard and the factuality
-        term would switch off silently and the bare verifier would decide the reward."""
-        for name in self.needed_columns():
-            value = kwargs.get(name)
-            if value is None or not any(len(v or []) for v in value):
-                given = sorted(k for k in kwargs if k not in TRL_SPECIAL_KWARGS)
-                raise DataError(f"columns.{name}", given,
-                                f"reward {self.__name__!r} needs the {name!r} column (transcription guard / factuality "
-                                "term) and did not get it",
-                                f"keep a {name!r} column in the training rows (train.remove_unused_columns stays off), "
-                                "or switch the terms off (reward.transcription_penalty: 0, reward.run_penalty: 0, "
-                                "reward.factuality_penalty: 0, reward.factuality_bonus: 0)")
-
-    def __call__(self, prompts: Any = None, completions: Sequence[Any] = (), completion_ids: Any = None,
-                 **kwargs: Any) -> list[float | None]:
-        self.check_columns(kwargs)
-        self._last_judgments = []
-        base_scores = list(self.base(prompts, completions, completion_ids, **kwargs))
-        judgments = self._last_judgments
-        captions = [completion_text(c) for c in completions]
-        masked_scores = None
-        if self.cfg.masked_weight > 0:
-            quiet = {k: v for k, v in kwargs.items() if k not in TRL_SPECIAL_KWARGS}
-            masked_scores = list(self.base(prompts, [mask_numbers(c) for c in captions], None, **quiet))
-            self._last_judgments = judgments
-        shaped = self.shape(captions, base_scores, kwargs.get("series"), kwargs.get("series_text"), masked_scores)
-        self._log(captions, shaped, kwargs)
-        if self.samples is not None:
-            self._write_samples(captions, shaped, judgments, kwargs)
-        return [s.reward for s in shaped]
-
-    def _log(self, captions: Sequence[str], shaped: Sequence[Shaped], kwargs: dict[str, Any]) -> None:
-        log_metric = kwargs.get("log_metric")
-        if callable(log_metric):
-            for name, value in metrics(captions, shaped).items():
-                log_metric(name, value)
-        log_extra = kwargs.get("log_extra")
-        if callable(log_extra):
-            log_extra("copied_values", [s.transcription.copied if s.transcription else 0 for s in shaped])
-            log_extra("red_share", [s.red_share if s.red_share is not None else float("nan") for s in shaped])
-            log_extra("shaped_reward", [s.reward if s.reward is not None else float("nan") for s in shaped])
-
-    def _write_samples(self, captions: Sequence[str], shaped: Sequence[Shaped], judgments: Sequence[Any],
-                       kwargs: dict[str, Any]) -> None:
-        ids = kwargs.get("item_id") or [None] * len(captions)
-        rows = []
-        for i, (cap, s) in enumerate(zip(captions, shaped, strict=True)):
-            j = judgments[i] if i < len(judgments) else None
-            t = s.transcription
-            extras = {k: v for k, v in (j.extra.items() if j is not None else ())
-                      if k not in ("hard", "soft") and isinstance(v, (int, float)) and not isinstance(v, bool)}
-            base = {"identification": s.base} if self.family == "identification" else {}
-            rows.append({
-                **extras, "item_id": ids[i], "caption": cap, "family": self.family, "base": s.base, **base,
-                "masked": s.masked, "length_penalty": s.length_penalty,
-                "transcription_penalty": s.transcription_penalty,
-                "transcription_frac": t.share if t else 0.0, "copied_values": t.copied if t else 0,
-                "longest_run": t.longest_run if t else 0, "red_share": s.red_share,
-                "factuality_penalty": s.factuality_penalty, "reward": s.reward,
-                "hard": j.extra.get("hard") if j is not None else None,
-                "soft": j.extra.get("soft") if j is not None else None,
-                "error": j.error if j is not None else None,
-            })
-        state = kwargs.get("trainer_state")
-        self.samples.write(int(getattr(state, "global_step", -1)) if state is not None else -1, rows)
+def terms(caption: str, s: Shaped) -> dict[str, float]:
+    """One caption's shaping terms as the finite numbers a judgment's ``extra`` carries (and engines log):
+    the form of the caption always, the transcription and factuality terms where the row had a series."""
+    out = {"caption_chars": float(len(caption)), "ends_with_stop": float(ends_with_stop(caption)),
+           "numbers": float(count_numbers(caption)), "length_penalty": s.length_penalty}
+    if s.base is not None:
+        out["base"] = s.base
+    if s.masked is not None:
+        out["masked"] = s.masked
+    t = s.transcription
+    if t is not None:
+        out.update({"transcription_penalty": s.transcription_penalty, "transcription_share": t.share,
+                    "copied_values": float(t.copied), "longest_run": float(t.longest_run), "has_run": float(t.has_run)})
+    if s.red_share is not None:
+        out.update({"red_share": s.red_share, "green_share": s.green_share or 0.0,
+                    "factuality_penalty": s.factuality_penalty})
+    return out
 
 
-def metrics(captions: Sequence[str], shaped: Sequence[Shaped]) -> dict[str, float]:
-    """Batch means of every shaping term (what ``ShapedReward`` logs under ``shaping/*``)."""
+SERIES_TERMS = ("transcription_penalty", "transcription_share", "copied_values", "longest_run", "has_run")
+FACTUALITY_TERMS = ("red_share", "green_share", "factuality_penalty")
+FORM_TERMS = ("caption_chars", "ends_with_stop", "numbers", "length_penalty")
 
-    def mean(xs: Sequence[float]) -> float:
-        return float(sum(xs) / len(xs)) if xs else 0.0
 
-    out = {
-        "shaping/length_penalty": mean([s.length_penalty for s in shaped]),
-        "shaping/caption_chars": mean([float(len(c)) for c in captions]),
-        "shaping/ends_with_stop": mean([float(ends_with_stop(c)) for c in captions]),
-        "shaping/numbers": mean([float(count_numbers(c)) for c in captions]),
-        "verifier_failures": float(sum(s.reward is None for s in shaped)),
-    }
-    trs = [s.transcription for s in shaped if s.transcription is not None]
-    if trs:
-        out.update({
-            "shaping/transcription_penalty": mean([s.transcription_penalty for s in shaped]),
-            "shaping/transcription_frac": mean([t.share for t in trs]),
-            "shaping/copied_values": mean([float(t.copied) for t in trs]),
-            "shaping/run_frac": mean([float(t.has_run) for t in trs]),
-        })
-    reds = [s.red_share for s in shaped if s.red_share is not None]
-    if reds:
-        out["shaping/red_share"] = mean(reds)
-        out["shaping/green_share"] = mean([s.green_share or 0.0 for s in shaped if s.green_share is not None])
-        out["shaping/factuality_penalty"] = mean([s.factuality_penalty for s in shaped])
-    masked = [s.masked for s in shaped if s.masked is not None]
-    if masked:
-        out["shaping/masked_base"] = mean(masked)
+def metrics(extras: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Batch means of every shaping term over the captions' judgment ``extra`` (what the TRL face logs
+    under ``shaping/*``): each term over the captions that carry it."""
+    out: dict[str, float] = {}
+    for key in (*FORM_TERMS, *SERIES_TERMS, *FACTUALITY_TERMS, "masked"):
+        vals = [float(e[key]) for e in extras if isinstance(e.get(key), (int, float))]
+        if vals:
+            name = {"has_run": "run_frac", "transcription_share": "transcription_frac", "masked": "masked_base"}.get(key, key)
+            out[f"shaping/{name}"] = float(sum(vals) / len(vals))
     return out

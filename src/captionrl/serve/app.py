@@ -33,7 +33,7 @@ from captionrl.serve.failure import (
     judge_through_outages,
     settle,
 )
-from captionrl.serve.labels import LOG_KEYS, check_row, label_columns
+from captionrl.serve.labels import check_row, label_columns
 from captionrl.serve.text import strip_end
 from captionrl.types import Judgment
 
@@ -255,12 +255,22 @@ class RecordLog:
             f.write(line)
 
 
+def judge_log_keys(judge: Any, family: str) -> tuple[str, ...]:
+    """The numeric fields every reply logs (``extra_logs``, one fixed set): the reward's own; for a bare judge
+    (a stand-in), its family's fields."""
+    from captionrl.rewards.reward import FAMILY_FIELDS
+
+    keys = getattr(judge, "log_keys", None)
+    return tuple(keys()) if callable(keys) else FAMILY_FIELDS.get(family, ())
+
+
 def create_app(cfg: RewardServiceConfig, judge: Any) -> Starlette:
     """The ASGI app serving ``judge`` under ``cfg`` (see ``captionrl.serve``)."""
     batcher = Batcher(judge, cfg)
     records = RecordLog(cfg.records)
     policy = cfg.failure_policy()
-    needs_main = cfg.reward != "scalar" or cfg.scalar.use_reference
+    needs_main = cfg.needs_main_column()
+    log_keys = judge_log_keys(judge, cfg.family)
     backend = getattr(judge, "backend", None) or getattr(getattr(judge, "answerer", None), "backend", None)
 
     async def reward(request: Request) -> Response:
@@ -272,7 +282,7 @@ def create_app(cfg: RewardServiceConfig, judge: Any) -> Starlette:
             return error_response(400, "body", None, f"is not valid JSON ({exc})",
                                   'send Content-Type: application/json with {"query": [...], ...}')
         try:
-            captions, rows = parse_request(data, cfg.reward, needs_main=needs_main, strip_suffixes=cfg.strip_suffixes)
+            captions, rows = parse_request(data, cfg.family, needs_main=needs_main, strip_suffixes=cfg.strip_suffixes)
         except UserInputError as exc:
             return error_response(400, exc.field, exc.value, exc.problem, exc.fix)
         if batcher.stats.pending + len(captions) > cfg.max_pending:
@@ -305,12 +315,12 @@ def create_app(cfg: RewardServiceConfig, judge: Any) -> Starlette:
                                   f"start the service with unscored_reward=<value> (see captionrl serve reward "
                                   f"--help); the caption's error: {exc.error}")
         except Exception as exc:  # a bug in the judge: say so (HTTP 500), do not score the batch as unscored
-            return error_response(500, "judge", cfg.reward, f"raised {type(exc).__name__}: {exc}",
+            return error_response(500, "judge", cfg.family, f"raised {type(exc).__name__}: {exc}",
                                   "this is a bug in captionrl: report it with the service's records")
         rewards = [s.reward for s in settled]
         scored = [s.scored for s in settled]
         errors = [s.error for s in settled]
-        extra = finite_logs(judgments, settled, LOG_KEYS[cfg.reward])
+        extra = finite_logs(judgments, settled, log_keys)
         batcher.stats.requests += 1
         batcher.stats.captions += len(captions)
         batcher.stats.unscored += scored.count(False)
@@ -326,7 +336,7 @@ def create_app(cfg: RewardServiceConfig, judge: Any) -> Starlette:
 
     async def health(request: Request) -> Response:
         s = batcher.stats
-        body: dict[str, Any] = {"status": "ok", "reward": cfg.reward, "judge": getattr(judge, "name", None),
+        body: dict[str, Any] = {"status": "ok", "reward": cfg.family, "judge": getattr(judge, "name", None),
                                 "backend": getattr(backend, "name", None), "requests": s.requests,
                                 "captions": s.captions, "unscored": s.unscored, "retries": s.retries,
                                 "outages": s.outages, "refused": s.refused, "batches": s.batches,

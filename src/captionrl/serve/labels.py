@@ -18,16 +18,10 @@ from typing import Any
 from captionrl.errors import DataError
 from captionrl.serve.config import MAIN_COLUMN
 
-LOG_KEYS = {"identification": ("hard", "soft", "base", "copied_values", "transcription_penalty",
-                               "factuality_penalty"),
-            "answerability": ("accuracy", "cannot_answer_rate"), "rubric": (), "scalar": (), "cider": ()}
-"""Per reward, the numeric ``Judgment.extra`` fields every reply carries as ``extra_logs`` (one fixed
-set: see ``serve.failure.finite_logs``)."""
-
 EXAMPLES = {"identification": '{"candidates": [[true series], [distractor], ...]} '
                               "(captionrl.adapters.engine.encode_label)",
             "rubric": '{"rubric": [{"criterion": ..., "test": ..., "weight": 1|2|3}, ...]} or {"item_id": ...}',
-            "scalar": '{"reference": "a reference caption"}',
+            "judge": '{"reference": "a reference caption"}',
             "answerability": '{"questions": [{"question": ..., "options": [...], "answer": ...}], "id": ...}',
             "cider": '{"references": ["a reference caption", ...]}'}
 
@@ -81,7 +75,7 @@ def _references(value: Any, where: str) -> None:
 
 def _reference(value: Any, where: str) -> None:
     if not isinstance(value, str) or not value.strip():
-        raise DataError(where, value, "must be a non-empty string", f"send {EXAMPLES['scalar']}")
+        raise DataError(where, value, "must be a non-empty string", f"send {EXAMPLES['judge']}")
 
 
 def _rubric(value: Any, where: str) -> None:
@@ -100,4 +94,4 @@ def _questions(value: Any, where: str) -> None:
 
 
 CHECKS: dict[str, Callable[[Any, str], None]] = {"identification": _candidates, "cider": _references,
-                                                 "scalar": _reference, "rubric": _rubric, "answerability": _questions}
+                                                 "judge": _reference, "rubric": _rubric, "answerability": _questions}

@@ -69,8 +69,9 @@ from captionrl.judges.online_rubric import (
 from captionrl.judges.roles import generator_messages, policy_messages
 from captionrl.judges.rubric import RubricJudgeSettings
 from captionrl.momentum import VARIANTS, MomentumSettings, reward_interval_steps
-from captionrl.rewards import JudgeReward, completion_text
+from captionrl.rewards import RewardFunction, completion_text
 from captionrl.rewards.bound import RewardBound, RewardHealth
+from captionrl.rewards.reward import reward_of_judge
 from captionrl.train import common
 from captionrl.train.common import (
     GRPOTrainConfig,
@@ -340,13 +341,16 @@ def model_roles(generator_model: Any, judge_model: Any, processing: Any, batch_s
     return serve
 
 
-class MocoReward(JudgeReward):
+class MocoReward(RewardFunction):
     """The online rubric judge as a TRL reward: passes the optimizer step (seeds the subsets) and logs the
     rubric diagnostics every call; unscored groups stay ``None``. ``weights`` is entered around each call on
     every rank (``sharding.full_weights``: under ZeRO-3 the momentum roles then generate on gathered weights,
     however many generate calls each rank's groups need)."""
 
     weights: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
+
+    def __init__(self, judge: Any, name: str = "moco_rubric", log_fields: Sequence[str] = ()) -> None:
+        super().__init__(reward_of_judge(judge, name=name), log_fields=log_fields)
 
     def __call__(self, prompts: Sequence[Any] | None = None, completions: Sequence[Any] = (),
                  completion_ids: Any = None, **kwargs: Any) -> list[float | None]:
@@ -433,7 +437,7 @@ class MocoRecipe(Recipe):
         probe under the online rubric of the momentum Generator-Judge (``train.image_checks.moco_preflight``)."""
         from captionrl.train.image_checks import moco_preflight
 
-        moco_preflight(self.cfg, run.data, self.reward, run.out, run.trainer.state)
+        moco_preflight(self.cfg, run.data, self.reward.quiet(), run.out, run.trainer.state)
 
     def close(self, run: Run) -> None:
         if self.records is not None:

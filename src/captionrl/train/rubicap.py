@@ -51,7 +51,9 @@ from captionrl.judges.ngram import NgramConfig
 from captionrl.judges.qa import QAConfig
 from captionrl.judges.rubric import RubricJudgeSettings
 from captionrl.judges.scalar import ScalarConfig
+from captionrl.rewards import RewardFunction
 from captionrl.rewards.bound import RewardBound
+from captionrl.rewards.reward import reward_of_judge
 from captionrl.train import common
 from captionrl.train.common import (
     GRPOTrainConfig,
@@ -406,55 +408,42 @@ def make_reward_judge(cfg: RubicapConfig, backend: Any, rows: Sequence[Mapping[s
     return make_judge(cfg, backend)
 
 
-def _reward_base() -> type:
-    from captionrl.rewards import JudgeReward
-
-    return JudgeReward
-
-
-class RubricReward(_reward_base()):  # type: ignore[misc]
-    """The RubiCap reward for TRL, for any reward family: the judge's scores (``None`` when the judge failed:
-    skipped, never 0), plus per-step metrics (``<family>/unscored_frac``, ``<family>/caption_chars``; for
-    rubrics ``rubric/criteria_met`` and ``rubric/size``) and one sample record per caption (the rubric's
-    per-criterion decisions, or the other judges' own fields under ``judgment``)."""
+class RubricReward(RewardFunction):
+    """The RubiCap reward for TRL, for any reward family: the TRL face over the family's judge (``None`` when
+    the judge failed: skipped, never 0), plus per-step metrics (``<family>/unscored_frac``,
+    ``<family>/caption_chars``; for rubrics ``rubric/criteria_met`` and ``rubric/size``) and one sample record
+    per caption (the rubric's per-criterion decisions, or the other judges' own fields under ``judgment``)."""
 
     def __init__(self, judge: Any, samples: Any = None, name: str = "rubric") -> None:
-        super().__init__(judge, name=name, log_fields=(), on_judgments=self._keep)
-        self.samples = samples
-        self._last: tuple[list[str], dict[str, list[Any]], list[Any]] = ([], {}, [])
+        super().__init__(reward_of_judge(judge, name=name), name=name, log_fields=(), samples=samples)
 
-    def _keep(self, captions: list[str], columns: dict[str, list[Any]], judgments: list[Any]) -> None:
-        self._last = (captions, columns, judgments)
+    def metrics(self, captions: Sequence[str], columns: Mapping[str, Sequence[Any]],
+                judgments: Sequence[Any]) -> dict[str, float]:
+        out = super().metrics(captions, columns, judgments)
+        out[f"{self.family}/caption_chars"] = float(np.mean([len(c) for c in captions])) if captions else 0.0
+        if self.family == "rubric":
+            met = [float(np.mean(j.extra["satisfied"])) for j in judgments if j.scored and j.extra.get("satisfied")]
+            sizes = [len(r) for r in columns.get("rubric", []) if isinstance(r, list)]
+            if met:
+                out["rubric/criteria_met"] = float(np.mean(met))
+            if sizes:
+                out["rubric/size"] = float(np.mean(sizes))
+        return out
 
-    def __call__(self, prompts: Any = None, completions: Sequence[Any] = (), completion_ids: Any = None,
-                 **kwargs: Any) -> list[float | None]:
-        self._last = ([], {}, [])
-        scores = super().__call__(prompts, completions, completion_ids, **kwargs)
-        captions, columns, judgments = self._last
-        rubric = self.__name__ == "rubric"
-        met = [float(np.mean(j.extra["satisfied"])) for j in judgments if j.scored and j.extra.get("satisfied")]
-        sizes = [len(r) for r in columns.get("rubric", []) if isinstance(r, list)]
-        log_metric = kwargs.get("log_metric")
-        if callable(log_metric):
-            log_metric(f"{self.__name__}/caption_chars", float(np.mean([len(c) for c in captions])) if captions else 0.0)
-            if met and rubric:
-                log_metric("rubric/criteria_met", float(np.mean(met)))
-            if sizes and rubric:
-                log_metric("rubric/size", float(np.mean(sizes)))
-        if self.samples is not None:
-            state = kwargs.get("trainer_state")
-            ids = columns.get("item_id") or [None] * len(captions)
-            rows = []
-            for i, (cap, j) in enumerate(zip(captions, judgments, strict=True)):
-                row = {"item_id": ids[i], "caption": cap, "reward": scores[i], "error": j.error, "method": j.method}
-                if rubric:
-                    row.update(satisfied=j.extra.get("satisfied"), values=j.extra.get("values"),
-                               weights=j.extra.get("weights"), rubric_size=sizes[i] if i < len(sizes) else None)
-                else:
-                    row.update(family=self.__name__, raw=j.raw, judgment=dict(j.extra))
-                rows.append(row)
-            self.samples.write(int(getattr(state, "global_step", -1)) if state is not None else -1, rows)
-        return scores
+    def sample_row(self, i: int, caption: str, columns: Mapping[str, Sequence[Any]], j: Any) -> dict[str, Any]:
+        ids = columns.get("item_id")
+        row = {"item_id": ids[i] if ids else None, "caption": caption, "reward": j.score if j.scored else None,
+               "error": j.error, "method": j.method}
+        if self.family == "rubric":
+            rubrics = columns.get("rubric") or []
+            rubric = rubrics[i] if i < len(rubrics) else None
+            row.update(satisfied=j.extra.get("satisfied"), values=j.extra.get("values"), weights=j.extra.get("weights"),
+                       rubric_size=len(rubric) if isinstance(rubric, list) else None)
+        else:
+            row.update(family=self.family, raw=j.raw, judgment={k: v for k, v in j.extra.items()
+                                                                if k not in ("caption_chars", "ends_with_stop",
+                                                                             "numbers", "length_penalty", "base")})
+        return row
 
 
 # ---------------------------------------------------------------------- run
@@ -531,7 +520,7 @@ class RubicapRecipe(Recipe):
         """A reference caption must beat every hacking probe under the trainer's own rubric reward."""
         from captionrl.train.image_checks import rubicap_preflight
 
-        rubicap_preflight(self.cfg, run.data.rows, self.reward, run.out, self.references())
+        rubicap_preflight(self.cfg, run.data.rows, self.reward.quiet(), run.out, self.references())
 
     def close(self, run: Run) -> None:
         if self.samples is not None:

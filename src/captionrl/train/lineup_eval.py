@@ -1,0 +1,152 @@
+"""The end of a LineupRL run: checkpoint selection on the validation items, then the held-out evaluation.
+
+``select_checkpoint`` (the paper's Table 4 rule: the checkpoint whose greedy captions earn the highest
+training reward on the validation items) and ``evaluate``: the trained (and the initial) captioner caption
+the test items greedily; identification under verifiers that took no part in training (the training
+verifier in its own column, never in the mean) and the final checks (``eval.final_checks``) judge them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from captionrl.backends import BackendConfig
+from captionrl.domains.lineup_data import LineupData, add_charts
+from captionrl.eval.final_checks import TRAIN_VERIFIER
+from captionrl.rewards.reward import Reward
+from captionrl.train.lineup_config import LineupConfig, eval_verifier
+
+
+def load_checkpoint_policy(cfg: LineupConfig, ckpt: Path) -> Any:
+    """A checkpoint's policy for inference: full weights, or the base model plus the saved LoRA adapters."""
+    from captionrl.train.common import load_policy
+    from captionrl.train.sharding import to_inference_device
+
+    if (ckpt / "adapter_config.json").exists():
+        from peft import PeftModel
+
+        base, _, _ = load_policy(cfg.policy)
+        model = PeftModel.from_pretrained(base, str(ckpt)).merge_and_unload()
+    else:
+        model, _, _ = load_policy(dataclasses.replace(cfg.policy, model=str(ckpt)))
+    model.eval()
+    return to_inference_device(model)  # the training GPU, not rank 0's CPU
+
+
+def select_checkpoint(cfg: LineupConfig, data: LineupData, processing: Any, reward: Reward, out: Path,
+                      use_chart: bool) -> dict[str, Any]:
+    """Paper, Table 4: pick the checkpoint whose greedy captions earn the highest training reward (the run's
+    one ``Reward``, scored directly: no training sample records) on the validation items (no test metric is
+    used). Records are resumable, keyed by (checkpoint, item)."""
+    from tqdm.auto import tqdm
+
+    from captionrl.records import RecordWriter, write_json
+
+    rows = add_charts(data.rows["val"], cfg.data.instruction) if use_chart else data.rows["val"]
+    ckpts = sorted((p for p in (out / "checkpoints").glob("checkpoint-*") if (p / "trainer_state.json").exists()),
+                   key=lambda p: int(p.name.split("-")[1]))
+    sel = out / "selection"
+    writer = RecordWriter(sel / "records.jsonl")
+    scores: dict[str, float] = {}
+    try:
+        for ckpt in tqdm(ckpts, desc="select checkpoint", unit="ckpt"):
+            todo = [r for r in rows if not writer.has(f"{ckpt.name}|{r['item_id']}")]
+            if todo:
+                model = load_checkpoint_policy(cfg, ckpt)
+                caps = generate_captions(model, processing, todo, cfg.train.max_completion_length, use_chart, ckpt.name)
+                del model
+                cols = {k: [r[k] for r in todo] for k in ("item_id", "series", "series_text", "candidates", "questions")
+                        if k in todo[0]}
+                got = reward.score([caps[r["item_id"]] for r in todo], cols)
+                for r, g in zip(todo, got, strict=True):
+                    writer.write({"key": f"{ckpt.name}|{r['item_id']}", "checkpoint": ckpt.name,
+                                  "item_id": r["item_id"], "caption": caps[r["item_id"]],
+                                  "reward": g.score if g.scored else None})
+            vals = [rec["reward"] for rec in writer.records() if rec["checkpoint"] == ckpt.name and rec["reward"] is not None]
+            if vals:
+                scores[ckpt.name] = float(np.mean(vals))
+    finally:
+        writer.close()
+    best = max(scores, key=lambda k: scores[k]) if scores else None
+    summary = {"protocol": "checkpoint-selection", "columns": ["system", "val_reward"],
+               "rows": [{"system": k, "val_reward": round(v, 4)} for k, v in scores.items()],
+               "config": {"n_val": len(rows), "criterion": "mean training reward of greedy captions"},
+               "best": best}
+    write_json(sel / "summary.json", summary)
+    return {"checkpoint": str(out / "checkpoints" / best) if best else None, "scores": scores}
+
+
+def generate_captions(model: Any, processing: Any, rows: Sequence[Mapping[str, Any]], max_new_tokens: int,
+                      use_chart: bool, name: str, clipped: dict[str, bool] | None = None) -> dict[str, str]:
+    """Greedy captions of ``rows`` by an in-memory policy (the same prompts it was trained on); ``clipped``
+    (if given) receives, per item, whether the caption was cut by the token budget."""
+    from captionrl.backends import ChatRequest
+    from captionrl.backends.hf import HFBackend
+
+    backend = HFBackend.from_model(model, processing, name=name, batch_size=8)
+    reqs = []
+    for r in rows:
+        msgs = r["prompt"]
+        if use_chart:
+            text = msgs[0]["content"]
+            msgs = [{"role": "user", "content": [{"type": "image", "image": r["image"]}, {"type": "text", "text": text}]}]
+        reqs.append(ChatRequest(messages=msgs, max_new_tokens=max_new_tokens, temperature=0.0))
+    gens = backend.generate(reqs)
+    if clipped is not None:
+        clipped.update({str(r["item_id"]): g.finish_reason == "length" for r, g in zip(rows, gens, strict=True)})
+    return {str(r["item_id"]): (g.text or "") for r, g in zip(rows, gens, strict=True)}
+
+
+def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, verifier: Any,
+             out_dir: Path, use_chart: bool) -> dict[str, Any]:
+    """Held-out identification of the trained captioner (and the untrained one) via ``eval.identification``."""
+    from captionrl.eval.identification import CaptionSet, IdentifyEvalConfig, run_identification
+
+    rows = data.rows["test"]
+    if use_chart:
+        rows = add_charts(rows, cfg.data.instruction)
+    max_new = cfg.train.max_completion_length
+    clipped: dict[str, dict[str, bool]] = {"trained": {}, "initial": {}}
+    systems = [CaptionSet("trained", generate_captions(policy, processing, rows, max_new, use_chart, "trained",
+                                                       clipped["trained"]))]
+    if cfg.eval.compare_initial:
+        from captionrl.train.common import load_policy
+        from captionrl.train.sharding import to_inference_device
+
+        base, base_proc, _ = load_policy(cfg.policy)
+        base = to_inference_device(base).eval()
+        systems.append(CaptionSet("initial", generate_captions(base, base_proc, rows, max_new, use_chart, "initial",
+                                                               clipped["initial"])))
+        del base
+    items = [data.pool[r["item_id"]] for r in rows]
+    distractors = {r["item_id"]: list(r["candidate_ids"][1:]) for r in rows}
+    train_name = TRAIN_VERIFIER if cfg.eval.train_verifier else None
+    verifiers = {train_name: verifier} if train_name else {}
+    from captionrl.backends import make_backend
+
+    for name, value in cfg.eval.verifiers.items():
+        v = eval_verifier(value, f"eval.verifiers.{name}")
+        verifiers[name] = make_backend(v) if isinstance(v, BackendConfig) else v
+    ecfg = IdentifyEvalConfig(modes=list(cfg.eval.modes or [cfg.reward.mode]), directions=list(cfg.eval.directions),
+                              ks=[cfg.reward.k], seed=cfg.seed, precision=cfg.data.precision,
+                              controls=cfg.eval.controls)
+    # the training verifier keeps its own column and stays out of the held-out mean (issue 14)
+    summary = run_identification(items, systems, distractors, data.pool, verifiers, ecfg, out_dir,
+                                 train_verifier=train_name)
+    result = {"table": str(out_dir / "table.md"), "summary": str(out_dir / "summary.json"),
+              "rows": summary.rows, "captions": {s.name: s.captions for s in systems}}
+    if cfg.eval.final_checks:
+        from captionrl.eval.final_checks import run_final_checks
+
+        checks = run_final_checks({s.name: s.captions for s in systems}, {it.id: it.values for it in items}, out_dir,
+                                  identification=summary.summary(), guard=cfg.reward.counting(),
+                                  tolerance=cfg.reward.factuality_tolerance, clipped=clipped,
+                                  bottleneck=cfg.eval.bottleneck)
+        result["final_checks"] = str(out_dir / "final_checks.md")
+        result["final_rows"] = checks["rows"]
+    return result
