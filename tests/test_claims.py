@@ -29,7 +29,7 @@ def test_term_weights_the_share_and_llm_needs_a_backend():
     term = ShapingConfig(factuality_penalty=0.5).factuality_term()
     (f,) = term.findings(["It falls and ends at 40."], [RISING])
     assert term.penalty(f) == pytest.approx(0.5 * f.red_share) and 0 < f.red_share < 1
-    with pytest.raises(ConfigError, match=r"shaping\.claims_backend"):
+    with pytest.raises(ConfigError, match=r"reward\.claims_backend"):
         ShapingConfig(factuality_penalty=1.0, claims_extractor="llm")
 
 
@@ -43,5 +43,5 @@ def test_bonus_pays_supported_claims_and_no_probe_collects_it():
     assert term.penalty(right) == pytest.approx(-0.5 * right.green_share) and right.green_share == 1.0
     assert term.penalty(wrong) == pytest.approx(1.0) and wrong.green_share == 0.0
     assert term.penalty(dump) == 0.0 and term.penalty(praise) == 0.0  # no checked claim: nothing to collect
-    with pytest.raises(ConfigError, match=r"shaping\.factuality_bonus"):
+    with pytest.raises(ConfigError, match=r"reward\.factuality_bonus"):
         ShapingConfig(factuality_bonus=-0.1)

@@ -106,10 +106,10 @@ def test_specs_are_validated_and_the_cpu_config_scores_with_claims():
     with pytest.raises(ConfigError, match="verifiers"):
         IdentifyEvalConfig(verifiers=["claims:bogus"])
 
-    from captionrl.train import lineup
+    from captionrl.train import lineup, lineup_config
 
     cfg = load_config(lineup.LineupConfig, ROOT / "configs" / "lineup-cpu.yaml")
-    assert isinstance(lineup.eval_verifier(cfg.eval.verifiers["claims"], "eval.verifiers.claims"), ClaimsVerifier)
+    assert isinstance(lineup_config.eval_verifier(cfg.eval.verifiers["claims"], "eval.verifiers.claims"), ClaimsVerifier)
     assert [f for _, f in lineup.LineupRecipe(cfg).servers()] == ["verifier"]  # nothing to probe for claims
     with pytest.raises(ConfigError, match=r"eval\.verifiers\.bad"):
         load_config(lineup.LineupConfig, None, ["eval.verifiers.bad=claims:rules,x=1"])

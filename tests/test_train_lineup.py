@@ -143,6 +143,28 @@ def test_resume_refuses_a_different_config(tmp_path, forbid_models):
         prepare_run_dir(first, out, "off")
 
 
+def test_a_run_saved_before_a_setting_existed_resumes_at_its_default(tmp_path, forbid_models):
+    """A config saved by an older captionrl lacks the settings added since: at their defaults they keep the
+    behaviour the run started with, so it resumes; set to something else, the run is a different one."""
+    import yaml
+
+    from captionrl.train.common import prepare_run_dir
+
+    out = tmp_path / "run"
+    cfg = load_config(LineupConfig, None, [f"train.out_dir={out}"])
+    prepare_run_dir(cfg, out, "auto")
+    (out / "checkpoints" / "checkpoint-2").mkdir(parents=True)
+    (out / "checkpoints" / "checkpoint-2" / "trainer_state.json").write_text("{}")
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    del saved["train"]["preflight_margin"]  # as an older captionrl wrote it
+    (out / "config.yaml").write_text(yaml.safe_dump(saved))
+    assert prepare_run_dir(cfg, out, "auto") is not None
+    (out / "config.yaml").write_text(yaml.safe_dump(saved))
+    moved = load_config(LineupConfig, None, [f"train.out_dir={out}", "train.preflight_margin=0.3"])
+    with pytest.raises(ConfigError, match="train.preflight_margin: saved '\\(absent\\)', now 0.3"):
+        prepare_run_dir(moved, out, "auto")
+
+
 def test_algorithm_defaults_are_explicit():
     rloo = load_config(LineupConfig, None, []).train
     grpo = load_config(LineupConfig, None, ["train.algorithm=grpo"]).train

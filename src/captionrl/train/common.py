@@ -79,6 +79,7 @@ class _CaptionRLTrain:
     shared_prompt_forward: bool = help_field(True, "loss pass: run each group's prompt once and reuse its key/value cache for the G completions (exact: same log-probs and gradients as TRL's pass; text batches and Qwen-VL policies with their images, whose vision tower then runs once per group; off under gradient checkpointing and in distributed runs, where TRL's pass runs)")
     preflight_items: int = help_field(8, "reward preflight: training items on which an honest reference must beat every hacking probe before step 1 (0 = skip)")
     force_preflight: bool = help_field(False, "start training even when a hacking probe beats the honest reference in the reward preflight")
+    preflight_margin: float = help_field(0.0, "reward preflight: every probe's mean reward must stay this far below the honest reference's (0: below it at all); a probe closer than this counts as winning")
 
     if TYPE_CHECKING:  # the TRL fields are added by make_dataclass below
         def __getattr__(self, name: str) -> Any: ...
@@ -374,12 +375,18 @@ def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any],
-                       safe: Sequence[str] = RESUME_SAFE_KEYS) -> list[tuple[str, Any, Any]]:
-    """(key, saved, current) for every setting that differs, except those safe to change on resume."""
+                       safe: Sequence[str] = RESUME_SAFE_KEYS,
+                       defaults: Mapping[str, Any] | None = None) -> list[tuple[str, Any, Any]]:
+    """(key, saved, current) for every setting that differs, except those safe to change on resume, and
+    settings the saved config predates that are at their default now (``defaults``: a new setting's default
+    keeps the behaviour the run was started with, so a run saved by an older captionrl still resumes)."""
     a, b = flatten(saved), flatten(current)
+    born_later = flatten(defaults or {})
     diffs = []
     for key in sorted(set(a) | set(b)):
         if any(key == s or key.startswith(s + ".") for s in safe):
+            continue
+        if key not in a and key in born_later and b.get(key) == born_later[key]:
             continue
         va, vb = a.get(key, "(absent)"), b.get(key, "(absent)")
         if isinstance(va, float) and isinstance(vb, float) and math.isclose(va, vb):
@@ -387,6 +394,14 @@ def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any],
         if va != vb:
             diffs.append((key, va, vb))
     return diffs
+
+
+def default_settings(cfg: Any) -> dict[str, Any]:
+    """The defaults of ``cfg``'s config class as a nested mapping (empty when the class has required fields)."""
+    try:
+        return to_dict(type(cfg)())
+    except (TypeError, ConfigError):
+        return {}
 
 
 def prepare_run_dir(cfg: Any, out_dir: str | Path, resume: str, required: Sequence[str] = ()) -> Path | None:
@@ -410,7 +425,7 @@ def prepare_run_dir(cfg: Any, out_dir: str | Path, resume: str, required: Sequen
                               "choose a new train.out_dir, or set train.resume: auto to continue that run")
         if saved_path.exists():
             saved = yaml.safe_load(saved_path.read_text()) or {}
-            diffs = config_differences(saved, current)
+            diffs = config_differences(saved, current, defaults=default_settings(cfg))
             if diffs:
                 shown = "; ".join(f"{k}: saved {va!r}, now {vb!r}" for k, va, vb in diffs[:12])
                 raise ConfigError(
