@@ -81,7 +81,9 @@ _TREND = {
     "flat": r"\b(?:flat|stable|steady|unchanged|constant)\b",
 }
 _SPLIT = re.compile(r"(?<=[.;!?])\s+|,\s+(?:and|but|while|whereas|then|before|after)\s+"
-                    r"|\s+(?:and then|while|before|after)\s+|,?\s+and\s+(?=(?:the|it|its|ends?|then)\b)", re.I)
+                    r"|\s+(?:and then|while|before|after)\s+|,?\s+and\s+(?=(?:the|it|its|ends?|then)\b)"
+                    r"|,\s+(?=(?:ends?|ending|finish(?:es)?|closes?)\s+(?:at|with|on|around)\b)", re.I)
+# (the last: "starts at 25.92, ends at 28.11, and ...", the main job's answer, holds two values)
 
 
 def clauses(caption: str) -> list[tuple[int, int]]:
