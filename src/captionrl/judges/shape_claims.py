@@ -52,10 +52,13 @@ fractions ``p = i / (n - 1)`` of the window:
   (``pattern="reversals"``) hold when the series reverses at least twice by a quarter of its range
   (three legs of a zigzag filter at 0.25).
 - **magnitude**: "slightly", "a small increase" hold when the move is smaller than half the range or than
-  2% of the level; "sharply", "a large jump", "suddenly" when a move of at least half the range that way
+  2% of the level; "sharply", "steeply", "suddenly" (pace) when a move of at least half the range that way
   happens within 15% of the window (at least 3 steps), in the claim's region if it names one, and for an
-  overall direction the direction holds too; "doubles" (x1.8-2.25), "triples" (x2.7-3.3), "halves"
-  (x0.4-0.6) and "by 40 percent" (±max(5, 25% of the figure) points) compare the last value with the first.
+  overall direction the direction holds too; "strongly", "a large jump", "substantially" (size, not pace)
+  when a move that way spans at least half the range, and for an overall direction when ``|c| >= 2`` (the
+  trend line explains at least a third of the variance); "doubles" (x1.8-2.25), "triples" (x2.7-3.3), "halves"
+  (x0.4-0.6), "by 40 percent", "a 9 percent gain" and "by about a fifth" (±max(5, 25% of the figure)
+  points) compare the last value with the first.
 
 Colours: green = the series supports the claim, red = it contradicts it (a hedge is always red), gray =
 nothing checkable (a series too short for the claim). Tolerances are constants of this module, not
@@ -102,8 +105,11 @@ SLIGHT = 0.5          # a slight move: under half the range...
 SLIGHT_LEVEL = 0.02   # ...or under 2% of the level
 SHARP = 0.5           # a sharp move: at least half the range...
 SHARP_SPAN = 0.15     # ...within 15% of the window (at least 3 steps)
+LARGE = 0.5           # "strongly", "a large jump": a move of at least half the range, at any pace...
+LARGE_C = 2.0         # ...and for an overall direction a trend line explaining a third of the variance
 
 REGIONS: dict[str, tuple[float, float]] = {
+    "first point": (0.0, 0.0), "first tenth": (0.0, 0.1), "last tenth": (0.9, 1.0), "last point": (1.0, 1.0),
     "start": (0.0, 0.2), "early": (0.0, 1 / 3), "first quarter": (0.0, 0.25), "first third": (0.0, 1 / 3),
     "first half": (0.0, 0.5), "middle": (0.25, 0.75), "second half": (0.5, 1.0), "last third": (2 / 3, 1.0),
     "last quarter": (0.75, 1.0), "late": (2 / 3, 1.0), "end": (0.8, 1.0),
@@ -203,15 +209,20 @@ _W = r"(?:[a-z]+\s+){0,2}?"  # up to two words in between
 UP = (r"ris(?:e|es|ing|en)|rose|increas(?:e|es|ed|ing)|climb(?:s|ed|ing)?|grow(?:s|ing|th|n)?|grew|"
       r"go(?:es)?\s+up|went\s+up|going\s+up|upward(?:s)?|uptick|upswing|gain(?:s|ed|ing)?|"
       r"recover(?:s|ed|ing|y)?|rebound(?:s|ed|ing)?|pick(?:s|ed)?\s+up|jump(?:s|ed|ing)?|surg(?:e|es|ed|ing)|"
-      r"soar(?:s|ed|ing)?|rall(?:y|ies|ied|ying)|advanc(?:e|es|ed|ing)")
+      r"soar(?:s|ed|ing)?|rall(?:y|ies|ied|ying)|advanc(?:e|es|ed|ing)|spik(?:es|ed|ing)|"
+      r"(?:trends?|trending|heads?|heading|moves?|moving|edges?|edging|ticks?|ticking)\s+(?:up|upwards?|higher)")
 DOWN = (r"fall(?:s|ing|en)?|fell|declin(?:e|es|ed|ing)|decreas(?:e|es|ed|ing)|drop(?:s|ped|ping)?|"
         r"go(?:es)?\s+down|went\s+down|going\s+down|downward(?:s)?|downtick|downswing|slump(?:s|ed)?|"
         r"plung(?:e|es|ed|ing)|tumbl(?:e|es|ed|ing)|sink(?:s|ing)?|sank|shrink(?:s|ing)?|shrank|"
-        r"slid(?:e|es|ing)?|crash(?:es|ed)?|collaps(?:e|es|ed)|dips|dipped|dipping")
+        r"slid(?:e|es|ing)?|crash(?:es|ed)?|collaps(?:e|es|ed)|dips|dipped|dipping|"
+        r"(?:trends?|trending|heads?|heading|moves?|moving|edges?|edging|ticks?|ticking)\s+(?:down|downwards?|lower)|"
+        r"(?:settl|eas)(?:e|es|ed|ing)\s+(?:back|down|lower|off)|falls?\s+back|fell\s+back")
 FLAT = (r"flat(?:tens|tened|tening|ten)?|stable|stabili[sz](?:e|es|ed|ing)|unchanged|constant|"
         r"levels?\s+off|levelling\s+off|leveling\s+off|levelled\s+off|leveled\s+off|plateau(?:s|ed)?|"
         r"sideways|settl(?:e|es|ed|ing)|stays?\s+(?:low|high|level|put|the\s+same)|remains?\s+(?:low|high|level)|"
-        r"holds?\s+steady")
+        r"holds?\s+steady|paus(?:e|es|ed|ing)|"
+        r"(?<!lower )(?<!higher )(?<!a )(?<!the )(?<!same )(?<!stable )(?<!new )(?<!low )(?<!high )"
+        r"level(?=\s+(?:at|in|for|during|until|early|initially|through)\b)")
 _RX = {
     "hedge": re.compile(
         rf"\b(?:(?:{UP})\s+(?:or|and/or|nor)\s+(?:{DOWN})|(?:{DOWN})\s+(?:or|and/or|nor)\s+(?:{UP})|"
@@ -236,30 +247,40 @@ _RX = {
     "ratio": re.compile(rf"\b(?:(?P<q>nearly|almost|more\s+than|over|roughly|about)\s+)?(?P<r>doubl(?:e|es|ed|ing)|"
                         rf"tripl(?:e|es|ed|ing)|halv(?:e|es|ed|ing))\b|\bby\s+(?:about\s+|around\s+|roughly\s+|"
                         rf"nearly\s+|almost\s+|some\s+)?(?P<pct>{_NUM})\s*(?:%|percent|per\s+cent)|"
-                        rf"\bby\s+(?:about\s+)?half\b", re.I),
+                        rf"\b(?:an?|some)\s+(?:about\s+|around\s+|roughly\s+|nearly\s+|almost\s+)?(?P<pct2>{_NUM})\s*"
+                        rf"(?:%|percent|per\s+cent)\s+(?:gain|rise|increase|growth|jump|climb|drop|fall|decline|decrease|loss)|"
+                        rf"\bby\s+(?:about\s+|around\s+|roughly\s+|nearly\s+|almost\s+|some\s+)?(?:a|one)\s+"
+                        rf"(?P<frac>half|third|quarter|fifth|tenth)\b|\bby\s+(?:about\s+)?half\b", re.I),
     "level_ext": re.compile(r"\b(?P<w>starts?|begins?|opens?|starting|beginning|ends?|finish(?:es)?|closes?|"
                             r"ending|finishing)\s+(?:(?:very|quite|relatively|fairly)\s+)?(?P<hl>high|low)\b", re.I),
+    "edge_ext": re.compile(r"\b(?P<w>starts?|begins?|opens?|starting|beginning|ends?|finish(?:es)?|closes?|ending|"
+                           r"finishing)\s+(?P<p>at|near|on|with|in)\s+(?:its|a|the)\s+(?:(?:new|overall|all-time|very)\s+)?"
+                           r"(?P<x>peak|maximum|max|highest|high|top|lowest|low|minimum|min|trough|bottom)\b", re.I),
+    "level_adj": re.compile(r"(?<!stays )(?<!remains )(?<!stay )(?<!remain )(?<!stayed )\b(?P<hl>high|low)\s+"
+                            r"(?=(?:at|in|near|towards?|during)\s+the\b|at\s+first|early|late|initially)", re.I),
     "level_word": re.compile(r"\bat\s+(?:the\s+)?(?:bottom|top)\b|\bnear\s+(?:the\s+)?(?:bottom|top)\b", re.I),
     "local": re.compile(r"\b(?:an?|one|the)\s+(?:(?:brief|sharp|sudden|small|slight|big|large|deep|short|"
-                        r"notable|noticeable|single|quick|temporary|isolated|pronounced)\s+)?"
+                        r"notable|noticeable|single|quick|temporary|isolated|pronounced|(?P<adj>early|late|initial|"
+                        r"final))\s+)?"
                         r"(?P<x>dip|spike|bump|blip|hump)\b", re.I),
     "ext": re.compile(r"\b(?:(?:an?|the|its|one)\s+(?:(?P<adj>early|late|final|initial|first|last|tallest|"
-                      r"highest|lowest|deepest|main|overall|global|single)\s+)?)?(?P<x>peak(?:s|ed|ing)?|"
+                      r"highest|lowest|deepest|main|overall|global|single|new)\s+)?)?(?P<x>peak(?:s|ed|ing)?|"
                       r"highest|maximum|max|tops\s+out|high\s+point|tallest|trough(?:s|ed)?|lowest|minimum|min|"
                       r"bottom(?:s|ed)?|low\s+point|nadir)\b|\b(?:an?|its|the)\s+(?:(?P<adj2>early|late|final|"
-                      r"initial)\s+)?(?P<x2>high|low)\b(?!er|est|\s+(?:level|values?|stretch|point))", re.I),
+                      r"initial)\s+)?(?:new\s+)?(?P<x2>high|low)\b(?!er|est|\s+(?:level|values?|stretch|point))", re.I),
     "dir": re.compile(rf"\b(?P<d>{UP}|{DOWN}|{FLAT})\b", re.I),
     "steady": re.compile(r"\b(?:steady|steadily|consistent(?:ly)?|continuous(?:ly)?|monoton(?:ic|ically|ous|ously)|"
                          r"throughout|all\s+the\s+way|constantly|every\s+step|without\s+interruption)\b", re.I),
     "gentle": re.compile(r"\b(?:slow(?:ly)?|gradual(?:ly)?|gentl[ey]|mild(?:ly)?)\b", re.I),
     "sharp": re.compile(r"\b(?:sharp(?:ly|er)?|steep(?:ly)?|sudden(?:ly)?|abrupt(?:ly)?|rapid(?:ly)?|quick(?:ly)?|"
-                        r"fast|dramatic(?:ally)?|strong(?:ly)?|big|large|huge|massive|significant(?:ly)?|"
-                        r"substantial(?:ly)?|marked(?:ly)?|precipitous(?:ly)?|steep)\b", re.I),
+                        r"fast|dramatic(?:ally)?|precipitous(?:ly)?)\b", re.I),
+    "large": re.compile(r"\b(?:strong(?:ly)?|big|large|huge|massive|significant(?:ly)?|substantial(?:ly)?|marked(?:ly)?|"
+                        r"considerabl[ey]|pronounced)\b", re.I),
     "slight": re.compile(r"\b(?:slight(?:ly)?|a\s+little|a\s+bit|marginal(?:ly)?|modest(?:ly)?|small|minor|tiny|"
                          r"somewhat|barely|a\s+touch|mildly)\b", re.I),
     "overall": re.compile(r"\b(?:overall|over\s+(?:the\s+)?(?:whole\s+|entire\s+)?(?:window|series|period|time)|"
                           r"in\s+general|on\s+the\s+whole|generally|trend|net|drift(?:s|ing)?)\b", re.I),
-    "vol_high": re.compile(r"\b(?:volatil\w*|noisy|noise|erratic\w*|jagged|choppy|irregular\w*|spiky|turbulent|"
+    "vol_high": re.compile(r"\b(?:volatil\w*|noisy|noise|erratic\w*|jagged|choppy|jumpy|irregular\w*|spiky|turbulent|"
                            r"unstable)\b", re.I),
     "vol_rev": re.compile(r"\b(?:fluctuat\w*|oscillat\w*|zig-?zag\w*|swings?|swinging|bounc(?:e|es|ing)|"
                           r"wav(?:es|y)|cycl(?:e|es|ical|ic)|seesaw\w*)\b", re.I),
@@ -271,8 +292,10 @@ _RX = {
         r"(?:part|stage|section|portion|phase|steps)|near\s+the\s+(?:start|beginning)|towards?\s+the\s+(?:start|beginning)|"
         r"in\s+the\s+beginning|(?:at|in)\s+the\s+(?:start|beginning)\s+of\s+the\s+(?:window|series))\b|"
         r"\b(?P<fq>(?:in\s+the\s+)?first\s+quarter)\b|\b(?P<ft>(?:in\s+the\s+)?first\s+third)\b|"
-        r"\b(?P<fh>(?:in\s+the\s+|during\s+the\s+|over\s+the\s+)?first\s+half)\b|"
-        r"\b(?P<sh>(?:in\s+the\s+|during\s+the\s+|over\s+the\s+)?(?:second|latter|later)\s+half)\b|"
+        r"\b(?P<fh>(?:in\s+the\s+|during\s+the\s+|over\s+the\s+)?first\s+half|(?:before|until|up\s+to|by)\s+the\s+"
+        r"(?:middle|midpoint|half-?way\s+point))\b|"
+        r"\b(?P<sh>(?:in\s+the\s+|during\s+the\s+|over\s+the\s+)?(?:second|latter|later)\s+half|(?:after|from)\s+"
+        r"the\s+(?:middle|midpoint))\b|"
         r"\b(?P<lt>(?:in\s+the\s+)?(?:last|final)\s+third)\b|\b(?P<lq>(?:in\s+the\s+)?(?:last|final)\s+quarter)\b|"
         r"\b(?P<middle>(?:in|around|near|through|towards?)\s+the\s+(?:middle|center|centre)|midway|half-?way|"
         r"mid-?(?:window|series|way|point|period)|the\s+middle)\b|"
@@ -282,7 +305,7 @@ _RX = {
         r"in\s+the\s+(?:last|final|late|later|closing)\s+(?:part|stage|section|portion|phase|steps)|"
         r"close\s+to\s+the\s+end|(?:in|at)\s+the\s+end\s+of\s+the\s+(?:window|series|period)|end\s+of\s+the\s+"
         r"(?:window|series|period))\b", re.I),
-    "sep": re.compile(r"\bthen\b|\bfollowed\s+by\b|\bbefore\b|\bafter\s+which\b|\bafterwards?\b|,|:|\band\s+then\b",
+    "sep": re.compile(r"\bthen\b|\bfollowed\s+by\b|\bbefore\b(?!\s+the\s+(?:middle|end|start|beginning))|\bafter\s+which\b|\bafterwards?\b|,|:|\band\s+then\b",
                       re.I),
     "with": re.compile(r"\b(?:with|showing|featuring|including)\b", re.I),
     "step": re.compile(r"\b(?:steps?|t\s*=|time(?:\s*step)?s?|index|indices|positions?|points?|x\s*=)\s*\d+", re.I),
@@ -326,12 +349,15 @@ class _Event:
     ext_value: float | None = None
     gentle: bool = False
     sharp: bool = False
+    large: bool = False
     slight: bool = False
     strict: bool = False
     overall: bool = False
     feature: bool = False  # introduced by "with ..." (a feature, not a step of a sequence)
     t0: int | None = None  # the step an explicit "at step N" gives it
     to_ext: bool = False   # "falls to a trough ...": a move to an extremum, not an overall direction
+    seg: int = 0           # the segment (text between separators) it stands in
+    ends_in: bool = False  # its region is where it ends ("falls to a low late in the window")
 
 
 def _num(text: str) -> float:
@@ -391,10 +417,23 @@ def _sentence_claims(caption: str, a: int, b: int, base: int) -> list[dict[str, 
         stat = "max" if m.group("hl").lower() == "high" else "min"
         events.append(_Event("ext", m.start(), m.end(), value=stat, region=region))
         events[-1].strict = True  # marks the "level" reading (top / bottom quarter)
+    for m in take("edge_ext"):
+        x = m.group("x").lower()
+        stat = "max" if x in ("peak", "maximum", "max", "highest", "high", "top") else "min"
+        near = m.group("p").lower() == "near"  # "ends near its high": the last value is in the top quarter
+        first = m.group("w").lower()[0] in "sbo"
+        region = ("first point" if first else "last point") if near else ("first tenth" if first else "last tenth")
+        events.append(_Event("ext", m.start(), m.end(), value=stat, region=region))
+        events[-1].strict = near
+    for m in take("level_adj"):
+        events.append(_Event("ext", m.start(), m.end(), value="max" if m.group("hl").lower() == "high" else "min"))
+        events[-1].strict = True
     take("level_word")  # "flat at the bottom": a level, not the minimum
     for m in take("local"):
         x = m.group("x").lower()
-        events.append(_Event("local", m.start(), m.end(), value="min" if x == "dip" else "max"))
+        events.append(_Event("local", m.start(), m.end(), value="min" if x == "dip" else "max",
+                             region=_ADJ_REGION.get((m.group("adj") or "").lower())))
+        events[-1].to_ext = bool(_RX["to_ext"].match(text, m.end()))
         if x == "hump":
             events[-1].kind = "hump"
     for m in take("ext"):
@@ -419,10 +458,11 @@ def _sentence_claims(caption: str, a: int, b: int, base: int) -> list[dict[str, 
             used.append((m.end(), tm.end()))
             adverb = text[m.end():tm.start("t")]
             ev.sharp = bool(_RX["sharp"].search(adverb))
+            ev.large = bool(_RX["large"].search(adverb))
             ev.slight = bool(_RX["slight"].search(adverb))
             ev.gentle = bool(_RX["gentle"].search(adverb))
         events.append(ev)
-    for kind in ("steady", "gentle", "sharp", "slight", "overall", "sep", "with", "step"):
+    for kind in ("steady", "gentle", "sharp", "large", "slight", "overall", "sep", "with", "step"):
         for m in _RX[kind].finditer(text):
             if kind in ("sep", "step") or not _taken(used, m.start(), m.end()):
                 events.append(_Event(kind, m.start(), m.end()))
@@ -442,6 +482,8 @@ def _sentence_claims(caption: str, a: int, b: int, base: int) -> list[dict[str, 
         claim("volatility", ev.start, ev.end, pattern="reversals")
     events.extend(_Event("revseg", ev.start, ev.end) for ev in rev_events)
     events.sort(key=lambda e: (e.start, -e.end))
+    events = [e for k, e in enumerate(events) if not (  # "the minimum falls in the second half": not a move
+        e.kind == "dir" and k and events[k - 1].kind == "ext" and not text[events[k - 1].end:e.start].strip())]
     _attach(events)
     claims.extend(_build(events, shapes, text, caption, a))
     claims.sort(key=lambda c: c["start"])
@@ -449,8 +491,10 @@ def _sentence_claims(caption: str, a: int, b: int, base: int) -> list[dict[str, 
 
 
 def _ratio_degree(m: re.Match[str]) -> str:
-    if m.group("pct"):
-        return f"pct:{_num(m.group('pct'))}"
+    if m.group("pct") or m.group("pct2"):
+        return f"pct:{_num(m.group('pct') or m.group('pct2'))}"
+    if m.group("frac"):
+        return f"pct:{ {'half': 50, 'third': 33.3, 'quarter': 25, 'fifth': 20, 'tenth': 10}[m.group('frac').lower()]}"
     r = (m.group("r") or "halve").lower()
     q = (m.group("q") or "").lower().replace(" ", "")
     base = "x2" if r.startswith("doubl") else "x3" if r.startswith("tripl") else "x0.5"
@@ -468,6 +512,7 @@ def _attach(events: list[_Event]) -> None:
         if ev.kind == "sep":
             seg += 1
         segment.append(seg)
+        ev.seg = seg
     carriers = [i for i, ev in enumerate(events) if ev.kind in _CARRIERS]
 
     def owner(i: int, kinds: tuple[str, ...] = _CARRIERS, free: str | None = None) -> int | None:
@@ -497,7 +542,7 @@ def _attach(events: list[_Event]) -> None:
             for k in carriers:  # a direction next to an explicit step is a position claim's (judges.claims)
                 if segment[k] == segment[i] and events[k].kind == "dir":
                     events[k].step = True
-        elif ev.kind in ("steady", "gentle", "sharp", "slight", "overall"):
+        elif ev.kind in ("steady", "gentle", "sharp", "large", "slight", "overall"):
             j = owner(i, ("dir",))
             if j is not None and abs(events[j].start - ev.start) <= 40:
                 setattr(events[j], {"steady": "strict"}.get(ev.kind, ev.kind), True)
@@ -507,6 +552,15 @@ def _attach(events: list[_Event]) -> None:
             nxt = [k for k in carriers if k > i and segment[k] == segment[i]]
             if nxt:
                 events[nxt[0]].feature = True
+    for i in carriers:  # "soars early to its maximum": the move and the extremum it reaches share a place
+        ev = events[i]
+        if not ev.to_ext:
+            continue
+        nxt = [k for k in carriers if k > i and events[k].kind == "ext" and segment[k] == segment[i]]
+        if nxt and ev.region and not events[nxt[0]].region:
+            events[nxt[0]].region = ev.region
+        elif nxt and events[nxt[0]].region and not ev.region and ev.kind == "dir":
+            ev.region, ev.to_ext, ev.ends_in = events[nxt[0]].region, False, True
 
 
 def _build(events: list[_Event], shapes: list[tuple[re.Match[str], list[str]]], text: str, caption: str,
@@ -567,13 +621,14 @@ def _build(events: list[_Event], shapes: list[tuple[re.Match[str], list[str]]], 
     if n_dirs >= 2 and sum(1 for ev, _ in segs if ev.kind == "dir") >= 1:
         merged: list[tuple[_Event, str]] = []
         for ev, d in segs:
-            if merged and merged[-1][1] == d and d != "flat":
+            if merged and merged[-1][1] == d:
                 continue
             merged.append((ev, d))
         if len(merged) >= 2:
             parts = []
             for ev, d in merged:
                 tag = d + (f"@{ev.region}" if ev.region and ev.kind in ("dir", "revseg") else "")
+                tag += "^" if ev.kind == "dir" and ev.region and ev.ends_in else ""
                 tag += "!" if ev.kind == "dir" and ev.sharp else "~" if ev.kind == "dir" and (ev.gentle or ev.slight) else ""
                 parts.append(tag)
             s0, e0 = merged[0][0].start, max(ev.end for ev, _ in merged)
@@ -590,8 +645,8 @@ def _build(events: list[_Event], shapes: list[tuple[re.Match[str], list[str]]], 
             continue
         if ev.region:
             claim("stretch", ev.start, ev.end, direction=ev.value, region=ev.region,
-                  pattern="strict" if ev.strict else "gentle" if (ev.gentle or ev.slight) else
-                  "sharp" if ev.sharp else None)
+                  pattern="to" if ev.ends_in else "strict" if ev.strict else "gentle" if (ev.gentle or ev.slight)
+                  else "sharp" if ev.sharp else None)
         elif ev.kind == "dir" and not ev.feature:
             overall.append(ev)  # ("with sharp jumps": a feature without a place asserts no direction)
     for ev in overall:
@@ -600,13 +655,14 @@ def _build(events: list[_Event], shapes: list[tuple[re.Match[str], list[str]]], 
         claim("trend", ev.start, ev.end, direction=ev.value, pattern=pattern)
     # magnitudes said of a direction
     for ev in dirs:
-        if ev.value == "flat" or not (ev.sharp or ev.slight):
+        if ev.value == "flat" or not (ev.sharp or ev.slight or ev.large):
             continue
         in_seq = any(ev is s for s, _ in segs) and ev not in single and ev not in overall
         if ev.slight and in_seq and not ev.region:
             continue  # "before dipping slightly" inside a sequence: nothing to measure it against
         claim("magnitude", ev.start, ev.end, direction=ev.value, region=None if ev.target is not None else ev.region,
-              degree="sharp" if ev.sharp else "slight", pattern="overall" if ev in overall else None)
+              degree="sharp" if ev.sharp else "large" if ev.large else "slight",
+              pattern="overall" if ev in overall else None)
     return out
 
 
@@ -729,6 +785,12 @@ def _check_stretch(claim: ClaimLike, sh: SeriesShape, tol: float) -> tuple[bool 
         need = max(2, int(np.ceil(length / 3)))
     if pattern == "strict":
         need = max(need, int(np.ceil(2 * length / 3)))
+    if pattern == "to":  # a move that reaches the region: it ends there, it may start anywhere before
+        for j in range(lo, hi + 1):
+            for i in range(j):
+                if _feasible(sh, d, i, j, move=move):
+                    return True, f"{d} from step {i} to {j}, ending within the {claim.region} (steps {r0}-{r1})"
+        return False, f"no {d} stretch ending within the {claim.region} (steps {r0}-{r1})"
     for i in range(lo, hi + 1):
         for j in range(i + need, hi + 1):
             if _feasible(sh, d, i, j, move=move):
@@ -740,26 +802,28 @@ def _check_sequence(parts: list[str], sh: SeriesShape) -> tuple[bool | None, str
     n = sh.n
     segs = []
     for p in parts:
-        gentle, sharp = p.endswith("~"), p.endswith("!")
-        p = p.rstrip("~!")
+        gentle, sharp, ends_in = "~" in p, "!" in p, "^" in p
+        p = p.rstrip("~!^")
         d, _, region = p.partition("@")
-        segs.append((d, sh.span(region) if region in REGIONS else None, gentle or sharp))
+        segs.append((d, sh.span(region) if region in REGIONS else None, gentle or sharp, ends_in))
     if len(segs) > max(2, n // 2):
         return None, "more stretches than the series can hold"
     margin = int(np.floor(MARGIN * (n - 1)))
-    start_bound = max(margin, segs[0][1][0] if segs[0][1] else 0)
+    start_bound = max(margin, segs[0][1][0] if segs[0][1] and not segs[0][3] else 0)
     end_bound = min(n - 1 - margin, segs[-1][1][1] if segs[-1][1] else n - 1)
     hi, lo, _, _ = _tables(sh)
     reach = np.zeros(n, dtype=bool)
     for i in range(start_bound + 1):  # an uncovered head may not hold a move the caption left out...
-        reach[i] = segs[0][1] is not None or hi[0, i] - lo[0, i] <= FLAT_SPAN  # ...unless it placed the first
-    for d, region, relaxed in segs:
+        reach[i] = (segs[0][1] is not None and not segs[0][3]) or hi[0, i] - lo[0, i] <= FLAT_SPAN  # ...unless it placed the first
+    for d, region, relaxed, ends_in in segs:
         nxt = np.zeros(n, dtype=bool)
         for i in np.flatnonzero(reach):
             for j in range(i + 1, n):
                 if nxt[j]:
                     continue
-                if region is not None and not _overlaps(i, j, *region):
+                if region is not None and ends_in and not region[0] - 1 <= j <= region[1] + 1:
+                    continue
+                if region is not None and not ends_in and not _overlaps(i, j, *region):
                     continue
                 if _feasible(sh, d, i, j, move=MOVE_GENTLE if relaxed else MOVE):
                     nxt[j] = True
@@ -858,6 +922,15 @@ def _check_magnitude(claim: ClaimLike, sh: SeriesShape, _tol: float) -> tuple[bo
             ok = sh.c >= UP_C if d == "up" else sh.c <= -UP_C
             why += f"; trend c={sh.c:.2f}"
         return ok, why
+    if degree == "large":
+        if claim.pattern == "overall":
+            ok = sh.c >= LARGE_C if d == "up" else sh.c <= -LARGE_C
+            return ok, f"trend c={sh.c:.2f} std (a strong trend: |c| >= {LARGE_C})"
+        r0, r1 = sh.span(claim.region) if claim.region in REGIONS else (0, sh.n - 1)
+        seg = sh.u[r0:r1 + 1]
+        run = seg - np.minimum.accumulate(seg) if d == "up" else np.maximum.accumulate(seg) - seg
+        best = float(run.max())
+        return best >= LARGE, f"largest {d} move: {best:.2f} of the range (large >= {LARGE})"
     if degree == "slight":
         if claim.region in REGIONS:
             r0, r1 = sh.span(claim.region)
