@@ -21,8 +21,11 @@ def test_hand_made_caption_is_coloured_as_figure_4():
     cap = ("The series opens at its maximum of 5 at step 0, then falls steadily to a trough of 0.5 at t=6 before "
            "rebounding to 4 at step 9. Between steps 2 and 4 it sits near 2. This may reflect seasonal sales. "
            "It peaks at step 6. The mean is 9.")
-    got = [c for c, _ in colours(cap)]
-    assert got == ["green", "green", "green", "green", "gray", "red", "red"]
+    got = colours(cap)
+    # The opening clause used to be read as one claim (the value at step 0); it holds two (the start, 5, and the
+    # maximum, 5, at step 0), and "falls ... before rebounding" is a shape claim the series supports.
+    assert [c for c, _ in got] == ["green", "green", "green", "green", "green", "green", "gray", "red", "red"]
+    assert ("green", "falls steadily to a trough of 0.5 at t=6 before rebounding to 4") in got
 
 
 def test_tolerance_is_035_sigma():
@@ -80,7 +83,8 @@ def test_llm_extractor_validates_retries_and_unscores():
     ((claims, info),) = spans.extract_llm(backend, [cap], retries=2)
     assert info["attempts"] == 3 and len(info["errors"]) == 2 and "substring" in info["errors"][1]
     assert backend.seen == [[0.0], [0.7], [0.7]]
-    assert [spans.check(c, V).colour for c in claims] == ["green", "blue"]
+    # a position with a checked assertion (the maximum is at step 0) is green; blue is for nothing checkable
+    assert [spans.check(c, V).colour for c in claims] == ["green", "green"]
     ((none, info2),) = spans.extract_llm(ScriptedBackend(["[]x", "nope"]), [cap], retries=1)
     assert none is None and info2["attempts"] == 2
 

@@ -1,12 +1,17 @@
 """Claims of a caption about a series, extracted by rules (or an LLM) and checked by code.
 
-This is the judgment core of the span audit (LineupRL Figure 4) and of the factuality reward term: a
-caption is split into clauses, each clause becomes at most one ``Claim`` (a value at a step, a value over
-an interval, a statistic, a position, a trend, a length), and ``check`` colours it against the series:
+This is the judgment core of the span audit (LineupRL Figure 4), of the factuality reward term, of the
+``claims:rules`` verifier and of ``judges.key_facts``. A caption is split into clauses, each clause gives at
+most one number claim (a value at a step, a value over an interval, a statistic, a position, a length), and
+each sentence gives its shape claims (``judges.shape_claims``: overall direction, hedges, extrema with their
+position, stretches and turning points, volatility, magnitudes); ``check`` colours each against the series:
 
-- **green**: a magnitude the series supports (within ``tolerance`` standard deviations there);
-- **blue**: a position or shape with no magnitude that the series does not contradict;
-- **red**: a claim the series contradicts;
+- **green**: the series supports the claim (a magnitude within ``tolerance`` standard deviations there; a
+  position or shape within the tolerances of ``judges.shape_claims``);
+- **blue**: a position or reference with nothing checkable asserted ("at step 5", "has 16 points": every
+  window of a run has the same length, so a right length is no evidence about this series);
+- **red**: a claim the series contradicts, and a hedge ("rises or falls"), which asserts nothing while
+  looking like an answer;
 - **gray**: no checkable claim.
 
 It lives in ``judges/`` (below ``rewards`` and ``eval``) so that training rewards and evaluation tables
@@ -19,12 +24,17 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
+from captionrl.judges.shape_claims import SHAPE_KINDS, check_shape, extract_shape
+
 COLOURS = ("green", "blue", "red", "gray")
 KINDS = ("value", "position", "trend", "stat", "length", "none")
+"""Kinds an LLM extractor may return (``validate_claims``); the rules also return ``SHAPE_KINDS``."""
+ALL_KINDS = (*KINDS, *(k for k in SHAPE_KINDS if k not in KINDS))
 STATS = ("max", "min", "mean", "std", "start", "end")
 
 
@@ -35,14 +45,18 @@ class Claim:
     text: str
     start: int
     end: int
-    kind: str = "none"          # value | position | trend | stat | length | none
-    value: float | None = None  # the stated magnitude
+    kind: str = "none"          # value | position | stat | length | none, or a shape kind (SHAPE_KINDS)
+    value: float | None = None  # the stated magnitude (a move's target for a stretch "rises to X")
     t0: int | None = None       # the step (or interval start) it points at
     t1: int | None = None       # interval end (inclusive); None for a single step
     stat: str | None = None     # max | min | mean | std | start | end
     direction: str | None = None  # up | down | flat
     colour: str = "gray"
     reason: str = ""
+    region: str | None = None   # shape claims: a named region of the window (shape_claims.REGIONS)
+    pattern: str | None = None  # shape claims: the reading (net, level, strict, seq:up>down, local, move...)
+    degree: str | None = None   # magnitude claims: slight | sharp | x2 | x0.5 | pct:40 ...
+    ref: float | None = None    # move claims: the value the move starts from (stated before it)
 
 
 # ------------------------------------------------------------------------------------- rule extractor
@@ -67,7 +81,9 @@ _TREND = {
     "flat": r"\b(?:flat|stable|steady|unchanged|constant)\b",
 }
 _SPLIT = re.compile(r"(?<=[.;!?])\s+|,\s+(?:and|but|while|whereas|then|before|after)\s+"
-                    r"|\s+(?:and then|while|before|after)\s+|,?\s+and\s+(?=(?:the|it|its|ends?|then)\b)", re.I)
+                    r"|\s+(?:and then|while|before|after)\s+|,?\s+and\s+(?=(?:the|it|its|ends?|then)\b)"
+                    r"|,\s+(?=(?:ends?|ending|finish(?:es)?|closes?)\s+(?:at|with|on|around)\b)", re.I)
+# (the last: "starts at 25.92, ends at 28.11, and ...", the main job's answer, holds two values)
 
 
 def clauses(caption: str) -> list[tuple[int, int]]:
@@ -87,11 +103,25 @@ def _num(text: str) -> float:
 
 
 def extract_rules(caption: str, index_base: int = 0) -> list[Claim]:
-    """Deterministic claims, one per clause (a clause with no checkable content is a gray claim)."""
-    out = []
+    """Deterministic claims: one number claim per clause (a clause with no checkable content is a gray
+    claim) and the shape claims of each sentence (``judges.shape_claims``), in caption order. Cached by
+    caption: the claims verifier checks one caption against K candidates, a group repeats captions."""
+    return list(_extract_rules(caption, index_base))
+
+
+@lru_cache(maxsize=8192)
+def _extract_rules(caption: str, index_base: int) -> tuple[Claim, ...]:
+    base = []
     for a, b in clauses(caption):
-        out.append(_clause_claim(caption[a:b], a, b, index_base))
-    return out
+        c = _clause_claim(caption[a:b], a, b, index_base)
+        if c.kind == "trend":  # direction words are read, in context, by the shape rules
+            c = replace(c, kind="none", direction=None)
+        base.append(c)
+    shape = [Claim(**kw) for kw in extract_shape(caption, index_base)]
+    stated = {(c.value, c.t0) for c in base if c.value is not None}
+    shape = [c for c in shape if c.kind not in ("value", "stat") or (c.value, c.t0) not in stated]
+    base = [c for c in base if c.kind != "none" or not any(c.start < s.end and s.start < c.end for s in shape)]
+    return tuple(sorted(base + shape, key=lambda c: (c.start, c.end)))
 
 
 def _clause_claim(text: str, a: int, b: int, base: int) -> Claim:
@@ -110,6 +140,10 @@ def _clause_claim(text: str, a: int, b: int, base: int) -> Claim:
     stat = next((s for s, pat in _STAT_WORDS.items() if re.search(pat, text, re.I)), None)
     direction = next((d for d, pat in _TREND.items() if re.search(pat, text, re.I)), None)
     starts, ends, length = _STARTS.search(text), _ENDS.search(text), _LENGTH.search(text)
+    if t0 is not None and (starts or ends) and used[0][0] > max(m.end() for m in (starts, ends) if m):
+        # "starts at 20.85, climbs to a maximum of 25.55 around step 8": the step belongs to a later number
+        # (the shape rules read "a maximum of 25.55 around step 8"); the clause's claim is the start
+        t0 = t1 = None
     if starts and t0 is None and not ends:
         return replace(claim, kind="value", value=_num(starts.group(1)), stat="start")
     if ends and t0 is None and not starts:
@@ -150,6 +184,8 @@ def check(claim: Claim, series: np.ndarray, tolerance: float = 0.35) -> Claim:
 
     if claim.kind == "none":
         return out("gray", "no checkable claim")
+    if claim.kind in SHAPE_KINDS:
+        return out(*check_shape(claim, v, tolerance))
     for t in (claim.t0, claim.t1):
         if t is not None and not 0 <= t < n:
             return out("red", f"step {t} is outside the series (0..{n - 1})")
@@ -168,10 +204,10 @@ def check(claim: Claim, series: np.ndarray, tolerance: float = 0.35) -> Claim:
             k = max(1, n // 10)
             near = v[max(0, lo - k) : hi + k + 1]
             ok = seg.max() >= near.max() - tol if claim.stat == "max" else seg.min() <= near.min() + tol
-            return out("blue" if ok else "red", f"{claim.stat} at {where}: local {claim.stat} check")
+            return out("green" if ok else "red", f"{claim.stat} at {where}: local {claim.stat} check")
         if claim.direction and hi > lo:
             got = _slope_direction(seg)
-            return out("blue" if got == claim.direction else "red", f"direction over {where} is {got}")
+            return out("green" if got == claim.direction else "red", f"direction over {where} is {got}")
         return out("blue", f"position {where} without magnitude")
     if claim.kind in ("value", "stat") and claim.value is not None:
         ref = {"start": v[0], "end": v[-1], "max": v.max(), "min": v.min(), "mean": v.mean(),
@@ -180,9 +216,6 @@ def check(claim: Claim, series: np.ndarray, tolerance: float = 0.35) -> Claim:
             return out("gray", "a number not tied to a position or statistic")
         ok = abs(claim.value - float(ref)) <= tol
         return out("green" if ok else "red", f"{claim.stat} is {float(ref):.4g}; stated {claim.value:g} ± {tol:.3g}")
-    if claim.kind == "trend" and claim.direction:
-        got = _slope_direction(v)
-        return out("blue" if got == claim.direction else "red", f"overall direction is {got}")
     return out("gray", "no checkable claim")
 
 
