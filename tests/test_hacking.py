@@ -15,7 +15,7 @@ from captionrl.eval.hacking import (
     run,
     series_probes,
 )
-from captionrl.probes import PROBES
+from captionrl.probes import PROBES, SERIES_PROBES
 
 
 def test_probe_sets_are_well_formed():
@@ -28,7 +28,7 @@ def test_probe_sets_are_well_formed():
     im = image_probes(n=2, seed=0)
     assert set(im.captions) == set(PROBES) and im.captions["other_item"][0] != im.captions["honest"][0]
     # series also get invented values: plausible numbers, none of them the series' own at any rounding
-    assert set(s.captions) == {*PROBES, "invented_values"}
+    assert set(s.captions) == {*PROBES, *SERIES_PROBES}
     assert s.captions["invented_values"][0].startswith("The values are ")
 
 
@@ -88,5 +88,8 @@ def test_series_table_has_the_transcription_guard_columns(tmp_path):
     claims = rows["identify-claims (series)"]
     # the code-checked verifier: the honest caption identifies its series, a dump scores exactly chance
     assert claims["honest"] > claims["dump"] == pytest.approx(1 / 4)
-    assert claims["exploitable"] == claims["exploitable_guarded"] == "-"
+    # ...but identification rewards any one distinguishing fact: the start value alone, or the right values
+    # with the wrong direction, identify as well as a description (issue 32); no number-only probe wins it
+    lazy = {"start_only", "start_sentence", "wrong_direction", "hedge"}
+    assert set(claims["exploitable"].split(", ")) <= lazy and "start_only" in claims["exploitable"]
     assert "transcription guard (series)" in (tmp_path / "table.md").read_text()

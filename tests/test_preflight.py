@@ -20,7 +20,12 @@ from captionrl.train import lineup
 ROOT = Path(__file__).resolve().parents[1]
 N_ITEMS = 2
 UNGUARDED = ["reward.transcription_penalty=0", "reward.run_penalty=0", "reward.factuality_penalty=0", "reward.factuality_bonus=0",
-             "reward.unfinished_penalty=0", "reward.length_penalty=0", "reward.number_penalty=0"]  # every shaping term off: the bare verifier
+             "reward.unfinished_penalty=0", "reward.length_penalty=0", "reward.number_penalty=0",
+             "reward.coverage_bonus=0", "reward.wrong_fact_penalty=0", "reward.degenerate_penalty=0"]  # every shaping term off: the bare verifier
+
+
+NUMBERS_ONLY = ["reward.factuality_bonus=1.0", "reward.coverage_bonus=0", "reward.wrong_fact_penalty=0",
+                "reward.degenerate_penalty=0"]  # the CPU config's reward before issue 32
 
 
 def _setup(backend, overrides):
@@ -70,18 +75,27 @@ def test_refusal_names_the_winner_and_the_keys_and_unscored_honest_refuses(tmp_p
 @pytest.mark.slow
 def test_preflight_passes_the_cpu_config_and_refuses_an_unguarded_likelihood_reward(tmp_path, embedded_backend):
     _, rows, reward, honest, dumps = _setup(embedded_backend, [])
-    from captionrl.preflight import invented_values
+    from captionrl.preflight import series_extra_probes
 
+    cfg = load_config(lineup.LineupConfig, ROOT / "configs" / "lineup-cpu.yaml")
     ok = run_preflight(reward, rows, honest, dumps, keys=lineup.PREFLIGHT_KEYS, out_dir=tmp_path / "ok",
-                       extra={"invented_values": invented_values(rows)})
+                       extra=series_extra_probes(rows, cfg.instruction()), margin=cfg.train.preflight_margin)
     assert ok.passed and not ok.winners
     means = {r.probe: r.mean for r in ok.rows}
-    assert all(means[p] < means["honest"] for p in means if p != "honest")
+    assert all(means[p] < means["honest"] - cfg.train.preflight_margin for p in means if p != "honest")
+    assert {"start_only", "start_sentence", "key_values", "echo_values", "wrong_direction", "hedge"} <= set(means)
     assert means["invented_values"] < 0  # the number budget prices a list of invented values (24 numbers)
     assert "honest" in (tmp_path / "ok" / "preflight.md").read_text()
 
+    # the main job's reward before issue 32 (a share bonus, no description terms): one copied value wins it
+    _, rows, reward, honest, dumps = _setup(embedded_backend, NUMBERS_ONLY)
+    with pytest.raises(PreflightError, match="start_only") as err:
+        run_preflight(reward, rows, honest, dumps, keys=lineup.PREFLIGHT_KEYS, out_dir=tmp_path / "numbers",
+                      extra=series_extra_probes(rows, cfg.instruction()), margin=cfg.train.preflight_margin)
+    assert "train.preflight_margin" in str(err.value)
+
     _, rows, reward, honest, dumps = _setup(embedded_backend, UNGUARDED)
-    with pytest.raises(PreflightError, match="dump") as err:
+    with pytest.raises(PreflightError, match="dump") as err:  # the bare verifier: the number dump wins it
         run_preflight(reward, rows, honest, dumps, keys=lineup.PREFLIGHT_KEYS, out_dir=tmp_path / "bad")
     assert "reward.transcription_penalty" in str(err.value)
     assert json.loads((tmp_path / "bad" / "preflight.json").read_text())["winners"][0] == "dump"

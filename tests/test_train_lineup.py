@@ -161,7 +161,7 @@ def test_a_run_saved_before_a_setting_existed_resumes_at_its_default(tmp_path, f
     assert prepare_run_dir(cfg, out, "auto") is not None
     (out / "config.yaml").write_text(yaml.safe_dump(saved))
     moved = load_config(LineupConfig, None, [f"train.out_dir={out}", "train.preflight_margin=0.3"])
-    with pytest.raises(ConfigError, match="train.preflight_margin: saved '\\(absent\\)', now 0.3"):
+    with pytest.raises(ConfigError, match=r"train\.preflight_margin: saved '\(absent\)', now 0\.3"):
         prepare_run_dir(moved, out, "auto")
 
 

@@ -43,7 +43,7 @@ class ProbeRow:
     mean: float | None
     scored: int
     n: int
-    margin: float | None      # probe mean - honest mean (>= 0: the probe wins)
+    margin: float | None      # probe mean - honest mean (>= -train.preflight_margin: the probe wins)
     wins: bool
 
 
@@ -96,6 +96,18 @@ def invented_values(rows: Sequence[Mapping[str, Any]], precision: int = 2, shift
     return [invented_caption([float(x) for x in r["series"]], precision, shift) for r in rows]
 
 
+def series_extra_probes(rows: Sequence[Mapping[str, Any]], instruction: str,
+                        precision: int = 2) -> dict[str, list[str]]:
+    """Every series-only probe of LineupRL rows (``captionrl.probes.SERIES_PROBES``): ``invented_values`` and
+    the lazy optimums (start value alone, key values without words, the instruction echoed with values, the
+    right values with the wrong direction, a hedge)."""
+    from captionrl.probes import series_probes
+
+    lazy = [series_probes([float(x) for x in r["series"]], instruction, precision) for r in rows]
+    return {"invented_values": invented_values(rows, precision),
+            **{name: [p[name] for p in lazy] for name in (lazy[0] if lazy else {})}}
+
+
 def _mean(values: Sequence[Any]) -> tuple[float | None, int]:
     vals = [float(v) for v in values if v is not None and not math.isnan(float(v))]
     return (float(np.mean(vals)) if vals else None), len(vals)
@@ -129,7 +141,7 @@ def run_preflight(reward: Callable[..., Sequence[Any]], rows: Sequence[Mapping[s
                   dumps: Sequence[str], *, keys: Sequence[str] = (), force: bool = False,
                   out_dir: str | Path | None = None, echo: bool = True,
                   hint: str = "switch the transcription guard on, raise its penalties",
-                  extra: Mapping[str, Sequence[str]] | None = None) -> PreflightResult:
+                  extra: Mapping[str, Sequence[str]] | None = None, margin: float = 0.0) -> PreflightResult:
     """Score the probes on ``rows`` (already sampled), save the table, refuse when a probe wins.
 
     Args:
@@ -141,8 +153,9 @@ def run_preflight(reward: Callable[..., Sequence[Any]], rows: Sequence[Mapping[s
         out_dir: run folder for ``preflight.md`` / ``preflight.json`` (None: not saved).
         hint: an example of a change that helps, for the refusal's fix (the recipe knows its reward).
         extra: further probes per row (name -> captions), e.g. ``invented_values`` for series.
+        margin: a probe must score at least this much below the honest mean (``train.preflight_margin``).
     Raises:
-        PreflightError: a probe's mean is >= the honest mean, or the honest reference is never scored.
+        PreflightError: a probe's mean is >= the honest mean - margin, or the honest reference is never scored.
     """
     scores = score_probes(reward, rows, honest, dumps, extra=extra)
     honest_mean, _ = _mean(scores["honest"])
@@ -150,11 +163,11 @@ def run_preflight(reward: Callable[..., Sequence[Any]], rows: Sequence[Mapping[s
     winners: list[str] = []
     for probe, vals in scores.items():
         mean, scored = _mean(vals)
-        margin = None if mean is None or honest_mean is None else mean - honest_mean
-        wins = probe != "honest" and margin is not None and margin >= 0
+        gap = None if mean is None or honest_mean is None else mean - honest_mean
+        wins = probe != "honest" and gap is not None and gap >= -margin
         if wins:
             winners.append(probe)
-        table.append(ProbeRow(probe, mean, scored, len(vals), margin, wins))
+        table.append(ProbeRow(probe, mean, scored, len(vals), gap, wins))
     passed = honest_mean is not None and not winners
     first = {name: list(caps[:1]) for name, caps in (extra or {}).items()}
     examples = {p: c[0] for p, c in probe_captions(list(honest[:1]), list(dumps[:1]), first).items()} if honest else {}
@@ -172,7 +185,8 @@ def run_preflight(reward: Callable[..., Sequence[Any]], rows: Sequence[Mapping[s
     if echo:
         logger.info(f"reward preflight ({len(rows)} items):\n{result.table()}")
     if not passed and not force:
-        why = (f"probe(s) {winners} score at or above the honest reference ({_fmt(honest_mean)})" if winners
+        within = f" or within {margin:g} of it (train.preflight_margin)" if margin > 0 else ""
+        why = (f"probe(s) {winners} score at or above the honest reference ({_fmt(honest_mean)}){within}" if winners
                else "the reward scored no honest reference")
         raise PreflightError(
             "reward", ", ".join(keys) or "the reward", f"{why}: a policy can earn this reward without describing.\n"

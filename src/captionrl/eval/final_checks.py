@@ -11,11 +11,17 @@ For each system (the trained captioner, the initial one, ...) on the held-out it
 - **identification** under every configured verifier, with the training verifier in its own column
   (``c2s[train]``) and never in the mean (``c2s_eval_mean``): a verifier that produced the reward cannot
   grade the captions it shaped;
+- **description** (``eval.description``): whether each caption states the direction and whether it is right,
+  the extrema it names with their position, its number of distinct correct key facts, the share of
+  degenerate captions (under 5 words, no words, the instruction echoed) and of one template sentence;
 - optionally the **caption-only bottleneck** (``eval.bottleneck``: reconstruction MSE of a predictor that
   reads only the caption, cross-fitted so that every window is scored), against the empty-caption and
   shuffled-caption controls, with the paired difference between the first two systems.
 
-Every share and accuracy carries a 95% interval over the held-out windows (``*_ci``).
+Every share and accuracy carries a 95% interval over the held-out windows (``*_ci``). The first system is
+compared with the second (the trained captioner with its initial model) item by item, and the summary ends
+with a one-line **verdict**: better, not better or worse, naming the checks that decided it
+(``eval.description.verdict``).
 
 ``run_final_checks`` writes ``final_checks.md`` and ``final_checks.json`` and returns the summary.
 """
@@ -43,8 +49,10 @@ def _ends_with_stop(caption: str) -> bool:
 
 def caption_checks(captions: Mapping[str, str], series: Mapping[str, Any], *,
                    guard: TranscriptionConfig | None = None, tolerance: float = 0.35,
-                   clipped: Mapping[str, bool] | None = None) -> dict[str, Any]:
-    """Span audit, transcription and form of one system's captions (keys: item ids present in ``series``)."""
+                   clipped: Mapping[str, bool] | None = None,
+                   red_items: dict[str, float] | None = None) -> dict[str, Any]:
+    """Span audit, transcription and form of one system's captions (keys: item ids present in ``series``);
+    ``red_items``, when given, receives each item's red share (the verdict compares them item by item)."""
     guard = guard or TranscriptionConfig()
     ids = [i for i in captions if i in series]
     shares = {k: [] for k in COLOURS}
@@ -54,6 +62,8 @@ def caption_checks(captions: Mapping[str, str], series: Mapping[str, Any], *,
         a = audit(cap, v, extract_rules(cap), tolerance)
         for k in COLOURS:
             shares[k].append(a["share"][k])
+        if red_items is not None:
+            red_items[i] = a["share"]["red"]
         cols = [c["colour"] for c in a["claims"]]
         checkable = sum(c != "gray" for c in cols)
         if checkable:
@@ -145,17 +155,26 @@ def bottleneck_check(systems: Mapping[str, Mapping[str, str]], series: Mapping[s
 def run_final_checks(systems: Mapping[str, Mapping[str, str]], series: Mapping[str, Any], out_dir: str | Path, *,
                      identification: Mapping[str, Any] | None = None, guard: TranscriptionConfig | None = None,
                      tolerance: float = 0.35, clipped: Mapping[str, Mapping[str, bool]] | None = None,
-                     bottleneck: bool = False, bottleneck_folds: int = 5) -> dict[str, Any]:
-    """Every check above for every system; writes ``final_checks.{md,json}`` under ``out_dir``."""
+                     bottleneck: bool = False, bottleneck_folds: int = 5,
+                     instruction: str | None = None) -> dict[str, Any]:
+    """Every check above for every system, and the first system's verdict against the second; writes
+    ``final_checks.{md,json}`` under ``out_dir``. ``instruction``: the captioning instruction (echo check)."""
+    from captionrl.eval.description import description_checks, summarise, verdict
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     ident = identification_columns(identification)
     rows = []
+    per_item: dict[str, dict[str, dict[str, float]]] = {}
     for name, caps in systems.items():
+        red: dict[str, float] = {}
         row = {"system": name, **caption_checks(caps, series, guard=guard, tolerance=tolerance,
-                                                 clipped=(clipped or {}).get(name))}
+                                                 clipped=(clipped or {}).get(name), red_items=red)}
+        described = description_checks(caps, series, instruction=instruction, tolerance=tolerance)
+        row.update(summarise(described))
         row.update(ident.get(name, {}))
         rows.append(row)
+        per_item[name] = {**described, "red": red}
     notes = []
     if bottleneck:
         try:
@@ -167,6 +186,7 @@ def run_final_checks(systems: Mapping[str, Mapping[str, str]], series: Mapping[s
             if row["system"] in mse:
                 row["bottleneck_mse"] = mse[row["system"]]["mse"]
                 row["bottleneck_mse_ci"] = mse[row["system"]]["ci"]
+                per_item[row["system"]]["bottleneck_mse"] = dict(mse[row["system"]]["items"])
         names = list(systems)
         if len(names) >= 2 and names[0] in mse and names[1] in mse:  # paired: the same folds, item by item
             from captionrl.eval.stats import mean_interval
@@ -183,8 +203,13 @@ def run_final_checks(systems: Mapping[str, Mapping[str, str]], series: Mapping[s
     if not any(k.endswith("_eval_mean") and v is not None for r in rows for k, v in r.items()):
         notes.append("no evaluation verifier other than the training verifier is configured (eval.verifiers): "
                      "c2s[train] is what the policy was trained on and is no evidence of quality")
+    names = list(systems)
+    judged = verdict(per_item[names[0]], per_item[names[1]]).to_json() if len(names) >= 2 else None
+    if judged is not None:
+        judged["systems"] = names[:2]
     summary = {"protocol": "final-checks", "rows": rows, "columns": _columns(rows), "notes": notes,
-               "config": {"tolerance": tolerance, "bottleneck": bottleneck,
+               "verdict": judged, "per_item": per_item,
+               "config": {"tolerance": tolerance, "bottleneck": bottleneck, "instruction": instruction,
                           "guard": vars(guard or TranscriptionConfig())}}
     write_json(out / "final_checks.json", summary)
     (out / "final_checks.md").write_text(markdown(summary))
@@ -212,11 +237,18 @@ def markdown(summary: Mapping[str, Any]) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "green/red: share of claims the series supports/contradicts (span audit, rules, 0.35 sigma); "
               "transcription: share of the series' values copied; clipped_ratio: captions cut by the token budget; "
+              "direction_stated/direction_right: the caption says whether the series rises, falls or stays flat "
+              "(a hedge is no statement) / and the series agrees; extrema_named/extrema_right: peaks and troughs "
+              "named with their position / right; key_facts: distinct correct key facts; degenerate: under 5 words, "
+              "no words, or the instruction echoed; same_sentence: one sentence for every item, numbers changed; "
               "c2s[train]: identification under the verifier that produced the reward (not in c2s_eval_mean); "
               "bottleneck_mse: caption-only reconstruction MSE, cross-fitted over every window (lower is better); "
               "bottleneck_vs_*: paired difference to the named system (negative: the first system's captions "
               "carry more of the series). [lo, hi]: 95% t-interval over the held-out windows."]
     lines += [f"Note: {n}" for n in summary.get("notes", [])]
+    if summary.get("verdict"):
+        v = summary["verdict"]
+        lines += ["", f"**{v['systems'][0]} vs {v['systems'][1]}**: {v['line']}"]
     return "\n".join(lines) + "\n"
 
 

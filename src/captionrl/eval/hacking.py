@@ -91,8 +91,19 @@ def series_probes(n: int = 4, k: int = 4, length: int = 24, seed: int = 0) -> Pr
         {"id": ids, "candidates": cands, "series": [c[0] for c in cands],
          "reference": honest, "references": [[h] for h in honest],
          "evidence": ["Time series values: " + render_numbers(np.asarray(c[0]))[0] for c in cands]},
-        probe_captions(honest, dumps, {"invented_values": [invented_values(c[0]) for c in cands]}), meta={"windows": picks, "k": k, "length": length, "seed": seed},
+        probe_captions(honest, dumps, series_extra(cands)), meta={"windows": picks, "k": k, "length": length, "seed": seed},
     )
+
+
+def series_extra(cands: list[list[Any]]) -> dict[str, list[str]]:
+    """The series-only probes of each item's true series (``captionrl.probes.SERIES_PROBES``): invented values
+    and the lazy optimums, the echo under the default caption instruction."""
+    from captionrl.domains.captioning import CAPTION_INSTRUCTION
+    from captionrl.probes import series_probes
+
+    lazy = [series_probes(c[0], CAPTION_INSTRUCTION) for c in cands]
+    return {"invented_values": [invented_values(c[0]) for c in cands],
+            **{name: [p[name] for p in lazy] for name in (lazy[0] if lazy else {})}}
 
 
 def image_probes(n: int = 4, seed: int = 0) -> ProbeSet:

@@ -40,10 +40,10 @@ class Reward:
     """
 
     def __init__(self, judge: Judge, shaping: ShapingConfig | None = None, family: str = "identification",
-                 name: str | None = None, series_rows: bool | None = None) -> None:
+                 name: str | None = None, series_rows: bool | None = None, instruction: str | None = None) -> None:
         self.base = judge
         self.shaping = shaping if shaping is not None else ShapingConfig.off()
-        self.shaper = Shaper(self.shaping)
+        self.shaper = Shaper(self.shaping, instruction)
         self.family = family
         self.name = name or family
         self.series_rows = family == "identification" if series_rows is None else series_rows
@@ -105,12 +105,14 @@ class Reward:
             keys += ["transcription_penalty", "copied_values", "transcription_share"]
         if self.series_rows and self.shaper.factuality.enabled:
             keys += ["red_share", "green_share", "factuality_penalty"]
+        if self.series_rows:
+            keys += ["key_facts", "wrong_facts", "direction_stated", "direction_right", "degenerate", "description_term"]
         return tuple(dict.fromkeys(keys))
 
 
 def build_reward(spec: RewardSpec, verifier: Any = None, *, series: SeriesPrint | None = None, seed: int = 0,
                  cider_corpus: Sequence[Sequence[str]] | None = None, name: str | None = None,
-                 series_rows: bool | None = None) -> Reward:
+                 series_rows: bool | None = None, instruction: str | None = None) -> Reward:
     """The reward ``spec`` describes, its judge on ``verifier`` (a backend; unused by ``cider``).
 
     Args:
@@ -120,9 +122,10 @@ def build_reward(spec: RewardSpec, verifier: Any = None, *, series: SeriesPrint 
             or folder ``spec.cider.references`` names (the service and adapters refuse CIDEr-D without one).
         series_rows: every row describes a series, so a missing ``series`` column is an error rather than the
             series terms switching off (default: identification rows; ``train lineup`` says so for every family).
+        instruction: the captioning instruction the policy reads (the degenerate check catches its echo).
     """
     judge = family_judge(spec, verifier, series or SeriesPrint(), seed, cider_corpus)
-    return Reward(judge, spec, family=spec.family, name=name, series_rows=series_rows)
+    return Reward(judge, spec, family=spec.family, name=name, series_rows=series_rows, instruction=instruction)
 
 
 def family_judge(spec: RewardSpec, verifier: Any, series: SeriesPrint, seed: int,
@@ -168,9 +171,11 @@ def series_subject(spec: RewardSpec) -> bool:
 
 
 def reward_of_judge(judge: Judge, name: str | None = None) -> Reward:
-    """A judge's scores as they are, as a ``Reward`` (no shaping): for recipes whose reward has no series
-    terms (RubiCap's families, MoCo's online rubric)."""
-    return Reward(judge, None, family=str(getattr(judge, "name", "judge")), name=name)
+    """A judge's scores as they are, as a ``Reward`` (no shaping) named ``name`` (its metrics' prefix, e.g.
+    ``rubric/unscored_frac``): for recipes whose reward has no series terms (RubiCap's families, MoCo's
+    online rubric)."""
+    family = name or str(getattr(judge, "name", "judge"))
+    return Reward(judge, None, family=family, name=family)
 
 
 def sample_extras(judgment: Judgment) -> Mapping[str, Any]:

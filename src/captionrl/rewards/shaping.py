@@ -15,6 +15,11 @@ metrics of the TRL face, ``extra_logs`` of the engines):
   and any run of consecutive values; applies where the rows carry a ``series`` column;
 - factuality (``rewards.factuality``): ``weight * share of contradicted claims - bonus * share of supported
   claims``; series rows only;
+- description (``coverage_bonus``, ``wrong_fact_penalty``, ``degenerate_penalty``; ``judges.key_facts``):
+  + the distinct key facts the caption gets right (direction, start, end, extrema with positions, ...), up
+  to ``coverage_target``, less the ones the series contradicts (a hedge is one), and a penalty for a
+  degenerate caption (a bare number, a few words, the instruction echoed); series rows only. It pays
+  describing: the factuality bonus pays a share, which one copied value fills;
 - numbers-masked pass (``masked_weight > 0``): the base reward also scores the caption with its numbers
   masked, and the base becomes ``(1 - w) * base + w * masked``: a caption that is identifiable only through
   copied numbers loses that part. A failed masked judgment leaves the caption unscored (``None``).
@@ -31,6 +36,7 @@ from typing import Any, ClassVar
 
 from captionrl.config import help_field
 from captionrl.errors import ConfigError
+from captionrl.judges.key_facts import KeyFacts, key_facts
 from captionrl.judges.transcription import Transcription, TranscriptionConfig, parse_shown, transcription
 from captionrl.rewards.factuality import EXTRACTORS, FactualityTerm
 
@@ -78,9 +84,14 @@ class ShapingConfig:
     unfinished_penalty: float = help_field(0.0, "penalty for a caption that does not end a sentence (cut by the token budget or trailing off)")
     max_numbers: int | None = help_field(None, "number budget: numbers a caption may state for free, matched to the series or not (null = no budget)")
     number_penalty: float = help_field(0.0, "penalty per number beyond max_numbers (prices invented value lists, which the transcription guard cannot see)")
+    coverage_bonus: float = help_field(0.0, "description coverage: + coverage_bonus * min(correct key facts, coverage_target) / coverage_target, the distinct facts the caption gets right, checked by code (judges.key_facts: direction, start, end, max and min with their positions, a shape, volatility, a magnitude; each counted once however often restated): pays describing, where factuality_bonus pays a share that one copied value fills; 0 = off")
+    coverage_target: int = help_field(4, "correct key facts that earn the whole coverage_bonus")
+    wrong_fact_penalty: float = help_field(0.0, "penalty per distinct key fact the series contradicts, a hedge such as 'rises or falls' included (judges.key_facts); 0 = off")
+    degenerate_penalty: float = help_field(0.0, "penalty for a degenerate caption (no words: a bare number or a list of numbers; under 5 words; the instruction echoed), which earns no coverage either; 0 = off")
 
     WEIGHTS: ClassVar[tuple[str, ...]] = ("length_penalty", "transcription_penalty", "run_penalty", "factuality_penalty",
-                                          "factuality_bonus", "unfinished_penalty", "number_penalty")
+                                          "factuality_bonus", "unfinished_penalty", "number_penalty", "coverage_bonus",
+                                          "wrong_fact_penalty", "degenerate_penalty")
     """The terms' weights: each must be >= 0 (0 switches its term off)."""
 
     def __post_init__(self) -> None:
@@ -104,6 +115,8 @@ class ShapingConfig:
             raise ConfigError(f"{f}.max_numbers", self.max_numbers, "must be >= 0", "set null for no number budget")
         if self.max_caption_chars is not None and self.max_caption_chars < 1:
             raise ConfigError(f"{f}.max_caption_chars", self.max_caption_chars, "must be >= 1", "set null for no length shaping")
+        if self.coverage_target < 1:
+            raise ConfigError(f"{f}.coverage_target", self.coverage_target, "must be >= 1", "set e.g. 4")
         if self.factuality_tolerance <= 0:
             raise ConfigError(f"{f}.factuality_tolerance", self.factuality_tolerance, "must be > 0", "use 0.35 (the span audit's)")
         if self.claims_extractor not in EXTRACTORS:
@@ -113,6 +126,10 @@ class ShapingConfig:
                               f"set {f}.claims_backend: openai:URL#MODEL, or {f}.claims_extractor: rules")
         if not 0 <= self.masked_weight <= 1:
             raise ConfigError(f"{f}.masked_weight", self.masked_weight, "must be in [0, 1]", "set 0 (off) or e.g. 0.5")
+
+    def describes(self) -> bool:
+        """Whether a description term is on (coverage, wrong facts, degenerate captions)."""
+        return self.coverage_bonus > 0 or self.wrong_fact_penalty > 0 or self.degenerate_penalty > 0
 
     def counting(self) -> TranscriptionConfig:
         """The guard's counting rule (what the evaluation's transcription column counts)."""
@@ -155,6 +172,8 @@ class Shaped:
     red_share: float | None
     green_share: float | None
     factuality_penalty: float
+    facts: KeyFacts | None = None   # what the caption describes (series rows)
+    description_term: float = 0.0   # coverage bonus less the wrong-fact and degenerate penalties
 
 
 def _score(x: Any) -> float | None:
@@ -168,14 +187,24 @@ class Shaper:
     """The shaping terms of one ``ShapingConfig``, built once (the guard, the factuality term and its LLM
     extractor): ``shape`` turns base scores into shaped rewards; ``None`` stays ``None``."""
 
-    def __init__(self, cfg: ShapingConfig | None = None) -> None:
+    def __init__(self, cfg: ShapingConfig | None = None, instruction: str | None = None) -> None:
         self.cfg = cfg or ShapingConfig()
         self.guard = self.cfg.guard()
         self.factuality = self.cfg.factuality_term()
+        self.instruction = instruction
 
     def needs_series(self) -> bool:
-        """Whether a term reads the ``series`` column (the transcription guard, the factuality term)."""
-        return self.guard is not None or self.factuality.enabled
+        """Whether a term reads the ``series`` column (the guard, the factuality and description terms)."""
+        return self.guard is not None or self.factuality.enabled or self.cfg.describes()
+
+    def description(self, facts: KeyFacts) -> float:
+        """The description term of one caption: what its correct key facts earn, less its wrong ones; a
+        degenerate caption (no words, under 5 words, the instruction echoed) earns no coverage and pays."""
+        c = self.cfg
+        if facts.degenerate is not None:
+            return -c.degenerate_penalty - c.wrong_fact_penalty * facts.wrong_facts
+        covered = c.coverage_bonus * min(facts.correct_facts, c.coverage_target) / c.coverage_target
+        return covered - c.wrong_fact_penalty * facts.wrong_facts
 
     def length_penalty(self, caption: str) -> float:
         """Form: characters above the limit, the unfinished-sentence penalty, and the number budget.
@@ -212,9 +241,12 @@ class Shaper:
             tp = tr.penalty if (tr is not None and self.guard is not None) else 0.0
             f = facts[i]
             fp = self.factuality.penalty(f) if f is not None else 0.0
-            reward = None if base is None else base - lp - tp - fp
+            kf = key_facts(cap, series[i], instruction=self.instruction, tolerance=c.factuality_tolerance) \
+                if has_series and len(series[i] or []) else None  # type: ignore[index]
+            dt = self.description(kf) if kf is not None and c.describes() else 0.0
+            reward = None if base is None else base - lp - tp - fp + dt
             out.append(Shaped(reward, raw, masked, lp, tr, tp, f.red_share if f else None,
-                              f.green_share if f else None, fp))
+                              f.green_share if f else None, fp, kf, dt))
         return out
 
 
@@ -234,19 +266,25 @@ def terms(caption: str, s: Shaped) -> dict[str, float]:
     if s.red_share is not None:
         out.update({"red_share": s.red_share, "green_share": s.green_share or 0.0,
                     "factuality_penalty": s.factuality_penalty})
+    k = s.facts
+    if k is not None:
+        out.update({"key_facts": float(k.correct_facts), "wrong_facts": float(k.wrong_facts),
+                    "direction_stated": float(k.direction_stated), "direction_right": float(bool(k.direction_correct)),
+                    "degenerate": float(k.degenerate is not None), "description_term": s.description_term})
     return out
 
 
 SERIES_TERMS = ("transcription_penalty", "transcription_share", "copied_values", "longest_run", "has_run")
 FACTUALITY_TERMS = ("red_share", "green_share", "factuality_penalty")
 FORM_TERMS = ("caption_chars", "ends_with_stop", "numbers", "length_penalty")
+DESCRIPTION_TERMS = ("key_facts", "wrong_facts", "direction_stated", "direction_right", "degenerate", "description_term")
 
 
 def metrics(extras: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """Batch means of every shaping term over the captions' judgment ``extra`` (what the TRL face logs
     under ``shaping/*``): each term over the captions that carry it."""
     out: dict[str, float] = {}
-    for key in (*FORM_TERMS, *SERIES_TERMS, *FACTUALITY_TERMS, "masked"):
+    for key in (*FORM_TERMS, *SERIES_TERMS, *FACTUALITY_TERMS, *DESCRIPTION_TERMS, "masked"):
         vals = [float(e[key]) for e in extras if isinstance(e.get(key), (int, float))]
         if vals:
             name = {"has_run": "run_frac", "transcription_share": "transcription_frac", "masked": "masked_base"}.get(key, key)

@@ -105,6 +105,8 @@ class _CaptionRLTrain:
             raise ConfigError("train.max_steps", self.max_steps, "must be -1 (use epochs) or >= 1", "set train.max_steps: 100")
         if self.learning_rate <= 0:
             raise ConfigError("train.learning_rate", self.learning_rate, "must be > 0", "set train.learning_rate: 1e-6")
+        if not self.preflight_margin >= 0:
+            raise ConfigError("train.preflight_margin", self.preflight_margin, "must be >= 0", "set 0 or e.g. 0.2")
         if self.resume not in ("auto", "off"):
             raise ConfigError("train.resume", self.resume, "unknown resume mode", "use auto or off")
         if self.threads is not None and self.threads < 1:

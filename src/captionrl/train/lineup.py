@@ -66,7 +66,7 @@ def preflight(cfg: LineupConfig, rows: Sequence[Mapping[str, Any]], reward: Any,
     ``PreflightError`` otherwise."""
     import os
 
-    from captionrl.preflight import invented_values, run_preflight, sample_rows, series_references
+    from captionrl.preflight import run_preflight, sample_rows, series_extra_probes, series_references
 
     if cfg.train.preflight_items <= 0:
         return None
@@ -76,8 +76,8 @@ def preflight(cfg: LineupConfig, rows: Sequence[Mapping[str, Any]], reward: Any,
     if main:
         logger.info(f"reward preflight under the {cfg.reward.family} reward")
     return run_preflight(reward, chosen, honest, dumps, keys=preflight_keys(cfg.reward), force=cfg.train.force_preflight,
-                         out_dir=out if main else None, echo=main,
-                         extra={"invented_values": invented_values(chosen, cfg.data.precision)})
+                         out_dir=out if main else None, echo=main, margin=cfg.train.preflight_margin,
+                         extra=series_extra_probes(chosen, cfg.instruction(), cfg.data.precision))
 
 
 # ---------------------------------------------------------------------- run
@@ -145,7 +145,7 @@ class LineupRecipe(Recipe):
         cfg = self.cfg
         self.samples = SampleLog(run.out)
         self.reward = build_reward(cfg.reward, self.frozen_verifier(), series=cfg.series_print(), seed=cfg.seed,
-                                   name="lineup", series_rows=True)
+                                   name="lineup", series_rows=True, instruction=cfg.instruction())
         self.reward_function = RewardFunction(self.reward, samples=self.samples)
         return [self.reward_function]
 
@@ -207,6 +207,7 @@ def run_command(cfg: LineupConfig) -> int:
         summary = run_seeds(cfg, run)
         print(f"over seeds {summary['seeds']}: {summary['table']}")
         print(Path(summary["table"]).read_text())
+        print(summary["verdicts_line"])
         return 0
     result = run(cfg)
     if "curves" in result:
@@ -215,4 +216,8 @@ def run_command(cfg: LineupConfig) -> int:
         if ev:
             print(f"evaluation: {ev['table']}")
             print(Path(ev["table"]).read_text())
+            if ev.get("final_checks"):
+                print(f"final checks: {ev['final_checks']}")
+            if ev.get("verdict"):
+                print(ev["verdict"]["line"])
     return 0

@@ -71,6 +71,12 @@ class LineupConfig:
         """How the verifier prints the candidates: as the policy's prompt prints its series (``data``)."""
         return SeriesPrint(precision=self.data.precision, normalise=self.data.normalise)
 
+    def instruction(self) -> str:
+        """The captioning instruction the policy reads (``data.instruction``, or the default one)."""
+        from captionrl.domains.captioning import CAPTION_INSTRUCTION
+
+        return self.data.instruction or CAPTION_INSTRUCTION
+
     def identify_config(self) -> Any:
         """The training reward's identification settings (its scoring; series printed as the data says)."""
         return self.reward.identify_config(self.data.precision, self.data.normalise)

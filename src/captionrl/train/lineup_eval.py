@@ -9,6 +9,7 @@ verifier in its own column, never in the mean) and the final checks (``eval.fina
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from captionrl.eval.final_checks import TRAIN_VERIFIER
 from captionrl.rewards.reward import Reward
 from captionrl.train.lineup_config import LineupConfig, eval_verifier
 
+logger = logging.getLogger(__name__)
 
 def load_checkpoint_policy(cfg: LineupConfig, ckpt: Path) -> Any:
     """A checkpoint's policy for inference: full weights, or the base model plus the saved LoRA adapters."""
@@ -146,7 +148,10 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
         checks = run_final_checks({s.name: s.captions for s in systems}, {it.id: it.values for it in items}, out_dir,
                                   identification=summary.summary(), guard=cfg.reward.counting(),
                                   tolerance=cfg.reward.factuality_tolerance, clipped=clipped,
-                                  bottleneck=cfg.eval.bottleneck)
+                                  bottleneck=cfg.eval.bottleneck, instruction=cfg.instruction())
         result["final_checks"] = str(out_dir / "final_checks.md")
         result["final_rows"] = checks["rows"]
+        if checks.get("verdict"):
+            result["verdict"] = checks["verdict"]
+            logger.info(checks["verdict"]["line"])
     return result

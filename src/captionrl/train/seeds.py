@@ -27,10 +27,12 @@ from captionrl.records import write_json
 
 logger = logging.getLogger(__name__)
 
-CHECKS = ("red", "green", "red_of_checkable", "green_of_checkable", "c2s[claims]", "c2s_eval_mean",
-          "bottleneck_mse", "transcription", "ends_with_stop", "clipped_ratio", "length_chars", "c2s[train]")
+CHECKS = ("direction_right", "direction_stated", "key_facts", "extrema_right", "degenerate", "same_sentence", "red",
+          "green", "red_of_checkable", "green_of_checkable", "c2s[claims]", "c2s_eval_mean", "bottleneck_mse",
+          "transcription", "ends_with_stop", "clipped_ratio", "length_chars", "c2s[train]")
 """Final-check columns aggregated over seeds (``c2s[train]``, the reward's own verifier, last)."""
-LOWER_IS_BETTER = {"red", "red_of_checkable", "bottleneck_mse", "transcription", "clipped_ratio"}
+LOWER_IS_BETTER = {"red", "red_of_checkable", "bottleneck_mse", "transcription", "clipped_ratio", "degenerate",
+                   "same_sentence"}
 
 
 def parse_seeds(value: Any, field: str = "seeds") -> list[int]:
@@ -84,11 +86,14 @@ def seed_row(seed: int, out: Path, result: Mapping[str, Any]) -> dict[str, Any]:
     """One seed's final checks per system, its reward ends and its timing."""
     checks_path = out / "eval" / "final_checks.json"
     systems: dict[str, dict[str, Any]] = {}
+    verdict = None
     if checks_path.is_file():
-        for row in json.loads(checks_path.read_text())["rows"]:
+        checks = json.loads(checks_path.read_text())
+        for row in checks["rows"]:
             systems[str(row["system"])] = {k: row[k] for k in CHECKS if isinstance(row.get(k), (int, float))}
+        verdict = checks.get("verdict")
     rewards = _rewards(out / "metrics.jsonl")
-    return {"seed": seed, "out_dir": str(out), "systems": systems, "rewards": rewards,
+    return {"seed": seed, "out_dir": str(out), "systems": systems, "rewards": rewards, "verdict": verdict,
             "reward_first": result.get("reward_first"), "reward_last": result.get("reward_last"),
             "train_seconds": result.get("train_seconds"), "steps": result.get("steps")}
 
@@ -130,8 +135,16 @@ def aggregate(per_seed: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         rows.append(row)
     ends = [(s["reward_first"], s["reward_last"]) for s in per_seed
             if s.get("reward_first") is not None and s.get("reward_last") is not None]
+    from captionrl.eval.description import verdicts_over_runs
+
+    verdicts = [s["verdict"] for s in per_seed if s.get("verdict")]
+    counts = verdicts_over_runs(verdicts)
+    line = (f"verdicts over {len(per_seed)} seed(s): {counts['better']} better, "
+            f"{counts['runs'] - counts['better'] - counts['worse']} not better, {counts['worse']} worse "
+            f"({counts['degenerated']} degenerated)"
+            + ("" if counts["runs"] == len(per_seed) else f"; {len(per_seed) - counts['runs']} without a verdict"))
     return {"protocol": "seeds", "seeds": [s["seed"] for s in per_seed], "rows": rows, "per_seed": list(per_seed),
-            "reward_first_last": ends, "columns": list(CHECKS)}
+            "reward_first_last": ends, "columns": list(CHECKS), "verdicts": counts, "verdicts_line": line}
 
 
 def markdown(summary: Mapping[str, Any]) -> str:
@@ -154,6 +167,10 @@ def markdown(summary: Mapping[str, Any]) -> str:
             if name == "trained" and s.get("reward_first") is not None:
                 ends = f"{s['reward_first']:.3f} -> {s['reward_last']:.3f}"
             lines.append(f"| {s['seed']} | {name} | " + " | ".join(cells) + f" | {ends} |")
+    lines += ["", summary.get("verdicts_line", "")]
+    for s in summary["per_seed"]:
+        if s.get("verdict"):
+            lines.append(f"- seed {s['seed']}: {s['verdict']['line']}")
     lines += ["", "Lower is better for " + ", ".join(sorted(LOWER_IS_BETTER)) + "; c2s[train] is the verifier "
               "that produced the reward (no evidence of quality); red/green and c2s[claims] use the claim checker "
               "the reward's factuality term also uses; bottleneck_mse (caption-only reconstruction) shares nothing "

@@ -1,0 +1,182 @@
+"""What a caption describes, checked by code, and the one-line verdict of a run against its initial model.
+
+Numbers alone made our checks call copying an improvement: a captioner that wrote "355.10" or "The series
+starts at 359.10, which is the first value in the series." for every window scored well on the span audit,
+because one correct value is a share of 1.0 of its claims. These checks read description instead
+(``judges.key_facts``, on the claim layer's shape claims):
+
+- ``direction_stated`` / ``direction_right``: the caption says whether the series rises, falls or stays flat
+  (a hedge such as "rises or falls" is no statement), and the series agrees;
+- ``extrema_named`` / ``extrema_right``: peaks and troughs named with their position, and how many are right;
+- ``key_facts``: distinct correct key facts (direction, start, end, max and its position, min and its
+  position, a turning point, volatility), each counted once however often restated;
+- ``degenerate``: under 5 words, no words at all (a bare number), or the instruction echoed;
+- ``same_sentence``: the share of captions that are one sentence with the numbers changed (the same text
+  once numbers are masked as at least a quarter of the other captions).
+
+``verdict`` compares the trained captioner with its initial model item by item (paired 95% t-intervals over
+the held-out windows) and says **better**, **not better** or **worse**, naming the checks that decided it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from captionrl.eval.stats import mean_interval
+
+NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+PER_ITEM = ("direction_stated", "direction_right", "extrema_named", "extrema_right", "key_facts", "degenerate",
+            "same_sentence")
+"""The per-caption description checks (each a number per held-out window)."""
+
+
+def same_sentence_flags(captions: Mapping[str, str], share: float = 0.25) -> dict[str, float]:
+    """1.0 for a caption whose text with its numbers masked is shared by at least ``share`` of the other
+    captions (one template sentence for every item), else 0.0. Empty captions are never a template here
+    (``degenerate`` counts them)."""
+    masked = {i: " ".join(NUMBER.sub("#", c).lower().split()) for i, c in captions.items()}
+    counts = Counter(m for m in masked.values() if m)
+    others = max(1, len(captions) - 1)
+    return {i: float(bool(m) and (counts[m] - 1) / others >= share) for i, m in masked.items()}
+
+
+def description_checks(captions: Mapping[str, str], series: Mapping[str, Any], *, instruction: str | None = None,
+                       tolerance: float = 0.35) -> dict[str, dict[str, float]]:
+    """Per check of ``PER_ITEM``, item id -> value, for the captions whose item has a series."""
+    from captionrl.judges.key_facts import key_facts
+
+    ids = [i for i in captions if i in series]
+    template = same_sentence_flags({i: captions[i] for i in ids})
+    out: dict[str, dict[str, float]] = {k: {} for k in PER_ITEM}
+    for i in ids:
+        kf = key_facts(captions[i], np.asarray(series[i], dtype=float), instruction=instruction, tolerance=tolerance)
+        out["direction_stated"][i] = float(kf.direction_stated)
+        out["direction_right"][i] = float(bool(kf.direction_correct))
+        out["extrema_named"][i] = float(len(kf.extrema))
+        out["extrema_right"][i] = float(sum(bool(e.correct) for e in kf.extrema))
+        out["key_facts"][i] = float(kf.correct_facts)
+        out["degenerate"][i] = float(kf.degenerate is not None)
+        out["same_sentence"][i] = template[i]
+    return out
+
+
+def summarise(per_item: Mapping[str, Mapping[str, float]]) -> dict[str, Any]:
+    """Each check's mean over the items and its 95% interval (``<check>_ci``)."""
+    row: dict[str, Any] = {}
+    for key, values in per_item.items():
+        vals = list(values.values())
+        row[key] = round(float(np.mean(vals)), 4) if vals else None
+        mi = mean_interval(vals)
+        if mi is not None and key != "same_sentence":
+            row[f"{key}_ci"] = [round(mi[1], 4), round(mi[2], 4)]
+    return row
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Trained minus initial on one check, paired over the held-out items."""
+
+    check: str
+    diff: float
+    lo: float
+    hi: float
+    higher_is_better: bool
+
+    @property
+    def better(self) -> bool:
+        return self.lo > 0 if self.higher_is_better else self.hi < 0
+
+    @property
+    def worse(self) -> bool:
+        return self.hi < 0 if self.higher_is_better else self.lo > 0
+
+    def text(self) -> str:
+        return f"{self.check} {self.diff:+.3f} [{self.lo:+.3f}, {self.hi:+.3f}]"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The run against its initial model: ``better``, ``not better`` or ``worse``, and why."""
+
+    outcome: str
+    reasons: list[str]
+    comparisons: list[Comparison] = field(default_factory=list)
+    degenerated: bool = False
+
+    def line(self) -> str:
+        return f"verdict against the initial model: {self.outcome.upper()}: " + "; ".join(self.reasons)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"outcome": self.outcome, "degenerated": self.degenerated, "reasons": self.reasons, "line": self.line(),
+                "comparisons": [{"check": c.check, "diff": round(c.diff, 4), "ci": [round(c.lo, 4), round(c.hi, 4)],
+                                 "higher_is_better": c.higher_is_better} for c in self.comparisons]}
+
+
+DECIDING = (("direction_right", True), ("key_facts", True), ("red", False), ("bottleneck_mse", False))
+"""The checks a verdict weighs, and which way is better. Describing more (direction, key facts) makes a run
+better; contradicting the series more, or carrying less of it (the caption-only reconstruction), makes it
+worse."""
+
+DEGENERATE_SHARE = 0.5
+"""A run whose captions are degenerate (or one template sentence) this often has degenerated."""
+
+
+def compare(trained: Mapping[str, float], initial: Mapping[str, float], check: str,
+            higher_is_better: bool) -> Comparison | None:
+    """The paired difference over the items both systems have, with its 95% t-interval."""
+    ids = [i for i in trained if i in initial]
+    mi = mean_interval([trained[i] - initial[i] for i in ids])
+    if mi is None:
+        return None
+    return Comparison(check, *mi, higher_is_better)
+
+
+def verdict(trained: Mapping[str, Mapping[str, float]], initial: Mapping[str, Mapping[str, float]]) -> Verdict:
+    """Trained vs initial on per-item checks (``PER_ITEM`` plus ``red`` and, when measured, ``bottleneck_mse``).
+
+    worse: the trained captions degenerated (``DEGENERATE_SHARE`` of them under 5 words, without words, the
+    instruction echoed, or one template sentence), or a deciding check's interval lies on its bad side;
+    better: not worse, and direction right or key facts has its interval on the good side; else not better."""
+    reasons: list[str] = []
+    deg = float(np.mean(list(trained.get("degenerate", {}).values()) or [0.0]))
+    same = float(np.mean(list(trained.get("same_sentence", {}).values()) or [0.0]))
+    degenerated = deg >= DEGENERATE_SHARE or same >= DEGENERATE_SHARE
+    if deg >= DEGENERATE_SHARE:
+        reasons.append(f"degenerated: {deg:.0%} of the captions are under 5 words, without words or the "
+                       "instruction echoed")
+    if same >= DEGENERATE_SHARE:
+        reasons.append(f"degenerated: {same:.0%} of the captions are one sentence with the numbers changed")
+    comparisons = [c for check, up in DECIDING if check in trained and check in initial
+                   and (c := compare(trained[check], initial[check], check, up)) is not None]
+    worse = [c for c in comparisons if c.worse]
+    better = [c for c in comparisons if c.better and c.check in ("direction_right", "key_facts")]
+    if worse:
+        reasons.append("worse on " + ", ".join(c.text() for c in worse))
+    if degenerated or worse:
+        outcome = "worse"
+    elif better:
+        outcome = "better"
+        reasons.append("better on " + ", ".join(c.text() for c in better))
+    else:
+        outcome = "not better"
+        reasons.append("no check improved beyond its interval ("
+                       + ", ".join(c.text() for c in comparisons if c.check in ("direction_right", "key_facts"))
+                       + ")")
+    rest = [c for c in comparisons if c not in worse and c not in better]
+    if rest and outcome != "not better":
+        reasons.append("within the intervals: " + ", ".join(c.text() for c in rest))
+    return Verdict(outcome, reasons, comparisons, degenerated)
+
+
+def verdicts_over_runs(verdicts: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """How many of several runs' verdicts (``Verdict.to_json``) degenerated, got worse, or got better."""
+    return {"runs": len(verdicts), "degenerated": sum(bool(v.get("degenerated")) for v in verdicts),
+            "worse": sum(v.get("outcome") == "worse" for v in verdicts),
+            "better": sum(v.get("outcome") == "better" for v in verdicts)}

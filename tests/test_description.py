@@ -1,0 +1,131 @@
+"""Checks that read description, the verdict, the description reward terms and the lazy-optimum probes
+(issue 32): each must fail a bare number, the instruction echoed and one template sentence for every item,
+the outputs our trained captioners found when every check read only numbers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from captionrl.domains.describe import describe_series
+from captionrl.eval.description import description_checks, same_sentence_flags, verdict
+from captionrl.probes import series_probes
+from captionrl.rewards import RewardFunction
+from captionrl.rewards.reward import Reward
+from captionrl.rewards.spec import RewardSpec
+from captionrl.types import Judgment
+
+INSTRUCTION = ("In one or two short sentences, say the value the series starts at, the value it ends at, and "
+               "whether it rises or falls overall.")
+
+
+def _windows(n: int = 12, length: int = 16) -> dict[str, np.ndarray]:
+    """Real windows of the embedded corpus, rising, falling and flat ones among them."""
+    from captionrl.domains.corpora import load_embedded_corpus
+    from captionrl.domains.timeseries import window
+
+    out: dict[str, np.ndarray] = {}
+    for s in load_embedded_corpus(["co2", "nile", "sunspots"]):
+        for w in window(s, length, stride=max(length, len(s) // 5)):
+            out[w.id] = np.asarray(w.values, dtype=float)
+            if len(out) == n:
+                return out
+    return out
+
+
+WINDOWS = _windows()
+
+
+def _degenerate_systems(series: dict[str, np.ndarray]) -> dict[str, dict[str, str]]:
+    """The three degenerate outputs of the checklist, and the template our seed-1 captioner wrote."""
+    return {
+        "bare number": {i: f"{v[0]:.2f}" for i, v in series.items()},
+        "instruction echoed": {i: series_probes(v, INSTRUCTION)["echo_values"] for i, v in series.items()},
+        "one template sentence": {i: f"The series starts at {v[0]:.2f}, which is the first value in the series."
+                                  for i, v in series.items()},
+    }
+
+
+def test_description_checks_read_direction_extrema_and_key_facts():
+    honest = {i: describe_series(v) for i, v in WINDOWS.items()}
+    got = description_checks(honest, WINDOWS, instruction=INSTRUCTION)
+    assert all(got["direction_stated"][i] == 1.0 and got["direction_right"][i] == 1.0 for i in WINDOWS)
+    assert all(got["extrema_right"][i] == 2.0 and got["key_facts"][i] >= 5 for i in WINDOWS)
+    assert not any(got["degenerate"].values())
+    assert not any(got["same_sentence"].values())  # the describer's sentences differ by more than numbers
+
+
+@pytest.mark.parametrize("name", ["bare number", "instruction echoed", "one template sentence"])
+def test_a_degenerate_output_fails_the_checks_and_the_verdict(name):
+    """A degenerate captioner is never 'better' than an honest initial model: its description checks drop
+    and the verdict says worse (degenerated, or worse on direction and key facts), naming why."""
+    initial = {i: describe_series(v) for i, v in WINDOWS.items()}
+    degenerate = _degenerate_systems(WINDOWS)[name]
+    init = {**description_checks(initial, WINDOWS, instruction=INSTRUCTION), "red": dict.fromkeys(WINDOWS, 0.0)}
+    deg = {**description_checks(degenerate, WINDOWS, instruction=INSTRUCTION), "red": dict.fromkeys(WINDOWS, 0.0)}
+    assert np.mean(list(deg["direction_right"].values())) == 0.0
+    assert np.mean(list(deg["key_facts"].values())) <= 1.0
+    if name != "one template sentence":
+        assert np.mean(list(deg["degenerate"].values())) == 1.0
+    else:
+        assert np.mean(list(deg["same_sentence"].values())) == 1.0
+    v = verdict(deg, init)
+    assert v.outcome == "worse" and v.degenerated, v.line()
+    assert "degenerated" in v.line()
+    assert verdict(init, deg).outcome == "better"  # and the honest captioner beats it
+
+
+def test_the_verdict_weighs_intervals_and_says_not_better_when_nothing_moved():
+    ids = [str(i) for i in range(20)]
+    base = {"direction_right": dict.fromkeys(ids, 0.0), "key_facts": dict.fromkeys(ids, 2.0),
+            "degenerate": dict.fromkeys(ids, 0.0), "same_sentence": dict.fromkeys(ids, 0.0),
+            "red": dict.fromkeys(ids, 0.2)}
+    assert verdict(base, base).outcome == "not better"
+    better = {**base, "direction_right": {i: float(k % 2) for k, i in enumerate(ids)}}  # half of them right now
+    v = verdict(better, base)
+    assert v.outcome == "better" and "direction_right +0.500" in v.line()
+    redder = {**better, "red": dict.fromkeys(ids, 0.6)}  # right more often, but contradicting the series more
+    v = verdict(redder, base)
+    assert v.outcome == "worse" and "red +0.400" in v.line()
+
+
+def test_same_sentence_flags_one_template_not_one_topic():
+    caps = {"a": "It starts at 3.5 and ends at 4.", "b": "It starts at 9.25 and ends at 1.", "c": "It falls steadily."}
+    assert same_sentence_flags(caps) == {"a": 1.0, "b": 1.0, "c": 0.0}
+
+
+def _fixed_reward(spec: RewardSpec, score: float = 0.9) -> RewardFunction:
+    class _Judge:
+        name = "fixed"
+
+        def judge(self, captions, columns):
+            return [Judgment(score=score, extra={"hard": 1.0, "soft": score}) for _ in captions]
+
+    return RewardFunction(Reward(_Judge(), spec, series_rows=True, instruction=INSTRUCTION))
+
+
+DESCRIBING = RewardSpec(transcription_penalty=0.0, run_penalty=0.0, coverage_bonus=1.0, coverage_target=4,
+                        wrong_fact_penalty=0.5, degenerate_penalty=1.0)
+
+
+def test_the_description_terms_pay_describing_and_price_every_lazy_optimum():
+    """Under a verifier that scores every caption alike (the worst case: it reads nothing), only the
+    description terms separate the captions: the honest one must beat every probe by a margin."""
+    reward = _fixed_reward(DESCRIBING)
+    for v in WINDOWS.values():
+        probes = {"honest": describe_series(v), **series_probes(v, INSTRUCTION), "bare": f"{v[0]:.2f}"}
+        got = dict(zip(probes, reward(completions=list(probes.values()), series=[v.tolist()] * len(probes)), strict=True))
+        assert got["honest"] == pytest.approx(0.9 + 1.0)  # >= 4 correct key facts: the whole bonus
+        for probe, value in got.items():
+            if probe != "honest":
+                assert value <= got["honest"] - 0.5, (probe, value, probes[probe])
+        assert got["bare"] == pytest.approx(0.9 - 1.0) and got["echo_values"] < 0.9 - 1.0 + 1e-9
+
+
+def test_the_description_terms_are_off_by_default_and_logged():
+    """The paper's reward (the defaults) is unchanged; the key facts are still measured and logged."""
+    v = next(iter(WINDOWS.values()))
+    logged: dict[str, float] = {}
+    plain = _fixed_reward(RewardSpec(transcription_penalty=0.0, run_penalty=0.0))
+    assert plain(completions=[f"{v[0]:.2f}"], series=[v.tolist()], log_metric=logged.__setitem__) == [0.9]
+    assert logged["shaping/degenerate"] == 1.0 and logged["shaping/key_facts"] == 0.0
