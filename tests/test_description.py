@@ -89,9 +89,25 @@ def test_the_verdict_weighs_intervals_and_says_not_better_when_nothing_moved():
     assert v.outcome == "worse" and "red +0.400" in v.line()
 
 
-def test_same_sentence_flags_one_template_not_one_topic():
-    caps = {"a": "It starts at 3.5 and ends at 4.", "b": "It starts at 9.25 and ends at 1.", "c": "It falls steadily."}
-    assert same_sentence_flags(caps) == {"a": 1.0, "b": 1.0, "c": 0.0}
+def test_same_sentence_flags_a_template_said_whatever_the_window():
+    caps = {"a": "It starts at 3.5 and rises.", "b": "It starts at 9.25 and rises.", "c": "It falls steadily.",
+            "d": "It starts at 1 and rises."}
+    assert same_sentence_flags(caps) == {"a": 1.0, "b": 1.0, "c": 0.0, "d": 1.0}
+    # the same wording right for every window it is used on is terse, not degenerate
+    assert same_sentence_flags(caps, {"a": False, "b": False, "c": True, "d": False}) == dict.fromkeys("abcd", 0.0)
+    assert same_sentence_flags(caps, {"a": False, "b": True, "c": False, "d": False}) == {**dict.fromkeys("abd", 1.0),
+                                                                                        "c": 0.0}
+
+
+def test_the_describer_is_terse_not_a_template_and_a_constant_direction_is():
+    """The describer's wording is fixed but right for every window: not degenerate. The same wording with one
+    direction said of every window (our v2 captioner: '..., and is rising overall.') is."""
+    honest = {i: describe_series(v) for i, v in WINDOWS.items()}
+    assert not any(description_checks(honest, WINDOWS)["same_sentence"].values())
+    rising = {i: f"The value starts at {v[0]:.2f}, ends at {v[-1]:.2f}, and is rising overall." for i, v in WINDOWS.items()}
+    got = description_checks(rising, WINDOWS)
+    assert 0 < np.mean(list(got["direction_right"].values())) < 1  # some windows fall
+    assert np.mean(list(got["same_sentence"].values())) == 1.0
 
 
 def _fixed_reward(spec: RewardSpec, score: float = 0.9) -> RewardFunction:
@@ -129,3 +145,20 @@ def test_the_description_terms_are_off_by_default_and_logged():
     plain = _fixed_reward(RewardSpec(transcription_penalty=0.0, run_penalty=0.0))
     assert plain(completions=[f"{v[0]:.2f}"], series=[v.tolist()], log_metric=logged.__setitem__) == [0.9]
     assert logged["shaping/degenerate"] == 1.0 and logged["shaping/key_facts"] == 0.0
+
+
+def test_balanced_training_windows_by_direction():
+    """data.balance=direction: as many rising, falling and flat training windows as the split allows, so one
+    direction said of every window is right a third of the time (the corpus rises in ~57% of its windows)."""
+    from collections import Counter
+
+    import numpy as np
+
+    from captionrl.domains.lineup_data import balanced_choice
+
+    labels = ["rises"] * 10 + ["falls"] * 5 + ["stays flat"] * 2
+    picked = balanced_choice(labels, 9, np.random.default_rng(0))
+    assert Counter(labels[j] for j in picked) == {"rises": 4, "falls": 3, "stays flat": 2}  # flat has only 2
+    assert picked == balanced_choice(labels, 9, np.random.default_rng(0)) == sorted(picked)
+    assert Counter(labels[j] for j in balanced_choice(labels, None, np.random.default_rng(1))) == \
+        {"rises": 2, "falls": 2, "stays flat": 2}

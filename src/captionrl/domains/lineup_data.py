@@ -28,6 +28,7 @@ from captionrl.domains.captioning import CAPTION_INSTRUCTION, caption_messages
 from captionrl.domains.datasets import SPLITS, split_windows
 from captionrl.domains.timeseries import render_chart, render_numbers
 from captionrl.errors import ConfigError, DataError
+from captionrl.probes import direction_word
 from captionrl.types import Series
 
 
@@ -49,6 +50,7 @@ class LineupDataConfig:
     distractors: str = help_field("nearest", "distractor rule: nearest (by summary statistics, the paper's) or random (ablation)")
     instruction: str | None = help_field(None, "the captioning instruction after the numbers (null = the default of captionrl.domains.captioning); a short-answer instruction lets a small model finish its caption within the token budget")
     prepared: str | None = help_field(None, "a folder written by 'captionrl data prepare': its splits, items and lineups (corpus, window, splits, candidates_file and distractors are then unused)")
+    balance: str | None = help_field(None, "direction: draw the training items in equal numbers per overall direction (rises, falls, stays flat; as far as the split has them), so that one direction said of every window is right a third of the time, not as often as the corpus rises; null: a plain seeded sample")
 
     def __post_init__(self) -> None:
         if self.window < 4:
@@ -62,6 +64,8 @@ class LineupDataConfig:
                               "use one: a prepared folder carries its own lineups (set candidates_file: null)")
         if self.normalise not in (None, "zscore", "minmax"):
             raise ConfigError("data.normalise", self.normalise, "unknown normalisation", "use null, zscore or minmax")
+        if self.balance not in (None, "direction"):
+            raise ConfigError("data.balance", self.balance, "unknown balance", "use direction, or null")
         if self.n_val < 0 or self.n_test < 0 or (self.n_train is not None and self.n_train < 1):
             raise ConfigError("data.n_train/n_val/n_test", (self.n_train, self.n_val, self.n_test),
                               "item counts must be positive (n_val, n_test may be 0)", "set e.g. n_train: 64, n_test: 16")
@@ -128,7 +132,10 @@ def build_lineup_data(cfg: LineupDataConfig, k: int, seed: int, *, k_field: str 
         if n is not None and n > len(found):
             raise DataError(f"data.n_{split}", n, f"asks for {n} {split} items but only {len(found)} exist",
                             f"set data.n_{split}: {len(found)} or less (null = all), or prepare/mine more data")
-        if n is not None and n < len(found):
+        if split == "train" and cfg.balance == "direction":
+            labels = [direction_word(pool[cs.item_id].values) for cs in found]
+            chosen = balanced_choice(labels, n, np.random.default_rng([seed, i]))
+        elif n is not None and n < len(found):
             rng = np.random.default_rng([seed, i])
             chosen = sorted(rng.choice(len(found), size=n, replace=False).tolist())
         rows[split] = [lineup_row(cfg, pool[found[j].item_id], candidate_series(found[j], pool, None)[1:], k, k_field)
@@ -137,6 +144,24 @@ def build_lineup_data(cfg: LineupDataConfig, k: int, seed: int, *, k_field: str 
         where = ("data.candidates_file", cfg.candidates_file) if cfg.candidates_file else ("data.n_train", cfg.n_train)
         raise DataError(where[0], where[1], "no training items", "check data.corpus and data.window (and the file's splits)")
     return LineupData(rows=rows, pool=pool)
+
+
+def balanced_choice(labels: Sequence[str], n: int | None, rng: np.random.Generator) -> list[int]:
+    """Indices of ``n`` items (all the balance allows when ``None``) spread as evenly as the labels allow: each
+    label gets an equal share, a label with too few items gives its rest to the others; sorted, seeded."""
+    groups: dict[str, list[int]] = {}
+    for j, label in enumerate(labels):
+        groups.setdefault(label, []).append(j)
+    order = {k: rng.permutation(v).tolist() for k, v in sorted(groups.items())}
+    total = len(labels) if n is None else min(n, len(labels))
+    if n is None:  # equal numbers per label: the rarest label's count each
+        total = min(len(v) for v in order.values()) * len(order)
+    take = dict.fromkeys(order, 0)
+    while sum(take.values()) < total:
+        open_ = [k for k in order if take[k] < len(order[k])]
+        for k in sorted(open_, key=lambda k: take[k])[: total - sum(take.values())]:
+            take[k] += 1
+    return sorted(j for k, idx in order.items() for j in idx[: take[k]])
 
 
 def _mine(cfg: LineupDataConfig, k: int, seed: int) -> tuple[list[CandidateSet], dict[str, Series]]:

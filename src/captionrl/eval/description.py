@@ -8,11 +8,14 @@ because one correct value is a share of 1.0 of its claims. These checks read des
 - ``direction_stated`` / ``direction_right``: the caption says whether the series rises, falls or stays flat
   (a hedge such as "rises or falls" is no statement), and the series agrees;
 - ``extrema_named`` / ``extrema_right``: peaks and troughs named with their position, and how many are right;
-- ``key_facts``: distinct correct key facts (direction, start, end, max and its position, min and its
-  position, a turning point, volatility), each counted once however often restated;
+- ``key_facts`` / ``wrong_facts``: distinct correct key facts (direction, start, end, max and its position,
+  min and its position, a turning point, volatility), each counted once however often restated / distinct
+  facts the series contradicts (a hedge is one);
 - ``degenerate``: under 5 words, no words at all (a bare number), or the instruction echoed;
-- ``same_sentence``: the share of captions that are one sentence with the numbers changed (the same text
-  once numbers are masked as at least a quarter of the other captions).
+- ``same_sentence``: the share of captions that are one template sentence with the numbers changed, said
+  whatever the window (the same text once numbers are masked as at least a quarter of the other captions,
+  and wrong about at least one window it is used for: "..., and is rising overall." said of falling windows
+  too). A fixed wording that is right for every window it describes is terse, not degenerate.
 
 ``verdict`` compares the trained captioner with its initial model item by item (paired 95% t-intervals over
 the held-out windows) and says **better**, **not better** or **worse**, naming the checks that decided it.
@@ -32,19 +35,22 @@ from captionrl.eval.stats import mean_interval
 
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
-PER_ITEM = ("direction_stated", "direction_right", "extrema_named", "extrema_right", "key_facts", "degenerate",
-            "same_sentence")
+PER_ITEM = ("direction_stated", "direction_right", "extrema_named", "extrema_right", "key_facts", "wrong_facts",
+            "degenerate", "same_sentence")
 """The per-caption description checks (each a number per held-out window)."""
 
 
-def same_sentence_flags(captions: Mapping[str, str], share: float = 0.25) -> dict[str, float]:
+def same_sentence_flags(captions: Mapping[str, str], wrong: Mapping[str, bool] | None = None,
+                        share: float = 0.25) -> dict[str, float]:
     """1.0 for a caption whose text with its numbers masked is shared by at least ``share`` of the other
-    captions (one template sentence for every item), else 0.0. Empty captions are never a template here
+    captions and, when ``wrong`` is given, whose shared text is wrong about at least one of the windows it is
+    used for (one template said whatever the window), else 0.0. Empty captions are never a template here
     (``degenerate`` counts them)."""
     masked = {i: " ".join(NUMBER.sub("#", c).lower().split()) for i, c in captions.items()}
     counts = Counter(m for m in masked.values() if m)
     others = max(1, len(captions) - 1)
-    return {i: float(bool(m) and (counts[m] - 1) / others >= share) for i, m in masked.items()}
+    blind = {m for i, m in masked.items() if wrong is None or wrong.get(i)}
+    return {i: float(bool(m) and (counts[m] - 1) / others >= share and m in blind) for i, m in masked.items()}
 
 
 def description_checks(captions: Mapping[str, str], series: Mapping[str, Any], *, instruction: str | None = None,
@@ -53,8 +59,8 @@ def description_checks(captions: Mapping[str, str], series: Mapping[str, Any], *
     from captionrl.judges.key_facts import key_facts
 
     ids = [i for i in captions if i in series]
-    template = same_sentence_flags({i: captions[i] for i in ids})
     out: dict[str, dict[str, float]] = {k: {} for k in PER_ITEM}
+    wrong: dict[str, bool] = {}
     for i in ids:
         kf = key_facts(captions[i], np.asarray(series[i], dtype=float), instruction=instruction, tolerance=tolerance)
         out["direction_stated"][i] = float(kf.direction_stated)
@@ -62,8 +68,10 @@ def description_checks(captions: Mapping[str, str], series: Mapping[str, Any], *
         out["extrema_named"][i] = float(len(kf.extrema))
         out["extrema_right"][i] = float(sum(bool(e.correct) for e in kf.extrema))
         out["key_facts"][i] = float(kf.correct_facts)
+        out["wrong_facts"][i] = float(kf.wrong_facts)
         out["degenerate"][i] = float(kf.degenerate is not None)
-        out["same_sentence"][i] = template[i]
+        wrong[i] = kf.wrong_facts > 0 or not kf.direction_correct
+    out["same_sentence"] = same_sentence_flags({i: captions[i] for i in ids}, wrong)
     return out
 
 
@@ -156,22 +164,22 @@ def verdict(trained: Mapping[str, Mapping[str, float]], initial: Mapping[str, Ma
     comparisons = [c for check, up in DECIDING if check in trained and check in initial
                    and (c := compare(trained[check], initial[check], check, up)) is not None]
     worse = [c for c in comparisons if c.worse]
-    better = [c for c in comparisons if c.better and c.check in ("direction_right", "key_facts")]
-    if worse:
-        reasons.append("worse on " + ", ".join(c.text() for c in worse))
+    better = [c for c in comparisons if c.better]
+    describes_more = [c for c in better if c.check in ("direction_right", "key_facts")]
     if degenerated or worse:
         outcome = "worse"
-    elif better:
+    elif describes_more:
         outcome = "better"
-        reasons.append("better on " + ", ".join(c.text() for c in better))
     else:
         outcome = "not better"
-        reasons.append("no check improved beyond its interval ("
-                       + ", ".join(c.text() for c in comparisons if c.check in ("direction_right", "key_facts"))
-                       + ")")
+        reasons.append("neither direction_right nor key_facts improved beyond its interval")
+    if worse:
+        reasons.append("worse on " + ", ".join(c.text() for c in worse))
+    if better:
+        reasons.append("better on " + ", ".join(c.text() for c in better))
     rest = [c for c in comparisons if c not in worse and c not in better]
-    if rest and outcome != "not better":
-        reasons.append("within the intervals: " + ", ".join(c.text() for c in rest))
+    if rest:
+        reasons.append("no change beyond the interval: " + ", ".join(c.text() for c in rest))
     return Verdict(outcome, reasons, comparisons, degenerated)
 
 

@@ -88,10 +88,11 @@ class ShapingConfig:
     coverage_target: int = help_field(4, "correct key facts that earn the whole coverage_bonus")
     wrong_fact_penalty: float = help_field(0.0, "penalty per distinct key fact the series contradicts, a hedge such as 'rises or falls' included (judges.key_facts); 0 = off")
     degenerate_penalty: float = help_field(0.0, "penalty for a degenerate caption (no words: a bare number or a list of numbers; under 5 words; the instruction echoed), which earns no coverage either; 0 = off")
+    no_fact_penalty: float = help_field(0.0, "penalty for a caption that states no key fact at all, right or wrong (words about nothing a reader of the series needs): without it a policy priced for wrong facts learns that saying nothing checkable is safest; 0 = off")
 
     WEIGHTS: ClassVar[tuple[str, ...]] = ("length_penalty", "transcription_penalty", "run_penalty", "factuality_penalty",
                                           "factuality_bonus", "unfinished_penalty", "number_penalty", "coverage_bonus",
-                                          "wrong_fact_penalty", "degenerate_penalty")
+                                          "wrong_fact_penalty", "degenerate_penalty", "no_fact_penalty")
     """The terms' weights: each must be >= 0 (0 switches its term off)."""
 
     def __post_init__(self) -> None:
@@ -129,7 +130,8 @@ class ShapingConfig:
 
     def describes(self) -> bool:
         """Whether a description term is on (coverage, wrong facts, degenerate captions)."""
-        return self.coverage_bonus > 0 or self.wrong_fact_penalty > 0 or self.degenerate_penalty > 0
+        return (self.coverage_bonus > 0 or self.wrong_fact_penalty > 0 or self.degenerate_penalty > 0
+                or self.no_fact_penalty > 0)
 
     def counting(self) -> TranscriptionConfig:
         """The guard's counting rule (what the evaluation's transcription column counts)."""
@@ -199,10 +201,13 @@ class Shaper:
 
     def description(self, facts: KeyFacts) -> float:
         """The description term of one caption: what its correct key facts earn, less its wrong ones; a
-        degenerate caption (no words, under 5 words, the instruction echoed) earns no coverage and pays."""
+        degenerate caption (no words, under 5 words, the instruction echoed) earns no coverage and pays, and
+        one that states no key fact at all pays ``no_fact_penalty``."""
         c = self.cfg
         if facts.degenerate is not None:
             return -c.degenerate_penalty - c.wrong_fact_penalty * facts.wrong_facts
+        if facts.correct_facts == 0 and facts.wrong_facts == 0:
+            return -c.no_fact_penalty
         covered = c.coverage_bonus * min(facts.correct_facts, c.coverage_target) / c.coverage_target
         return covered - c.wrong_fact_penalty * facts.wrong_facts
 
