@@ -158,7 +158,8 @@ def test_balanced_training_windows_by_direction():
 
     labels = ["rises"] * 10 + ["falls"] * 5 + ["stays flat"] * 2
     picked = balanced_choice(labels, 9, np.random.default_rng(0))
-    assert Counter(labels[j] for j in picked) == {"rises": 4, "falls": 3, "stays flat": 2}  # flat has only 2
+    got = Counter(labels[j] for j in picked)
+    assert got["stays flat"] == 2 and {got["rises"], got["falls"]} == {3, 4}  # flat has only 2: the rest share
     assert picked == balanced_choice(labels, 9, np.random.default_rng(0)) == sorted(picked)
     assert Counter(labels[j] for j in balanced_choice(labels, None, np.random.default_rng(1))) == \
         {"rises": 2, "falls": 2, "stays flat": 2}
