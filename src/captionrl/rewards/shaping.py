@@ -86,6 +86,7 @@ class ShapingConfig:
     number_penalty: float = help_field(0.0, "penalty per number beyond max_numbers (prices invented value lists, which the transcription guard cannot see)")
     coverage_bonus: float = help_field(0.0, "description coverage: + coverage_bonus * min(correct key facts, coverage_target) / coverage_target, the distinct facts the caption gets right, checked by code (judges.key_facts: direction, start, end, max and min with their positions, a shape, volatility, a magnitude; each counted once however often restated): pays describing, where factuality_bonus pays a share that one copied value fills; 0 = off")
     coverage_target: int = help_field(4, "correct key facts that earn the whole coverage_bonus")
+    direction_weight: float = help_field(1.0, "a right overall direction counts as this many key facts in the coverage (a wrong one, or a hedge, costs one wrong fact): the fact a reader needs first and the one a small captioner gets wrong most; weighted up, saying a direction pays in expectation even while right only a third of the time, and choosing it right pays most")
     wrong_fact_penalty: float = help_field(0.0, "penalty per distinct key fact the series contradicts, a hedge such as 'rises or falls' included (judges.key_facts); 0 = off")
     degenerate_penalty: float = help_field(0.0, "penalty for a degenerate caption (no words: a bare number or a list of numbers; under 5 words; the instruction echoed), which earns no coverage either; 0 = off")
     no_fact_penalty: float = help_field(0.0, "penalty for a caption that states no key fact at all, right or wrong (words about nothing a reader of the series needs): without it a policy priced for wrong facts learns that saying nothing checkable is safest; 0 = off")
@@ -116,6 +117,8 @@ class ShapingConfig:
             raise ConfigError(f"{f}.max_numbers", self.max_numbers, "must be >= 0", "set null for no number budget")
         if self.max_caption_chars is not None and self.max_caption_chars < 1:
             raise ConfigError(f"{f}.max_caption_chars", self.max_caption_chars, "must be >= 1", "set null for no length shaping")
+        if self.direction_weight < 0:
+            raise ConfigError(f"{f}.direction_weight", self.direction_weight, "must be >= 0", "set 1 (one fact) or e.g. 2")
         if self.coverage_target < 1:
             raise ConfigError(f"{f}.coverage_target", self.coverage_target, "must be >= 1", "set e.g. 4")
         if self.factuality_tolerance <= 0:
@@ -208,7 +211,8 @@ class Shaper:
             return -c.degenerate_penalty - c.wrong_fact_penalty * facts.wrong_facts
         if facts.correct_facts == 0 and facts.wrong_facts == 0:
             return -c.no_fact_penalty
-        covered = c.coverage_bonus * min(facts.correct_facts, c.coverage_target) / c.coverage_target
+        right = facts.correct_facts + (c.direction_weight - 1.0) * ("direction" in facts.facts)
+        covered = c.coverage_bonus * min(right, c.coverage_target) / c.coverage_target
         return covered - c.wrong_fact_penalty * facts.wrong_facts
 
     def length_penalty(self, caption: str) -> float:
