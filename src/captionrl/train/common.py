@@ -113,6 +113,12 @@ class _CaptionRLTrain:
             raise ConfigError("train.threads", self.threads, "must be >= 1", "set train.threads: 1, or null")
         if isinstance(self.report_to, str):
             self.report_to = [] if self.report_to in ("none", "") else [self.report_to]
+        from captionrl.train.unscored import settings_problem
+
+        problem = settings_problem(self.algorithm, getattr(self, "loss_type", None),
+                                   getattr(self, "entropy_coef", None), getattr(self, "use_adaptive_entropy", None))
+        if problem is not None:
+            raise ConfigError(*problem)
         spg = self.steps_per_generation or self.gradient_accumulation_steps
         gen_batch = self.per_device_train_batch_size * spg
         if gen_batch % self.num_generations:
@@ -293,6 +299,7 @@ def build_trainer(
     from captionrl.train.on_policy import reuse_on_policy_logprobs
     from captionrl.train.shared_prefix import share_prompt_forward
     from captionrl.train.timing import install_step_timer
+    from captionrl.train.unscored import exclude_unscored
 
     if train.shared_prompt_forward:  # patched first: the on-policy shortcut wraps whichever pass is in place
         why_not = share_prompt_forward(trainer)
@@ -301,6 +308,9 @@ def build_trainer(
     reason = reuse_on_policy_logprobs(trainer)  # RLOO on-policy: no old-policy pass, as GRPO does
     if reason and is_main_process():
         logger.info(f"old-policy log-probs: not recomputed, {reason}")
+    note = exclude_unscored(trainer)  # a verifier outage must not dilute the scored samples' loss
+    if is_main_process():
+        logger.info(note)
     install_step_timer(trainer, train.out_dir)  # time/* metrics per step, timing.json at the end
     if bound is not None:
         from captionrl.train.callbacks import RewardBoundCallback
