@@ -13,12 +13,15 @@ fractions ``p = i / (n - 1)`` of the window:
 
 - **trend** (overall direction: rises, increases, upward trend / falls, declines / flat, stable, no clear
   trend): ``c = slope * (n - 1) / std`` is the least-squares change over the window in standard deviations
-  (the describer's rule). "Up" holds when ``c >= 0.5``, "down" when ``c <= -0.5``. "No clear trend",
-  "no overall direction", "roughly flat overall" (``pattern="net"``) hold when ``|c| <= 1.25``: a trend line
-  that explains at most ~13% of the variance is not a clear trend, so between 0.5 and 1.25 both "rises
-  slightly" and "no clear trend" are accepted. Plain "flat", "stable", "steady", "constant"
-  (``pattern="level"``) also need the values to stay within 10% of their level (``R <= 0.1 * mean|v|``): a
-  series swinging from 5 to 150 is not stable whatever its slope. "Steadily", "throughout",
+  and ``net`` the mean of the last tenth of the values minus that of the first tenth
+  (``domains.describe.overall_direction``, the describer's own rule). "Up" holds when ``c >= 0.5`` and
+  ``net > 0`` (the series ends above where it started), "down" mirrored. "No clear trend", "no overall
+  direction", "roughly flat overall" (``pattern="net"``) hold when ``|c| <= 1.25`` (a trend line that
+  explains at most ~13% of the variance) or when slope and endpoints disagree; so between 0.5 and 1.25 both
+  "rises slightly" and "no clear trend" are accepted. Plain "flat", "stable", "steady", "constant"
+  (``pattern="level"``) also need the values to stay within 10% of their level (``R <= 0.1 * mean|v|``: a
+  series swinging from 5 to 150 is not stable whatever its slope) and no stretch moving half the range (a
+  hump in co2 is within 2% of its level, and not flat). "Steadily", "throughout",
   "consistently" (``pattern="strict"``) add that the whole window is one monotone stretch: no move against
   the direction larger than 0.25 of the range (smoothed values).
 - **hedge** ("rises or falls", "increases or decreases", "goes up and down overall", the instruction's own
@@ -83,12 +86,15 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from captionrl.domains.describe import UP_C, direction_measures
+
 SHAPE_KINDS = ("trend", "hedge", "extremum", "stretch", "volatility", "magnitude")
 
 # ----------------------------------------------------------------------------------------- tolerances
-UP_C = 0.5            # c = slope * (n - 1) / std: "rises" from here (the describer's rule)
+# UP_C = 0.5 (domains.describe): c = slope * (n - 1) / std: "rises" from here, the describer's own rule
 FLAT_C = 1.25         # "no clear trend" up to here
-LEVEL_SPREAD = 0.10   # "flat"/"stable": range within 10% of the level
+LEVEL_SPREAD = 0.10   # "flat"/"stable": range within 10% of the level...
+LEVEL_MOVE = 0.5      # ...and no stretch moving half the range (a hump in a high-level series is not flat)
 STRICT_BACK = 0.25    # "steadily"/"throughout": largest counter-move, share of the range
 TIE = 0.05            # an extremum's near-tie, share of the range
 LEVEL_Q = 0.25        # "starts high": top quarter of the range
@@ -113,6 +119,7 @@ REGIONS: dict[str, tuple[float, float]] = {
     "start": (0.0, 0.2), "early": (0.0, 1 / 3), "first quarter": (0.0, 0.25), "first third": (0.0, 1 / 3),
     "first half": (0.0, 0.5), "middle": (0.25, 0.75), "second half": (0.5, 1.0), "last third": (2 / 3, 1.0),
     "last quarter": (0.75, 1.0), "late": (2 / 3, 1.0), "end": (0.8, 1.0),
+    "a third in": (0.2, 0.45), "two thirds in": (0.55, 0.8), "three quarters in": (0.65, 0.85),
 }
 
 
@@ -138,6 +145,7 @@ class SeriesShape:
     rng: float         # max - min
     level: float       # mean |v|
     c: float           # least-squares change over the window, in standard deviations
+    net: float         # last tenth minus first tenth (mean values)
     nu: float          # mean |step| / max(level, range / 2)
     legs: int          # zigzag legs at REVERSAL of the range
 
@@ -188,12 +196,11 @@ def _measure(raw: bytes) -> SeriesShape:
         s = (padded[:-2] + padded[1:-1] + padded[2:]) / 3
     else:
         s = u.copy()
-    sd = float(v.std())
-    c = float(np.polyfit(np.arange(n, dtype=float), v, 1)[0]) * (n - 1) / sd if n >= 2 and sd > 0 else 0.0
+    c, net = direction_measures(v)
     level = float(np.abs(v).mean())
     denom = max(level, rng / 2)
     nu = float(np.abs(np.diff(v)).mean()) / denom if n >= 2 and denom > 0 else 0.0
-    return SeriesShape(v=v, u=u, s=s, rng=rng, level=level, c=c, nu=nu,
+    return SeriesShape(v=v, u=u, s=s, rng=rng, level=level, c=c, net=net, nu=nu,
                        legs=_zigzag_legs(u, REVERSAL) if n >= 3 else 0)
 
 
@@ -210,12 +217,14 @@ UP = (r"ris(?:e|es|ing|en)|rose|increas(?:e|es|ed|ing)|climb(?:s|ed|ing)?|grow(?
       r"go(?:es)?\s+up|went\s+up|going\s+up|upward(?:s)?|uptick|upswing|gain(?:s|ed|ing)?|"
       r"recover(?:s|ed|ing|y)?|rebound(?:s|ed|ing)?|pick(?:s|ed)?\s+up|jump(?:s|ed|ing)?|surg(?:e|es|ed|ing)|"
       r"soar(?:s|ed|ing)?|rall(?:y|ies|ied|ying)|advanc(?:e|es|ed|ing)|spik(?:es|ed|ing)|"
-      r"(?:trends?|trending|heads?|heading|moves?|moving|edges?|edging|ticks?|ticking)\s+(?:up|upwards?|higher)")
+      r"(?:trends?|trending|heads?|heading|moves?|moving|edges?|edging|ticks?|ticking|steps?|stepping)\s+"
+      r"(?:up|upwards?|higher)")
 DOWN = (r"fall(?:s|ing|en)?|fell|declin(?:e|es|ed|ing)|decreas(?:e|es|ed|ing)|drop(?:s|ped|ping)?|"
         r"go(?:es)?\s+down|went\s+down|going\s+down|downward(?:s)?|downtick|downswing|slump(?:s|ed)?|"
         r"plung(?:e|es|ed|ing)|tumbl(?:e|es|ed|ing)|sink(?:s|ing)?|sank|shrink(?:s|ing)?|shrank|"
         r"slid(?:e|es|ing)?|crash(?:es|ed)?|collaps(?:e|es|ed)|dips|dipped|dipping|"
-        r"(?:trends?|trending|heads?|heading|moves?|moving|edges?|edging|ticks?|ticking)\s+(?:down|downwards?|lower)|"
+        r"(?:trends?|trending|heads?|heading|moves?|moving|edges?|edging|ticks?|ticking|steps?|stepping)\s+"
+        r"(?:down|downwards?|lower)|easing|eases|eased|"
         r"(?:settl|eas)(?:e|es|ed|ing)\s+(?:back|down|lower|off)|falls?\s+back|fell\s+back")
 FLAT = (r"flat(?:tens|tened|tening|ten)?|stable|stabili[sz](?:e|es|ed|ing)|unchanged|constant|"
         r"levels?\s+off|levelling\s+off|leveling\s+off|levelled\s+off|leveled\s+off|plateau(?:s|ed)?|"
@@ -297,6 +306,9 @@ _RX = {
         r"\b(?P<sh>(?:in\s+the\s+|during\s+the\s+|over\s+the\s+)?(?:second|latter|later)\s+half|(?:after|from)\s+"
         r"the\s+(?:middle|midpoint))\b|"
         r"\b(?P<lt>(?:in\s+the\s+)?(?:last|final)\s+third)\b|\b(?P<lq>(?:in\s+the\s+)?(?:last|final)\s+quarter)\b|"
+        r"\b(?P<third>(?:about\s+|around\s+|roughly\s+)?(?:a|one)\s+third\s+of\s+the\s+way(?:\s+(?:in|through|along))?)\b|"
+        r"\b(?P<twothirds>(?:about\s+|around\s+|roughly\s+)?two[\s-]+thirds\s+of\s+the\s+way(?:\s+(?:in|through|along))?)\b|"
+        r"\b(?P<threeq>(?:about\s+|around\s+|roughly\s+)?three[\s-]+quarters\s+of\s+the\s+way(?:\s+(?:in|through|along))?)\b|"
         r"\b(?P<middle>(?:in|around|near|through|towards?)\s+the\s+(?:middle|center|centre)|midway|half-?way|"
         r"mid-?(?:window|series|way|point|period)|the\s+middle)\b|"
         r"\b(?P<end>at\s+the\s+(?:very\s+)?(?:end|close)(?:\s+of\s+the\s+(?:window|series|period))?|by\s+the\s+end|"
@@ -322,7 +334,8 @@ _RX = {
 }
 _REGION_GROUPS = {"start": "start", "early": "early", "fq": "first quarter", "ft": "first third",
                   "fh": "first half", "sh": "second half", "lt": "last third", "lq": "last quarter",
-                  "middle": "middle", "end": "end", "late": "late"}
+                  "middle": "middle", "end": "end", "late": "late", "third": "a third in",
+                  "twothirds": "two thirds in", "threeq": "three quarters in"}
 _ADJ_REGION = {"early": "early", "initial": "start", "late": "late", "final": "end"}
 _SENTENCE = re.compile(r"(?:[^.;!?]|\.(?=\d))+[.;!?]*")
 
@@ -425,6 +438,7 @@ def _sentence_claims(caption: str, a: int, b: int, base: int) -> list[dict[str, 
         region = ("first point" if first else "last point") if near else ("first tenth" if first else "last tenth")
         events.append(_Event("ext", m.start(), m.end(), value=stat, region=region))
         events[-1].strict = near
+        _ext_value(events[-1], text, used)
     for m in take("level_adj"):
         events.append(_Event("ext", m.start(), m.end(), value="max" if m.group("hl").lower() == "high" else "min"))
         events[-1].strict = True
@@ -441,11 +455,7 @@ def _sentence_claims(caption: str, a: int, b: int, base: int) -> list[dict[str, 
         stat = "max" if re.match(r"peak|highest|max|top|high|tallest", x) else "min"
         adj = (m.group("adj") or m.group("adj2") or "").lower()
         ev = _Event("ext", m.start(), m.end(), value=stat, region=_ADJ_REGION.get(adj))
-        vm = _RX["ext_value"].match(text, m.end())
-        if vm:
-            ev.ext_value = _num(vm.group("x"))
-            used.append((vm.start("x"), vm.end("x")))
-            ev.end = vm.end()
+        _ext_value(ev, text, used)
         events.append(ev)
     for m in take("dir"):
         ev = _Event("dir", m.start(), m.end(), value=_direction(m.group("d")))
@@ -488,6 +498,15 @@ def _sentence_claims(caption: str, a: int, b: int, base: int) -> list[dict[str, 
     claims.extend(_build(events, shapes, text, caption, a))
     claims.sort(key=lambda c: c["start"])
     return claims
+
+
+def _ext_value(ev: _Event, text: str, used: list[tuple[int, int]]) -> None:
+    """The value an extremum states right after it ("a peak of 6.07", "its maximum of 5 at step 0")."""
+    vm = _RX["ext_value"].match(text, ev.end)
+    if vm:
+        ev.ext_value = _num(vm.group("x"))
+        used.append((vm.start("x"), vm.end("x")))
+        ev.end = vm.end()
 
 
 def _ratio_degree(m: re.Match[str]) -> str:
@@ -612,32 +631,28 @@ def _build(events: list[_Event], shapes: list[tuple[re.Match[str], list[str]]], 
             segs.extend([(ev, "up"), (ev, "down")])
         elif ev.kind == "local" and dirs:
             segs.extend([(ev, "down"), (ev, "up")] if ev.value == "min" else [(ev, "up"), (ev, "down")])
-        elif ev.kind == "ext" and not ev.strict and not segs and ev.region and any(e.kind == "dir" for e in seq_events
-                                                                  if e.start > ev.start):
-            between = [e for e in events if ev.end <= e.start and e.kind == "sep"]
-            if between:  # "peaks early, then declines": the implied stretch up to the peak
-                segs.append((ev, "up" if ev.value == "max" else "down"))
-    n_dirs = sum(1 for _, d in segs)
-    if n_dirs >= 2 and sum(1 for ev, _ in segs if ev.kind == "dir") >= 1:
-        merged: list[tuple[_Event, str]] = []
-        for ev, d in segs:
-            if merged and merged[-1][1] == d:
-                continue
+        elif (ev.kind == "ext" and not ev.strict and ev.region and any(e.kind == "dir" for e in seq_events)
+              and not any(e.kind == "dir" and e.seg == ev.seg for e in seq_events)):
+            # "peaks early, then declines", "bottoms out early, peaks late, then eases off": an extremum
+            # standing alone between separators is the end of a stretch up to it (down to it)
+            segs.append((ev, "up" if ev.value == "max" else "down"))
+    merged: list[tuple[_Event, str]] = []
+    for ev, d in segs:  # consecutive stretches the same way are one ("increases ..., highest near the end")
+        if not (merged and merged[-1][1] == d):
             merged.append((ev, d))
-        if len(merged) >= 2:
-            parts = []
-            for ev, d in merged:
-                tag = d + (f"@{ev.region}" if ev.region and ev.kind in ("dir", "revseg") else "")
-                tag += "^" if ev.kind == "dir" and ev.region and ev.ends_in else ""
-                tag += "!" if ev.kind == "dir" and ev.sharp else "~" if ev.kind == "dir" and (ev.gentle or ev.slight) else ""
-                parts.append(tag)
-            s0, e0 = merged[0][0].start, max(ev.end for ev, _ in merged)
-            claim("stretch", s0, e0, pattern="seq:" + ">".join(parts))
-        single: list[_Event] = []
+    single: list[_Event] = []
+    if len(merged) >= 2 and any(ev.kind == "dir" for ev, _ in segs):
+        parts = []
+        for ev, d in merged:
+            tag = d + (f"@{ev.region}" if ev.region and ev.kind in ("dir", "revseg", "ext") else "")
+            tag += "^" if ev.region and (ev.kind == "ext" or (ev.kind == "dir" and ev.ends_in)) else ""
+            tag += "!" if ev.kind == "dir" and ev.sharp else "~" if ev.kind == "dir" and (ev.gentle or ev.slight) else ""
+            parts.append(tag)
+        s0, e0 = merged[0][0].start, max(ev.end for ev, _ in merged)
+        claim("stretch", s0, e0, pattern="seq:" + ">".join(parts))
     elif shapes and not [e for e in dirs if not e.feature]:
         for m, pattern in shapes:
             claim("stretch", m.start(), m.end(), pattern="seq:" + ">".join(pattern))
-        single = []
     else:
         single = [ev for ev, d in segs if ev.kind == "dir" and ev.target is None and not ev.step]
     for ev in single + features:
@@ -686,26 +701,35 @@ def check_shape(claim: ClaimLike, series: Any, tolerance: float = 0.35) -> tuple
 
 
 def _check_trend(claim: ClaimLike, sh: SeriesShape, _tol: float) -> tuple[bool | None, str]:
-    d, c = claim.direction, sh.c
+    d, c, net = claim.direction, sh.c, sh.net
     if sh.rng == 0:
         return d == "flat", "the series is constant"
+    disagree = (c > 0) != (net > 0) or net == 0
+    why = (f"trend c={c:+.2f} std, last tenth {'above' if net > 0 else 'below' if net < 0 else 'level with'} "
+           f"the first (up: c >= {UP_C} and ends above; no clear trend: |c| <= {FLAT_C} or the two disagree)")
     if d == "up":
-        ok = c >= UP_C
+        ok = c >= UP_C and net > 0
     elif d == "down":
-        ok = c <= -UP_C
+        ok = c <= -UP_C and net < 0
     elif d == "flat":
-        ok = abs(c) <= FLAT_C
+        ok = abs(c) <= FLAT_C or disagree
         if claim.pattern in ("level", "strict") and ok:
             spread = sh.rng / sh.level if sh.level > 0 else float("inf")
-            ok = spread <= LEVEL_SPREAD
-            return ok, f"trend c={c:.2f} std, range {spread:.1%} of the level (flat: |c| <= {FLAT_C}, <= 10%)"
+            moves = [x for x in ("up", "down") if _any_stretch(sh, x, LEVEL_MOVE)]
+            ok = spread <= LEVEL_SPREAD and not moves
+            return ok, (f"{why}; range {spread:.1%} of the level (flat: <= {LEVEL_SPREAD:.0%})"
+                        + (f"; a stretch {moves[0]} by {LEVEL_MOVE:.0%} of the range" if moves else ""))
     else:
         return None, "no direction"
-    why = f"trend c={c:.2f} std over the window (up >= {UP_C}, down <= -{UP_C}, no clear trend |c| <= {FLAT_C})"
     if ok and claim.pattern == "strict" and d in ("up", "down"):
         ok = _feasible(sh, d, 0, sh.n - 1, back=STRICT_BACK)
         why += "; one monotone stretch" if ok else f"; a counter-move over {STRICT_BACK:.0%} of the range"
     return ok, why
+
+
+def _any_stretch(sh: SeriesShape, d: str, move: float) -> bool:
+    """Whether some stretch of the (smoothed) series moves ``d`` by ``move`` of the range."""
+    return any(_feasible(sh, d, i, j, move=move) for i in range(sh.n) for j in range(i + 1, sh.n))
 
 
 def _check_extremum(claim: ClaimLike, sh: SeriesShape, _tol: float) -> tuple[bool | None, str]:
