@@ -37,8 +37,9 @@ fractions ``p = i / (n - 1)`` of the window:
 - **stretch**: (a) one direction in a region ("drops at the end", "increases in the first half", "flat in
   the middle", "levels off at the end"): some stretch inside the region (±1 step) moves that way by at least
   0.2 of the range (0.05 with "slowly", "gradually", "gently") with no counter-move over 0.25, and lasts at
-  least a third of the region (one step when "sharply"); a flat stretch spans at most 0.3 of the range.
-  (b) a sequence ("rises then falls", "falls until the middle, then recovers", "U-shaped", "flat at first,
+  least a third of the region (one step when "sharply"); a flat stretch spans at most 0.3 of the range and at
+  most half of what a steady full-range trend moves over as many steps (at least 0.1), so three steps of a
+  steady rise are not "flat". (b) a sequence ("rises then falls", "falls until the middle, then recovers", "U-shaped", "flat at first,
   then a sharp jump in the middle, then a gradual decline"): the window can be cut into consecutive stretches
   of those directions (each as in (a), a region pinning its stretch to overlap it by half), covering the
   window but for at most 20% at either end. (c) a local turning point ("a dip in the middle", "a spike near
@@ -49,9 +50,12 @@ fractions ``p = i / (n - 1)`` of the window:
   falls to 29.21") the move goes the stated way from it.
 - **volatility**: ``nu = mean|v[t+1] - v[t]| / max(mean|v|, R / 2)`` is the mean one-step change relative
   to the level (returns, as volatility is measured in finance; half the range stands in for the level of a
-  series near zero). "Volatile", "noisy", "erratic" hold when ``nu >= 0.06``; "smooth", "little noise",
-  "small fluctuations" when ``nu <= 0.06``; 0.06 sits in the gap between the two classes of the labelled
-  set (``tests/data/shape_captions.jsonl``). "Fluctuates", "oscillates", "cycles", "goes up and down"
+  series near zero) and ``curve = mean|second difference| / mean|step|`` says how jagged the steps are (a
+  smooth curve: under 0.5, a sampled sine of period 12 is at 0.5, noise at ~1.7). "Volatile", "noisy",
+  "erratic" hold when ``nu >= 0.06`` and ``curve > 0.5``; "smooth", "little noise", "small fluctuations"
+  otherwise; 0.06 sits in the gap between the two classes of the labelled set
+  (``tests/data/shape_captions.jsonl``), where every caption labelled volatile has ``curve >= 0.8``; the
+  curvature keeps a smooth hump from 1 to 9.5 (large steps for its level) smooth. "Fluctuates", "oscillates", "cycles", "goes up and down"
   (``pattern="reversals"``) hold when the series reverses at least twice by a quarter of its range
   (three legs of a zigzag filter at 0.25).
 - **magnitude**: "slightly", "a small increase" hold when the move is smaller than half the range or than
@@ -101,11 +105,14 @@ LEVEL_Q = 0.25        # "starts high": top quarter of the range
 MOVE = 0.20           # a stretch moves at least this share of the range...
 MOVE_GENTLE = 0.05    # ...or this with "slowly", "gradually", "gently"
 BACK = 0.25           # ...with no counter-move over this share
-FLAT_SPAN = 0.30      # a flat stretch spans at most this share of the range
+FLAT_SPAN = 0.30      # a flat stretch spans at most this share of the range, and at most half what a
+FLAT_PACE = 0.75       #   steady full-range trend moves over as many steps (floor FLAT_MIN): a steady rise
+FLAT_MIN = 0.10       #   has no "flat" three steps
 LEVEL_NET = 0.30      # a "fluctuates at a lower level" stretch: net move at most this share
 MARGIN = 0.20         # a sequence may leave this share of the window uncovered at either end
 PROMINENCE = 0.15     # a dip / spike stands out by this share of the range
-VOLATILE = 0.06       # nu = mean |step| / level: volatile at or above, smooth at or below
+VOLATILE = 0.06       # nu = mean |step| / level: volatile at or above, smooth at or below...
+CURVE = 0.5           # ...and mean |second difference| / mean |step| over this (below: a smooth curve)
 REVERSAL = 0.25       # zigzag threshold (share of the range) for "fluctuates"
 SLIGHT = 0.5          # a slight move: under half the range...
 SLIGHT_LEVEL = 0.02   # ...or under 2% of the level
@@ -147,6 +154,7 @@ class SeriesShape:
     c: float           # least-squares change over the window, in standard deviations
     net: float         # last tenth minus first tenth (mean values)
     nu: float          # mean |step| / max(level, range / 2)
+    curve: float       # mean |second difference| / mean |step| (small: a smooth curve)
     legs: int          # zigzag legs at REVERSAL of the range
 
     @property
@@ -199,8 +207,10 @@ def _measure(raw: bytes) -> SeriesShape:
     c, net = direction_measures(v)
     level = float(np.abs(v).mean())
     denom = max(level, rng / 2)
-    nu = float(np.abs(np.diff(v)).mean()) / denom if n >= 2 and denom > 0 else 0.0
-    return SeriesShape(v=v, u=u, s=s, rng=rng, level=level, c=c, net=net, nu=nu,
+    steps = np.abs(np.diff(v))
+    nu = float(steps.mean()) / denom if n >= 2 and denom > 0 else 0.0
+    curve = float(np.abs(np.diff(v, 2)).mean() / steps.mean()) if n >= 3 and steps.mean() > 0 else 0.0
+    return SeriesShape(v=v, u=u, s=s, rng=rng, level=level, c=c, net=net, nu=nu, curve=curve,
                        legs=_zigzag_legs(u, REVERSAL) if n >= 3 else 0)
 
 
@@ -778,7 +788,8 @@ def _feasible(sh: SeriesShape, d: str, i: int, j: int, *, back: float = BACK, mo
         return s[i] - s[j] >= move and rise[i, j] <= back
     if d == "flat":
         seg = sh.u[i:j + 1]
-        return j - i >= 2 and float(seg.max() - seg.min()) <= FLAT_SPAN
+        span = min(FLAT_SPAN, max(FLAT_MIN, FLAT_PACE * (j - i) / (sh.n - 1)))
+        return j - i >= 2 and float(seg.max() - seg.min()) <= span
     if d == "level":
         return abs(s[j] - s[i]) <= LEVEL_NET and j - i >= 2
     return False
@@ -833,7 +844,9 @@ def _check_sequence(parts: list[str], sh: SeriesShape) -> tuple[bool | None, str
     if len(segs) > max(2, n // 2):
         return None, "more stretches than the series can hold"
     margin = int(np.floor(MARGIN * (n - 1)))
-    start_bound = max(margin, segs[0][1][0] if segs[0][1] and not segs[0][3] else 0)
+    # a first stretch the caption places ("flat in the second half, before a late recovery") may start anywhere
+    # up to its region's end (it must still overlap the region by half); otherwise within the margin
+    start_bound = max(margin, segs[0][1][1] - 1 if segs[0][1] and not segs[0][3] else 0)
     end_bound = min(n - 1 - margin, segs[-1][1][1] if segs[-1][1] else n - 1)
     hi, lo, _, _ = _tables(sh)
     reach = np.zeros(n, dtype=bool)
@@ -902,8 +915,10 @@ def _check_volatility(claim: ClaimLike, sh: SeriesShape, _tol: float) -> tuple[b
     if claim.pattern == "reversals":
         return sh.legs >= 3, f"{sh.legs} zigzag legs at {REVERSAL:.0%} of the range (fluctuates: >= 3)"
     if claim.pattern in ("high", "low"):
-        ok = sh.nu >= VOLATILE if claim.pattern == "high" else sh.nu <= VOLATILE
-        return ok, f"mean step {sh.nu:.3f} of the level (volatile >= {VOLATILE}, smooth <= {VOLATILE})"
+        volatile = sh.nu >= VOLATILE and sh.curve > CURVE
+        ok = volatile if claim.pattern == "high" else not volatile
+        return ok, (f"mean step {sh.nu:.3f} of the level, curvature {sh.curve:.2f} (volatile: >= {VOLATILE} "
+                    f"and > {CURVE})")
     return None, "unknown volatility claim"
 
 
