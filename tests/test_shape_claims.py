@@ -100,6 +100,10 @@ def test_bad_label_files_are_refused(tmp_path):
 RISE = np.array([1, 1.2, 1.1, 1.5, 1.7, 1.6, 2.0, 2.2, 2.1, 2.5, 2.7, 2.6, 3.0, 3.2, 3.1, 3.4])
 HUMP = np.array([1, 2, 3.5, 5, 6.5, 8, 9, 9.5, 9, 8, 6.5, 5, 3.5, 2.5, 2, 1.5])
 V_SHAPE = HUMP.max() - HUMP
+ELNINO = np.array([21.31, 21.37, 21.6, 22.81, 24.23, 25.73, 26.47, 24.53, 23.64, 22.09, 21.36, 20.67, 20.08, 20.46,
+                   20.62, 22.42])
+E6_U = np.array([0.11, 0.1, 0.09, 0.08, 0.09, 0.09, 0.08, 0.08, 0.08, 0.07, 0.07, 0.06, 0.06, 0.06, 0.06, 0.06, 0.06,
+                 0.07, 0.07, 0.08, 0.08, 0.08, 0.1, 0.08, 0.08, 0.09, 0.1, 0.11, 0.11, 0.1, 0.1, 0.09])
 DROP_END = np.array([5, 5.1, 5.0, 5.2, 5.1, 5.0, 5.1, 5.2, 5.1, 5.0, 5.1, 5.0, 4.9, 3.5, 2.0, 1.0]) + 20
 
 
@@ -107,6 +111,16 @@ DROP_END = np.array([5, 5.1, 5.0, 5.2, 5.1, 5.0, 5.1, 5.2, 5.1, 5.0, 5.1, 5.0, 4
     ("Slow increase, peak at the end.", RISE, "trend", "green"),
     ("Slow increase, peak at the end.", RISE, "extremum", "green"),
     ("It falls overall.", RISE, "trend", "red"),
+    # a least-squares line that falls on a window that ends above its start (elnino[584:600]): neither way
+    ("The series falls overall.", ELNINO, "trend", "red"),
+    ("It rises overall.", ELNINO, "trend", "red"),
+    ("No clear overall trend.", ELNINO, "trend", "green"),
+    ("It rises overall.", E6_U, "trend", "red"),  # a rising line on a U that ends below its start (E6 R[9:41])
+    # a move is read against the value stated before it: 4 is reached from below, but not from 10
+    ("It starts at 10 and rises to 4.", np.array([10, 8, 6, 4, 2, 3, 4, 5, 6, 5, 4.5, 4, 4, 4.2, 4.1, 4]),
+     "stretch", "red"),
+    ("It starts at 2 and rises to 4.", np.array([2, 3, 4, 5, 6, 5, 4.5, 4, 4, 4.2, 4.1, 4, 4, 4, 4, 4]),
+     "stretch", "green"),
     ("Peak in the middle.", HUMP, "extremum", "green"),
     ("Peak in the middle.", V_SHAPE, "extremum", "red"),
     ("Lowest at the start.", RISE, "extremum", "green"),
