@@ -27,22 +27,28 @@ fractions ``p = i / (n - 1)`` of the window:
 - **hedge** ("rises or falls", "increases or decreases", "goes up and down overall", the instruction's own
   "whether it rises or falls"): always **red**: it asserts nothing checkable while looking like an answer.
 - **extremum** (peak / highest / maximum / trough / lowest / minimum placed in a region): holds when the
-  region holds the series' maximum (minimum) up to a 5% near-tie of the range. "Starts high", "ends low"
-  (``pattern="level"``): the region reaches the top (bottom) quarter of the range. Regions, as fractions of
-  the window: *at the start* / *at first* / *initially* [0, 0.2]; *early* / *near the start* / *first part*
-  [0, 1/3]; *first quarter* [0, 0.25]; *first half* [0, 0.5]; *middle* / *midway* [0.25, 0.75]; *second
-  half* [0.5, 1]; *last quarter* [0.75, 1]; *late* / *near the end* / *towards the end* [2/3, 1]; *at the
-  end* / *by the end* / *finally* [0.8, 1]. An extremum with a value ("a peak of 6.07") is also a value
-  claim (``kind="stat"``) checked within ``tolerance`` standard deviations, like every number.
+  region holds the series' maximum (minimum) up to a 5% near-tie of the range. "Starts high", "ends low",
+  "ends near its high" (``pattern="level"``): the region reaches the top (bottom) quarter of the range.
+  Regions (``REGIONS``), as fractions of the window: *at the start* / *at first* / *initially* [0, 0.2];
+  *early* / *near the start* [0, 1/3]; *first quarter* [0, 0.25]; *first half* / *before the middle* [0, 0.5];
+  *a third of the way in* [0.2, 0.45]; *middle* / *midway* [0.25, 0.75]; *two thirds of the way in*
+  [0.55, 0.8]; *second half* / *after the middle* [0.5, 1]; *last quarter* [0.75, 1]; *late* / *near the
+  end* / *towards the end* [2/3, 1]; *at the end* / *by the end* / *finally* [0.8, 1]; "starts/ends at its
+  peak": the first/last tenth; "ends near its high": the last value. An extremum with a value ("a peak of
+  6.07") is also a value claim (``kind="stat"``, or ``"value"`` at a stated step) checked within
+  ``tolerance`` standard deviations, like every number.
 - **stretch**: (a) one direction in a region ("drops at the end", "increases in the first half", "flat in
   the middle", "levels off at the end"): some stretch inside the region (±1 step) moves that way by at least
   0.2 of the range (0.05 with "slowly", "gradually", "gently") with no counter-move over 0.25, and lasts at
-  least a third of the region (one step when "sharply"); a flat stretch spans at most 0.3 of the range and at
-  most half of what a steady full-range trend moves over as many steps (at least 0.1), so three steps of a
-  steady rise are not "flat". (b) a sequence ("rises then falls", "falls until the middle, then recovers", "U-shaped", "flat at first,
-  then a sharp jump in the middle, then a gradual decline"): the window can be cut into consecutive stretches
-  of those directions (each as in (a), a region pinning its stretch to overlap it by half), covering the
-  window but for at most 20% at either end. (c) a local turning point ("a dip in the middle", "a spike near
+  least a third of the region (one step when "sharply"; two thirds with "steadily"); a move to a placed
+  extremum ("falls to a low late in the window") need only end in the region. A flat stretch spans at most
+  0.3 of the range and at most three quarters of what a steady full-range trend moves over as many steps (at
+  least 0.1), so three steps of a steady rise are not "flat". (b) a sequence ("rises then falls", "falls
+  until the middle, then recovers", "U-shaped", "peaks early, then declines", "flat at first, then a sharp
+  jump in the middle, then a gradual decline"): the window can be cut into consecutive stretches of those
+  directions (each as in (a); a region pins its stretch to overlap it by half), covering the window but for
+  at most 20% at either end, and what is left uncovered moves less than 0.3 of the range (a caption that
+  places its first stretch may start there). (c) a local turning point ("a dip in the middle", "a spike near
   the end"): a point in the region stands out of the values within a quarter window on both sides by at
   least 0.15 of the range. (d) a move to a stated value ("rises to 28.55", "falls to 4.5 by the end"): the
   series reaches the value (within ``tolerance`` standard deviations) after having been on the other side of
@@ -55,27 +61,28 @@ fractions ``p = i / (n - 1)`` of the window:
   "erratic" hold when ``nu >= 0.06`` and ``curve > 0.5``; "smooth", "little noise", "small fluctuations"
   otherwise; 0.06 sits in the gap between the two classes of the labelled set
   (``tests/data/shape_captions.jsonl``), where every caption labelled volatile has ``curve >= 0.8``; the
-  curvature keeps a smooth hump from 1 to 9.5 (large steps for its level) smooth. "Fluctuates", "oscillates", "cycles", "goes up and down"
-  (``pattern="reversals"``) hold when the series reverses at least twice by a quarter of its range
-  (three legs of a zigzag filter at 0.25).
+  curvature keeps a smooth hump from 1 to 9.5 (large steps for its level) smooth. "Fluctuates",
+  "oscillates", "cycles", "goes up and down" (``pattern="reversals"``) hold when the series reverses at least
+  twice by a quarter of its range (three legs of a zigzag filter at 0.25).
 - **magnitude**: "slightly", "a small increase" hold when the move is smaller than half the range or than
   2% of the level; "sharply", "steeply", "suddenly" (pace) when a move of at least half the range that way
   happens within 15% of the window (at least 3 steps), in the claim's region if it names one, and for an
   overall direction the direction holds too; "strongly", "a large jump", "substantially" (size, not pace)
   when a move that way spans at least half the range, and for an overall direction when ``|c| >= 2`` (the
-  trend line explains at least a third of the variance); "doubles" (x1.8-2.25), "triples" (x2.7-3.3), "halves"
-  (x0.4-0.6), "by 40 percent", "a 9 percent gain" and "by about a fifth" (±max(5, 25% of the figure)
-  points) compare the last value with the first.
+  trend line explains at least a third of the variance); "doubles" (x1.8-2.25), "triples" (x2.7-3.3),
+  "halves" (x0.4-0.6), "by 40 percent", "a 9 percent gain" and "by about a fifth" (±max(5, 25% of the
+  figure) points) compare the last value with the first. A "slightly" inside a sequence with no place
+  ("... before dipping slightly") is not checked: nothing says which stretch it measures.
 
 Colours: green = the series supports the claim, red = it contradicts it (a hedge is always red), gray =
 nothing checkable (a series too short for the claim). Tolerances are constants of this module, not
 settings: changing one changes what every reward and check means, so it is a code change with a measured
 table (``bench/bench_shape_claims.py``).
 
-Kept out on purpose: claims about rates of change ("accelerating", "faster in the second half"), counts
-("three waves"), fractions ("by about a third"), comparisons of peaks ("growing peaks"), stated ranges
-("between 650 and 1170"), pace words used alone ("gradual increase"): they extract nothing, so they are
-neither paid nor penalised.
+Not read (they extract nothing, so they are neither paid nor penalised): rates of change ("accelerating",
+"faster in the second half"), counts ("three waves"), comparisons ("growing peaks", "ends lower than it
+starts"), stated ranges ("between 650 and 1170"); pace words ("gradual increase") qualify a direction but are
+not magnitude claims. ``docs/claims.md`` lists the measured misses.
 
 This module has no dependency on ``judges.claims``: extraction returns the keyword arguments of a
 ``Claim`` and checks read a claim's attributes, so ``judges.claims`` can import it without a circle.
@@ -327,8 +334,8 @@ _RX = {
         r"in\s+the\s+(?:last|final|late|later|closing)\s+(?:part|stage|section|portion|phase|steps)|"
         r"close\s+to\s+the\s+end|(?:in|at)\s+the\s+end\s+of\s+the\s+(?:window|series|period)|end\s+of\s+the\s+"
         r"(?:window|series|period))\b", re.I),
-    "sep": re.compile(r"\bthen\b|\bfollowed\s+by\b|\bbefore\b(?!\s+the\s+(?:middle|end|start|beginning))|\bafter\s+which\b|\bafterwards?\b|,|:|\band\s+then\b",
-                      re.I),
+    "sep": re.compile(r"\bthen\b|\bfollowed\s+by\b|\bbefore\b(?!\s+the\s+(?:middle|end|start|beginning))|"
+                      r"\bafter\s+which\b|\bafterwards?\b|,|:|\band\s+then\b", re.I),
     "with": re.compile(r"\b(?:with|showing|featuring|including)\b", re.I),
     "step": re.compile(r"\b(?:steps?|t\s*=|time(?:\s*step)?s?|index|indices|positions?|points?|x\s*=)\s*\d+", re.I),
     "target": re.compile(rf"\s*(?:(?:sharply|steeply|slightly|steadily|gradually|quickly|slowly|rapidly|suddenly|"
