@@ -133,6 +133,9 @@ DROP_END = np.array([5, 5.1, 5.0, 5.2, 5.1, 5.0, 5.1, 5.2, 5.1, 5.0, 5.1, 5.0, 4
     ("A dip in the middle.", HUMP, "stretch", "red"),
     ("Flat in the middle.", DROP_END, "stretch", "green"),
     ("Flat in the middle.", RISE, "stretch", "red"),
+    ("flat in middle, drops sharply at end", DROP_END, "stretch", "green"),  # caption shorthand, no articles
+    ("Climbs steadily from start to finish.", RISE, "trend", "green"),
+    ("Climbs steadily from start to finish.", HUMP, "trend", "red"),
     ("Drops sharply at the end.", DROP_END, "stretch", "green"),
     ("Drops sharply at the end.", DROP_END, "magnitude", "green"),
     ("Drops sharply at the end.", RISE, "magnitude", "red"),

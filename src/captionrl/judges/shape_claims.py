@@ -284,6 +284,8 @@ _RX = {
                            r"(?P<x>peak|maximum|max|highest|high|top|lowest|low|minimum|min|trough|bottom)\b", re.I),
     "level_adj": re.compile(r"(?<!stays )(?<!remains )(?<!stay )(?<!remain )(?<!stayed )\b(?P<hl>high|low)\s+"
                             r"(?=(?:at|in|near|towards?|during)\s+the\b|at\s+first|early|late|initially)", re.I),
+    "whole": re.compile(r"\bfrom\s+(?:the\s+)?(?:very\s+)?(?:start|beginning|first\s+value)\s+to\s+(?:the\s+)?"
+                        r"(?:very\s+)?(?:finish|end|last\s+value)\b", re.I),
     "level_word": re.compile(r"\bat\s+(?:the\s+)?(?:bottom|top)\b|\bnear\s+(?:the\s+)?(?:bottom|top)\b", re.I),
     "local": re.compile(r"\b(?:an?|one|the)\s+(?:(?:brief|sharp|sudden|small|slight|big|large|deep|short|"
                         r"notable|noticeable|single|quick|temporary|isolated|pronounced|(?P<adj>early|late|initial|"
@@ -312,27 +314,27 @@ _RX = {
                           r"wav(?:es|y)|cycl(?:e|es|ical|ic)|seesaw\w*)\b", re.I),
     "vol_low": re.compile(r"\bsmooth(?:ly|ed)?\b", re.I),
     "region": re.compile(
-        r"\b(?P<start>at\s+the\s+(?:very\s+)?(?:start|beginning|outset)|at\s+first|initially|in\s+the\s+first\s+few\s+\w+|"
-        r"the\s+first\s+few\s+\w+|from\s+the\s+(?:very\s+)?(?:start|beginning))\b|"
-        r"\b(?P<early>early(?:\s+on|\s+in\s+the\s+(?:window|series|period))?|in\s+the\s+(?:first|early|initial)\s+"
-        r"(?:part|stage|section|portion|phase|steps)|near\s+the\s+(?:start|beginning)|towards?\s+the\s+(?:start|beginning)|"
-        r"in\s+the\s+beginning|(?:at|in)\s+the\s+(?:start|beginning)\s+of\s+the\s+(?:window|series))\b|"
-        r"\b(?P<fq>(?:in\s+the\s+)?first\s+quarter)\b|\b(?P<ft>(?:in\s+the\s+)?first\s+third)\b|"
-        r"\b(?P<fh>(?:in\s+the\s+|during\s+the\s+|over\s+the\s+)?first\s+half|(?:before|until|up\s+to|by)\s+the\s+"
+        r"\b(?P<start>at\s+(?:the\s+)?(?:very\s+)?(?:start|beginning|outset)|at\s+first|initially|in\s+(?:the\s+)?first\s+few\s+\w+|"
+        r"the\s+first\s+few\s+\w+|from\s+(?:the\s+)?(?:very\s+)?(?:start|beginning))\b|"
+        r"\b(?P<early>early(?:\s+on|\s+in\s+(?:the\s+)?(?:window|series|period))?|in\s+(?:the\s+)?(?:first|early|initial)\s+"
+        r"(?:part|stage|section|portion|phase|steps)|near\s+(?:the\s+)?(?:start|beginning)|towards?\s+(?:the\s+)?(?:start|beginning)|"
+        r"in\s+(?:the\s+)?beginning|(?:at|in)\s+(?:the\s+)?(?:start|beginning)\s+of\s+(?:the\s+)?(?:window|series))\b|"
+        r"\b(?P<fq>(?:in\s+(?:the\s+)?)?first\s+quarter)\b|\b(?P<ft>(?:in\s+(?:the\s+)?)?first\s+third)\b|"
+        r"\b(?P<fh>(?:in\s+(?:the\s+)?|during\s+(?:the\s+)?|over\s+(?:the\s+)?)?first\s+half|(?:before|until|up\s+to|by)\s+(?:the\s+)?"
         r"(?:middle|midpoint|half-?way\s+point))\b|"
-        r"\b(?P<sh>(?:in\s+the\s+|during\s+the\s+|over\s+the\s+)?(?:second|latter|later)\s+half|(?:after|from)\s+"
+        r"\b(?P<sh>(?:in\s+(?:the\s+)?|during\s+(?:the\s+)?|over\s+(?:the\s+)?)?(?:second|latter|later)\s+half|(?:after|from)\s+"
         r"the\s+(?:middle|midpoint))\b|"
-        r"\b(?P<lt>(?:in\s+the\s+)?(?:last|final)\s+third)\b|\b(?P<lq>(?:in\s+the\s+)?(?:last|final)\s+quarter)\b|"
-        r"\b(?P<third>(?:about\s+|around\s+|roughly\s+)?(?:a|one)\s+third\s+of\s+the\s+way(?:\s+(?:in|through|along))?)\b|"
-        r"\b(?P<twothirds>(?:about\s+|around\s+|roughly\s+)?two[\s-]+thirds\s+of\s+the\s+way(?:\s+(?:in|through|along))?)\b|"
-        r"\b(?P<threeq>(?:about\s+|around\s+|roughly\s+)?three[\s-]+quarters\s+of\s+the\s+way(?:\s+(?:in|through|along))?)\b|"
-        r"\b(?P<middle>(?:in|around|near|through|towards?)\s+the\s+(?:middle|center|centre)|midway|half-?way|"
+        r"\b(?P<lt>(?:in\s+(?:the\s+)?)?(?:last|final)\s+third)\b|\b(?P<lq>(?:in\s+(?:the\s+)?)?(?:last|final)\s+quarter)\b|"
+        r"\b(?P<third>(?:about\s+|around\s+|roughly\s+)?(?:a|one)\s+third\s+of\s+(?:the\s+)?way(?:\s+(?:in|through|along))?)\b|"
+        r"\b(?P<twothirds>(?:about\s+|around\s+|roughly\s+)?two[\s-]+thirds\s+of\s+(?:the\s+)?way(?:\s+(?:in|through|along))?)\b|"
+        r"\b(?P<threeq>(?:about\s+|around\s+|roughly\s+)?three[\s-]+quarters\s+of\s+(?:the\s+)?way(?:\s+(?:in|through|along))?)\b|"
+        r"\b(?P<middle>(?:in|around|near|through|towards?)\s+(?:the\s+)?(?:middle|center|centre)|midway|half-?way|"
         r"mid-?(?:window|series|way|point|period)|the\s+middle)\b|"
-        r"\b(?P<end>at\s+the\s+(?:very\s+)?(?:end|close)(?:\s+of\s+the\s+(?:window|series|period))?|by\s+the\s+end|"
-        r"finally|in\s+the\s+(?:last|final)\s+few\s+\w+|the\s+(?:last|final)\s+few\s+\w+)\b|"
-        r"\b(?P<late>near\s+the\s+end|towards?\s+the\s+end|late(?:r)?(?:\s+on|\s+in\s+the\s+(?:window|series|period))?|"
-        r"in\s+the\s+(?:last|final|late|later|closing)\s+(?:part|stage|section|portion|phase|steps)|"
-        r"close\s+to\s+the\s+end|(?:in|at)\s+the\s+end\s+of\s+the\s+(?:window|series|period)|end\s+of\s+the\s+"
+        r"\b(?P<end>at\s+(?:the\s+)?(?:very\s+)?(?:end|close)(?:\s+of\s+(?:the\s+)?(?:window|series|period))?|by\s+(?:the\s+)?end|"
+        r"finally|in\s+(?:the\s+)?(?:last|final)\s+few\s+\w+|the\s+(?:last|final)\s+few\s+\w+)\b|"
+        r"\b(?P<late>near\s+(?:the\s+)?end|towards?\s+(?:the\s+)?end|late(?:r)?(?:\s+on|\s+in\s+(?:the\s+)?(?:window|series|period))?|"
+        r"in\s+(?:the\s+)?(?:last|final|late|later|closing)\s+(?:part|stage|section|portion|phase|steps)|"
+        r"close\s+to\s+(?:the\s+)?end|(?:in|at)\s+(?:the\s+)?end\s+of\s+(?:the\s+)?(?:window|series|period)|end\s+of\s+(?:the\s+)?"
         r"(?:window|series|period))\b", re.I),
     "sep": re.compile(r"\bthen\b|\bfollowed\s+by\b|\bbefore\b(?!\s+the\s+(?:middle|end|start|beginning))|"
                       r"\bafter\s+which\b|\bafterwards?\b|,|:|\band\s+then\b", re.I),
@@ -460,6 +462,7 @@ def _sentence_claims(caption: str, a: int, b: int, base: int) -> list[dict[str, 
         events.append(_Event("ext", m.start(), m.end(), value="max" if m.group("hl").lower() == "high" else "min"))
         events[-1].strict = True
     take("level_word")  # "flat at the bottom": a level, not the minimum
+    events.extend(_Event("steady", m.start(), m.end()) for m in take("whole"))  # "from start to finish"
     for m in take("local"):
         x = m.group("x").lower()
         events.append(_Event("local", m.start(), m.end(), value="min" if x == "dip" else "max",
