@@ -276,3 +276,19 @@ def test_short_instructions_and_short_captions():
     assert not echoes_instruction("The series rises steadily to a peak.", "Describe the series.")
     assert key_facts("Rises.", RISE).degenerate == "under 5 words"
     assert key_facts("Rises overall, with its peak at the end.", RISE).degenerate is None
+
+
+def test_long_windows_are_read_on_their_chart():
+    """A 512-value window: stretches and sequences are read on its 64-point chart (what a reader sees), so a
+    sequence check costs what it costs on 64 values and the noise of single steps does not decide it."""
+    import time
+
+    rng = np.random.default_rng(0)
+    t = np.linspace(0, 1, 512)
+    v = 10 * np.sin(np.pi * t) + rng.normal(0, 0.8, 512)  # a noisy hump
+    start = time.process_time()
+    got = [(col, kind) for col, kind, _ in colours("Rises then falls, a peak in the middle. Steady rise.", v)]
+    assert time.process_time() - start < 2.0
+    assert got == [("green", "stretch"), ("green", "extremum"), ("red", "trend")]
+    assert colours("Falls then rises.", v)[0][0] == "red"
+

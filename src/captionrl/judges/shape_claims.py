@@ -74,6 +74,9 @@ fractions ``p = i / (n - 1)`` of the window:
   figure) points) compare the last value with the first. A "slightly" inside a sequence with no place
   ("... before dipping slightly") is not checked: nothing says which stretch it measures.
 
+Windows longer than 64 values are read as their 64-point chart (block means) for stretches, sequences,
+dips and "steadily"/"flat" checks: the shape a person reads, at the cost of a 64-value window.
+
 Colours: green = the series supports the claim, red = it contradicts it (a hedge is always red), gray =
 nothing checkable (a series too short for the claim). Tolerances are constants of this module, not
 settings: changing one changes what every reward and check means, so it is a code change with a measured
@@ -93,6 +96,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import pairwise
 from typing import Any, Protocol
 
 import numpy as np
@@ -120,6 +124,7 @@ MARGIN = 0.20         # a sequence may leave this share of the window uncovered 
 PROMINENCE = 0.15     # a dip / spike stands out by this share of the range
 VOLATILE = 0.06       # nu = mean |step| / level: volatile at or above, smooth at or below...
 CURVE = 0.5           # ...and mean |second difference| / mean |step| over this (below: a smooth curve)
+CHART_POINTS = 64     # stretches, sequences and dips of a longer window are read on its 64-point chart
 REVERSAL = 0.25       # zigzag threshold (share of the range) for "fluctuates"
 SLIGHT = 0.5          # a slight move: under half the range...
 SLIGHT_LEVEL = 0.02   # ...or under 2% of the level
@@ -199,7 +204,7 @@ def _zigzag_legs(u: np.ndarray, threshold: float) -> int:
     return legs
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=128)
 def _measure(raw: bytes) -> SeriesShape:
     v = np.frombuffer(raw, dtype=float)
     n = len(v)
@@ -225,6 +230,16 @@ def measure(series: Any) -> SeriesShape:
     """The shape measures of ``series`` (cached by value: the checks of one caption share them)."""
     v = np.ascontiguousarray(np.asarray(series, dtype=float))
     return _measure(v.tobytes())
+
+
+def chart(sh: SeriesShape) -> SeriesShape:
+    """The measures of the window as a chart shows it: block means down to ``CHART_POINTS`` values (the
+    window itself when shorter), so that a stretch or sequence check on 512 values costs what it costs on 64
+    and reads the shape a person reads, not every wiggle."""
+    if sh.n <= CHART_POINTS:
+        return sh
+    edges = np.linspace(0, sh.n, CHART_POINTS + 1).round().astype(int)
+    return measure(np.array([sh.v[a:b].mean() for a, b in pairwise(edges)]))
 
 
 # ------------------------------------------------------------------------------------- vocabulary
@@ -651,10 +666,11 @@ def _build(events: list[_Event], shapes: list[tuple[re.Match[str], list[str]]], 
             segs.extend([(ev, "up"), (ev, "down")])
         elif ev.kind == "local" and dirs:
             segs.extend([(ev, "down"), (ev, "up")] if ev.value == "min" else [(ev, "up"), (ev, "down")])
-        elif (ev.kind == "ext" and not ev.strict and ev.region and any(e.kind == "dir" for e in seq_events)
+        elif (ev.kind == "ext" and not ev.strict and ev.region
+              and any(e.kind == "dir" and e.start > ev.start for e in seq_events)
               and not any(e.kind == "dir" and e.seg == ev.seg for e in seq_events)):
             # "peaks early, then declines", "bottoms out early, peaks late, then eases off": an extremum
-            # standing alone between separators is the end of a stretch up to it (down to it)
+            # standing alone between separators, before a stated move, ends a stretch up to it (down to it)
             segs.append((ev, "up" if ev.value == "max" else "down"))
     merged: list[tuple[_Event, str]] = []
     for ev, d in segs:  # consecutive stretches the same way are one ("increases ..., highest near the end")
@@ -735,14 +751,14 @@ def _check_trend(claim: ClaimLike, sh: SeriesShape, _tol: float) -> tuple[bool |
         ok = abs(c) <= FLAT_C or disagree
         if claim.pattern in ("level", "strict") and ok:
             spread = sh.rng / sh.level if sh.level > 0 else float("inf")
-            moves = [x for x in ("up", "down") if _any_stretch(sh, x, LEVEL_MOVE)]
+            moves = [x for x in ("up", "down") if _any_stretch(chart(sh), x, LEVEL_MOVE)]
             ok = spread <= LEVEL_SPREAD and not moves
             return ok, (f"{why}; range {spread:.1%} of the level (flat: <= {LEVEL_SPREAD:.0%})"
                         + (f"; a stretch {moves[0]} by {LEVEL_MOVE:.0%} of the range" if moves else ""))
     else:
         return None, "no direction"
     if ok and claim.pattern == "strict" and d in ("up", "down"):
-        ok = _feasible(sh, d, 0, sh.n - 1, back=STRICT_BACK)
+        ok = _feasible(chart(sh), d, 0, chart(sh).n - 1, back=STRICT_BACK)
         why += "; one monotone stretch" if ok else f"; a counter-move over {STRICT_BACK:.0%} of the range"
     return ok, why
 
@@ -771,7 +787,7 @@ def _tables(sh: SeriesShape) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
     return _tables_of(sh.s.tobytes())
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=64)
 def _tables_of(raw: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     s = np.frombuffer(raw, dtype=float)
     n = len(s)
@@ -812,6 +828,8 @@ def _overlaps(i: int, j: int, r0: int, r1: int) -> bool:
 
 def _check_stretch(claim: ClaimLike, sh: SeriesShape, tol: float) -> tuple[bool | None, str]:
     pattern = claim.pattern or ""
+    if pattern not in ("move", "move-from"):  # a move to a stated value reads the values themselves
+        sh = chart(sh)
     if pattern.startswith("seq:"):
         return _check_sequence(pattern[4:].split(">"), sh)
     if pattern == "local":
