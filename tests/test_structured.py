@@ -47,6 +47,7 @@ def tiny():
 
 
 # ---------------------------------------------------------------------- fast: no model
+@pytest.mark.gpu_pins
 def test_schemas_pin_what_the_parsers_check():
     rub = rubric_schema(2, 4)
     crit = rub["items"]["properties"]["criterion"]
@@ -73,6 +74,7 @@ def test_missing_grammar_library_is_a_named_error_not_an_unscored_reply(monkeypa
 
 # ---------------------------------------------------------------------- the tiny random model
 @pytest.mark.slow
+@pytest.mark.gpu_pins
 def test_random_model_writes_parseable_rubrics_every_time_under_the_schema(tiny):
     schema = rubric_schema(2, 3)
     reqs = [ChatRequest(WRITER, max_new_tokens=rubric_budget(3), temperature=t, seed=s, **structured(schema))
@@ -96,6 +98,7 @@ def test_random_model_writes_parseable_rubrics_every_time_under_the_schema(tiny)
 
 
 @pytest.mark.slow
+@pytest.mark.gpu_pins
 def test_random_model_writes_one_decision_per_item_in_order_every_time(tiny):
     reqs = [ChatRequest(judge_messages(RUBRIC[:n], "Two red circles on white."), max_new_tokens=judgment_budget(n),
                         temperature=t, seed=s, **structured(judgment_schema(n)))
