@@ -4,8 +4,9 @@ where a CPU can check it.
 ``pip install -e .[gpu]`` resolves transformers 5.17 and xgrammar 0.2.7 (vLLM 0.31 pins them) where the
 CPU install takes 5.24 and 0.2.9. ``scripts/setup.sh --dev`` installs the pinned versions of those packages
 into ``.venv/gpu-pins`` (``pip --target``); the first test here runs every test marked ``gpu_pins`` (the
-GPU-path joints that need no CUDA) in a pytest subprocess with that folder first on ``PYTHONPATH``, so the
-README's one test command covers both ends of the declared transformers range. torch and torchvision are
+GPU-path joints that need no CUDA) in a pytest subprocess with that folder first on ``PYTHONPATH``, and the
+GPU smoke test's dry run under it, so the README's one test command covers both ends of the declared
+transformers range. torch and torchvision are
 not overlaid (PyPI's torch 2.13.0 is the CUDA build; PyPI's torchvision does not import beside a CPU torch):
 what depends on them is checked on a GPU only (``scripts/gpu_smoke.sh``).
 
@@ -24,6 +25,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from deepspeed_launch import requires_deepspeed, run_group
 
 ROOT = Path(__file__).resolve().parents[1]
 PINS = ROOT / "scripts" / "gpu-pins.txt"
@@ -60,8 +63,9 @@ def test_pins_hold_the_versions_vllm_requires():
     assert transformers == f"transformers>={pins['transformers'].rsplit('.', 1)[0]},<5.25"  # the tested ends
 
 
-@pytest.mark.timeout(1800)
-def test_gpu_path_tests_pass_under_the_gpu_extras_versions():
+def overlay_env() -> dict[str, str]:
+    """The environment with the overlay first on ``PYTHONPATH``, checked to hold the pinned versions; skips
+    (fails under CI) where ``setup.sh --dev`` has not built the overlay."""
     overlay = overlay_dir()
     wanted = overlay_pins()
     if not (overlay / "transformers").is_dir():
@@ -77,14 +81,39 @@ def test_gpu_path_tests_pass_under_the_gpu_extras_versions():
     got = json.loads(subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
                                     check=True).stdout)
     assert got == wanted, f"{overlay} is stale: rerun bash scripts/setup.sh --dev"
+    return env
+
+
+@pytest.mark.timeout(1800)
+def test_gpu_path_tests_pass_under_the_gpu_extras_versions():
+    env = overlay_env()
     files = sorted(str(p) for p in (ROOT / "tests").glob("test_*.py") if "mark.gpu_pins" in p.read_text())
     run = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu_pins", "-n", "0", "-q", "-p", "no:cacheprovider",
-                          *files],
-                         env=env, cwd=ROOT, capture_output=True, text=True, timeout=1700)
+                          *files], env=env, cwd=ROOT, capture_output=True, text=True, timeout=1700)
     tail = run.stdout[-6000:] + run.stderr[-2000:]
     assert run.returncode == 0, tail
     counts = dict((k, int(n)) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error)", run.stdout.splitlines()[-1]))
     assert counts.get("passed", 0) >= 10 and not counts.get("skipped"), tail
+
+
+@pytest.mark.slow  # 65 s on an idle core (2026-12-03): the three recipes, ZeRO-3 and the bench, each a process
+@pytest.mark.timeout(2400)
+@requires_deepspeed
+def test_gpu_smoke_dry_run_passes_under_the_gpu_extras_versions(tmp_path):
+    """``scripts/gpu_smoke.sh --dry-run`` (every joint of the GPU path but the device and vLLM) under the pinned
+    versions, in a cache of its own so the tiny models are built by them too (``tests/test_gpu_smoke.py`` runs
+    it under the CPU install's)."""
+    env = {**overlay_env(), "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "CAPTIONRL_CACHE": str(tmp_path / "cache")}
+    build = "from captionrl.tiny_models import tiny_qwen_vl_dir; [tiny_qwen_vl_dir(f) for f in ('qwen2.5-vl', 'qwen3-vl')]"
+    subprocess.run([sys.executable, "-c", build], env=env, check=True, timeout=600)  # once, not raced by the joints
+    out = tmp_path / "smoke"
+    returncode, output = run_group(["bash", str(ROOT / "scripts" / "gpu_smoke.sh"), "--dry-run", "--out", str(out),
+                                    "--timeout", "600"], env, timeout=2300)
+    assert returncode is not None, output[-12000:]
+    report = json.loads((out / "report.json").read_text())
+    failed = {j["name"]: j["tail"] for j in report["joints"] if not j["passed"]}
+    assert returncode == 0 and not failed, (output[-2000:], failed)
+    assert len(report["joints"]) >= 6
 
 
 def _path_without_nvidia_smi(tmp_path: Path, stub: str | None = None) -> str:
