@@ -69,7 +69,8 @@ pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -c "$
           "make PyPI reachable, then rerun; if pip reports a conflict, regenerate $PINS (docs/gpu.md, Install)"
 
 # ---------------------------------------------------------------- 3. the result, checked
-summary=$("$VENV/bin/python" scripts/gpu_env_check.py "$PINS") || exit 1  # it printed its one-line reason
+out=$("$VENV/bin/python" scripts/gpu_env_check.py "$PINS") || exit 1  # it printed its one-line reason on stderr
+summary=$(printf '%s\n' "$out" | tail -n1)  # its last line (vLLM logs to stdout when imported)
 echo "$summary" > "$VENV/captionrl-gpu-ready"
 echo "setup.sh --gpu: $summary"
 echo "setup.sh --gpu: ready; use $VENV/bin/python (or: source $VENV/bin/activate); next: bash scripts/gpu_smoke.sh --no-install"
