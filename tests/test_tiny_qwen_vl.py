@@ -95,6 +95,7 @@ def tiny(request):
 
 
 @pytest.mark.slow
+@pytest.mark.gpu_pins
 def test_folder_is_a_family_checkpoint_with_the_real_processor(tiny):
     import torch
     from PIL import Image
@@ -142,6 +143,7 @@ def test_folder_is_a_family_checkpoint_with_the_real_processor(tiny):
 
 
 @pytest.mark.slow
+@pytest.mark.gpu_pins
 def test_model_generate_and_backend_generate_with_images(tiny):
     import torch
 
@@ -167,6 +169,7 @@ def test_model_generate_and_backend_generate_with_images(tiny):
 
 
 @pytest.mark.slow
+@pytest.mark.gpu_pins
 def test_choose_with_a_shared_prefix_matches_plain_batches(tiny):
     """The KV-cache prefix sharing of ``choose`` (multimodal rotary positions here) changes no probability."""
     from captionrl.backends.hf import HFBackend
@@ -347,6 +350,7 @@ def test_rubicap_paper_config_dry_run_with_tiny_qwen2_5_vl(tmp_path, llama_serve
 
 
 @pytest.mark.slow
+@pytest.mark.gpu_pins
 def test_moco_grpo_steps_with_tiny_qwen2_5_vl_policy(tmp_path, vision_calls):
     """MoCo Rubric's CPU config with the tiny Qwen2.5-VL policy: the policy's momentum copy (a second LoRA
     adapter) writes rubrics and judges (the config's mode). The random Generator writes no valid rubric, so every
