@@ -81,6 +81,7 @@ def test_configs_load_and_resolve_grpo_explicitly(forbid_models):
 def test_openai_judge_that_does_not_answer_fails_before_policy_loads(tmp_path, forbid_models):
     cfg = load_config(RubicapConfig, CPU, [
         *TINY, "judge.kind=openai", "judge.base_url=http://127.0.0.1:9/v1", "judge.model=Qwen2.5-72B-Instruct",
+        "judge.startup_timeout_s=0",  # one probe (training waits 600 s by default: tests/test_server_startup.py)
         f"train.out_dir={tmp_path / 'run'}",
     ])
     with pytest.raises(ConfigError) as err:

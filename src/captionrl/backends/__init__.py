@@ -32,6 +32,7 @@ class BackendConfig:
     backoff_s: float = help_field(0.5, "openai: first retry wait in seconds, doubled each retry")
     cooldown_s: float = help_field(10.0, "openai replicas: seconds a replica that failed (connection error, timeout) is left out before it is tried again")
     loglikelihood_api: str = help_field("echo", "openai: how to get prompt log-probs: echo (completions echo+logprobs) or prompt_logprobs (vLLM)")
+    startup_timeout_s: float | None = help_field(None, "openai: seconds to wait, before the first request, for a server that is still starting (refuses connections or answers 502/503/504); null = the command's default: 600 for training and rubric building (servers often start alongside them: vLLM listens only once its weights are loaded), 5 for one-shot commands; 0 = one probe")
 
     def __post_init__(self) -> None:
         if isinstance(self.base_url, (list, tuple)):  # one string keeps configs hashable: a|b
@@ -52,6 +53,9 @@ class BackendConfig:
         if self.loglikelihood_api not in ("echo", "prompt_logprobs"):
             raise ConfigError("backend.loglikelihood_api", self.loglikelihood_api, "unknown API",
                               "use echo or prompt_logprobs")
+        if self.startup_timeout_s is not None and not self.startup_timeout_s >= 0:
+            raise ConfigError("backend.startup_timeout_s", self.startup_timeout_s, "must be >= 0 seconds (or null)",
+                              "set startup_timeout_s: 600 (0 = one probe, null = the command's default)")
 
 
 @BACKENDS.register("hf")
@@ -116,7 +120,7 @@ def backend_from_spec(spec: str, field: str = "backend") -> Backend:
     An ``openai`` server is asked for ``/models`` first: a command given a server that does not answer
     stops with a named error here, instead of running to the end with every judgment unscored.
     """
-    from captionrl.backends.openai_http import probe_server
+    from captionrl.backends.startup import probe_server
 
     cfg = parse_backend_spec(spec)
     probe_server(cfg, field)
