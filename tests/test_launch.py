@@ -52,7 +52,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 def _dry_run(script: str, *args: str, **env: str) -> tuple[int, str]:
     proc = subprocess.run(["bash", str(LAUNCH / f"{script}.sh"), "--dry-run", *args], cwd=ROOT, env=_env(**env),
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=900)
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -174,7 +174,7 @@ def _standin_env(tmp_path: Path, **extra: str) -> dict[str, str]:
            "CAPTIONRL_SERVE_MODEL": str(embedded_gguf_path()),
            "CAPTIONRL_ACCELERATE_CONFIG": "configs/accelerate/cpu-zero2.yaml", "CAPTIONRL_NUM_PROCESSES": "1",
            "CAPTIONRL_MAIN_PROCESS_PORT": str(free_rendezvous_port()), "CAPTIONRL_LAUNCH_LOGS": str(tmp_path / "logs"),
-           "CAPTIONRL_READY_TIMEOUT": "120", "CAPTIONRL_STOP_GRACE": "10"}
+           "CAPTIONRL_READY_TIMEOUT": "600", "CAPTIONRL_STOP_GRACE": "10"}
     return _env(**{**env, **extra})
 
 
@@ -184,8 +184,8 @@ def _left(*tags: str) -> list[str]:
     return [line.strip() for line in out.splitlines() if any(t in line for t in tags) and " ps -eo " not in line]
 
 
-def _start(launches: list, tmp_path: Path, port: int, run: Path, **env: str) -> subprocess.Popen:
-    args = [f"verifier.base_url=http://127.0.0.1:{port}/v1", *TINY_LINEUP, f"train.out_dir={run}"]
+def _start(launches: list, tmp_path: Path, port: int, run: Path, *extra: str, **env: str) -> subprocess.Popen:
+    args = [f"verifier.base_url=http://127.0.0.1:{port}/v1", *TINY_LINEUP, f"train.out_dir={run}", *extra]
     proc = subprocess.Popen(["bash", str(LAUNCH / "lineup-1gpu.sh"), *args], cwd=ROOT, env=_standin_env(tmp_path, **env),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     launches.append(proc)
@@ -251,15 +251,30 @@ def test_lineup_one_gpu_script_runs_end_to_end_with_a_served_verifier(tmp_path, 
 
 
 @pytest.mark.server
+@pytest.mark.timeout(1200)  # 20 s here alone; a starved machine gives a nice'd launch a few % of a core
 def test_a_server_that_cannot_start_stops_the_launch_before_training(tmp_path, launches):
     port, run = free_port(), tmp_path / "run"
     proc = _start(launches, tmp_path, port, run, CAPTIONRL_SERVE_MODEL=str(tmp_path / "weights.bin"))
-    out = _finish(proc, 240)
+    out = _finish(proc, 900)
     assert proc.returncode == 2, out
     assert "verifier (Qwen2.5-14B-Instruct at" in out and "stopped before it answered" in out
     assert "serves GGUF files only" in out  # the server's own log tail, printed by the launch
     assert "launch: running" not in out and not run.exists()
     assert not _left(f"--port {port}")
+
+
+@requires_llama_cpp
+@pytest.mark.server
+@pytest.mark.timeout(1200)
+def test_a_training_that_fails_stops_the_servers_and_passes_its_status_on(tmp_path, launches):
+    """The policy folder does not exist: the config loads (the plan passes, the server starts and answers),
+    then the training stops before any model loads; the script exits with its status and stops the server."""
+    port, run = free_port(), tmp_path / "run"
+    proc = _start(launches, tmp_path, port, run, f"policy.model={tmp_path / 'no-such-model'}")
+    out = _finish(proc, 900)
+    assert "ready at" in out and "launch: running" in out, out[-3000:]
+    assert proc.returncode != 0 and "exited with status" in out and "launch: stopping verifier" in out, out[-3000:]
+    assert not _left(f"--port {port}", str(run))
 
 
 @requires_llama_cpp
@@ -276,7 +291,7 @@ def test_sigterm_during_training_stops_training_and_servers(tmp_path, launches):
     time.sleep(3)
     assert [x for x in _left(str(run)) if "accelerate.commands.launch" in x] and _left(f"--port {port}")  # both up
     proc.send_signal(signal.SIGTERM)
-    out = "".join(lines) + _finish(proc, 120)
+    out = "".join(lines) + _finish(proc, 300)
     assert proc.returncode == 143, out[-3000:]
     assert "terminated: stopping training and servers" in out
     assert not _left(f"--port {port}", str(run)), _left(f"--port {port}", str(run))
@@ -294,6 +309,6 @@ def test_a_server_that_dies_during_training_stops_the_launch(tmp_path, launches)
     server = [int(x.split()[0]) for x in _left(f"--port {port}")]
     assert server
     os.kill(server[0], signal.SIGKILL)
-    out = _finish(proc, 120)
+    out = _finish(proc, 300)
     assert proc.returncode == 1 and "server verifier stopped while captionrl was running" in out, out[-3000:]
     assert not _left(f"--port {port}", str(run))
