@@ -35,6 +35,7 @@ class BackendConfig:
     gpu_memory_utilization: float = help_field(0.3, "vllm: share of the GPU's memory vllm.LLM may take (weights and KV cache), in (0, 1). vLLM's own default, 0.9, leaves a trainer on the same GPU nothing; 0.3 is TRL's colocate default")
     max_model_len: int | None = help_field(16384, "vllm: longest prompt + reply in tokens (sizes the KV cache; must not exceed the model's context); null: the model's full context, e.g. 262,144 for Qwen3-VL, whose KV cache alone may not fit beside a trainer")
     enforce_eager: bool = help_field(False, "vllm: true skips CUDA-graph capture (less memory and a faster start, slower decoding)")
+    startup_timeout_s: float | None = help_field(None, "openai: seconds to wait, before the first request, for a server that is still starting (refuses connections or answers 502/503/504); null = the command's default: 600 for training and rubric building (servers often start alongside them: vLLM listens only once its weights are loaded), 5 for one-shot commands; 0 = one probe")
 
     def __post_init__(self) -> None:
         if isinstance(self.base_url, (list, tuple)):  # one string keeps configs hashable: a|b
@@ -65,6 +66,9 @@ class BackendConfig:
             raise ConfigError("backend.max_model_len", self.max_model_len, "must be a token count >= 1 or null",
                               "set max_model_len: 16384 (the longest prompt + reply the judge sees), or null for the "
                               "model's full context")
+        if self.startup_timeout_s is not None and not self.startup_timeout_s >= 0:
+            raise ConfigError("backend.startup_timeout_s", self.startup_timeout_s, "must be >= 0 seconds (or null)",
+                              "set startup_timeout_s: 600 (0 = one probe, null = the command's default)")
 
     def vllm_engine_args(self) -> dict[str, Any]:
         """The memory settings ``vllm.LLM`` is built with (kind ``vllm``); no ``max_model_len``: the model's."""
@@ -138,7 +142,7 @@ def backend_from_spec(spec: str, field: str = "backend") -> Backend:
     An ``openai`` server is asked for ``/models`` first: a command given a server that does not answer
     stops with a named error here, instead of running to the end with every judgment unscored.
     """
-    from captionrl.backends.openai_http import probe_server
+    from captionrl.backends.startup import probe_server
 
     cfg = parse_backend_spec(spec)
     probe_server(cfg, field)

@@ -178,11 +178,13 @@ def quiet_offline_env(out_dir: str | Path) -> None:
 
 def probe_servers(servers: Sequence[tuple[BackendConfig, str]]) -> None:
     """Probe each (backend config, config field) a run needs: an OpenAI-compatible server that does not
-    answer, or does not serve the named model, stops the run before any model loads."""
-    from captionrl.backends.openai_http import probe_server
+    answer, or does not serve the named model, stops the run before any model loads. A server that is still
+    starting is waited for (``startup_timeout_s``; unset: ``TRAINING_WAIT_S``, 600 s): a training run is
+    often started together with its servers (``captionrl.backends.startup``)."""
+    from captionrl.backends.startup import TRAINING_WAIT_S, probe_server
 
     for cfg, field in servers:
-        probe_server(cfg, field)
+        probe_server(cfg, field, default_wait_s=TRAINING_WAIT_S)
 
 
 def cuda_available() -> bool:

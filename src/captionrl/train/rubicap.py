@@ -444,14 +444,20 @@ class RubricReward(RewardFunction):
 
 
 # ---------------------------------------------------------------------- run
+def build_servers(cfg: RubicapConfig) -> list[tuple[BackendConfig, str]]:
+    """The servers that building the rubric store talks to: the committee, the writer and the student (none
+    unless ``rubrics.source`` is build). ``--build-rubrics`` probes only these: the judge may not be up yet (on
+    one node the rubric committee and the judge take the same GPUs, one after the other)."""
+    if cfg.rubrics.source != "build":
+        return []
+    named = [*[(b, f"rubrics.committee[{i}]") for i, b in enumerate(cfg.rubrics.committee)],
+             (cfg.rubrics.writer, "rubrics.writer"), *([(cfg.rubrics.student, "rubrics.student")] if cfg.rubrics.student else [])]
+    return [(backend_config(b, name), name) for b, name in named]
+
+
 def servers(cfg: RubicapConfig) -> list[tuple[BackendConfig, str]]:
     """Every server the run talks to: the judge, and the committee, writer and student when building."""
-    out = [(cfg.judge, "judge")]
-    if cfg.rubrics.source == "build":
-        named = [*[(b, f"rubrics.committee[{i}]") for i, b in enumerate(cfg.rubrics.committee)],
-                 (cfg.rubrics.writer, "rubrics.writer"), *([(cfg.rubrics.student, "rubrics.student")] if cfg.rubrics.student else [])]
-        out += [(backend_config(b, name), name) for b, name in named]
-    return out
+    return [(cfg.judge, "judge"), *build_servers(cfg)]
 
 
 class RubicapRecipe(Recipe):
@@ -558,7 +564,7 @@ CONFIG = RubicapConfig
 def run_command(cfg: RubicapConfig) -> int:
     """``captionrl train rubicap``: check, build the rubric store only, or train; print what was written."""
     if cfg.check or cfg.build_rubrics:
-        probe_servers(servers(cfg))
+        probe_servers(servers(cfg) if cfg.check else build_servers(cfg))
         data = build_data(cfg, allow_models=not cfg.check)
         print(json.dumps({"items": len(data.rows), "store": str(data.store),
                           "skipped": {k: len(v) for k, v in data.skipped.items()}, "images": data.images}))
