@@ -231,8 +231,10 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
     (``--no-field`` for booleans). ``--help`` shows every field with its help text and default: flags in
     the options list, the rest (nested sections, mappings) in an epilog under their dotted keys."""
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("--config", metavar="FILE.yaml", default=None,
-                        help="YAML file of the settings below; flags and key=value words override it")
+    if not any("--config" in f.metadata.get("flags", ()) for f in dataclasses.fields(cls)):
+        # a command whose input is a config file (``captionrl plan --config PRESET``) names a field for it instead
+        parser.add_argument("--config", metavar="FILE.yaml", default=None,
+                            help="YAML file of the settings below; flags and key=value words override it")
     hints = typing.get_type_hints(cls)
     positional = ""
     flagged: set[str] = set()

@@ -261,7 +261,7 @@ class LineupRecipe(Recipe):
         from datasets import Dataset
 
         rows = run.data.rows["train"]
-        return Dataset.from_list(add_charts(rows, self.cfg.data.instruction) if self.use_chart else rows)
+        return Dataset.from_list(add_charts(rows, self.cfg.data.instruction, self.cfg.data.chart_size) if self.use_chart else rows)
 
     def reward_functions(self, run: Run) -> list[Any]:
         from captionrl.train.logging import SampleLog
@@ -280,7 +280,7 @@ class LineupRecipe(Recipe):
     def preflight(self, run: Run) -> None:
         """The describer's caption must beat every hacking probe under the trainer's own reward callable."""
         rows = run.data.rows["train"]
-        preflight(self.cfg, add_charts(rows, self.cfg.data.instruction) if self.use_chart else rows, self.reward, run.out)
+        preflight(self.cfg, add_charts(rows, self.cfg.data.instruction, self.cfg.data.chart_size) if self.use_chart else rows, self.reward, run.out)
 
     def close(self, run: Run) -> None:
         if self.samples is not None:
@@ -417,7 +417,7 @@ def select_checkpoint(cfg: LineupConfig, data: LineupData, processing: Any, rewa
 
     from captionrl.records import RecordWriter, write_json
 
-    rows = add_charts(data.rows["val"], cfg.data.instruction) if use_chart else data.rows["val"]
+    rows = add_charts(data.rows["val"], cfg.data.instruction, cfg.data.chart_size) if use_chart else data.rows["val"]
     ckpts = sorted((p for p in (out / "checkpoints").glob("checkpoint-*") if (p / "trainer_state.json").exists()),
                    key=lambda p: int(p.name.split("-")[1]))
     sel = out / "selection"
@@ -480,7 +480,7 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
 
     rows = data.rows["test"]
     if use_chart:
-        rows = add_charts(rows, cfg.data.instruction)
+        rows = add_charts(rows, cfg.data.instruction, cfg.data.chart_size)
     max_new = cfg.train.max_completion_length
     clipped: dict[str, dict[str, bool]] = {"trained": {}, "initial": {}}
     systems = [CaptionSet("trained", generate_captions(policy, processing, rows, max_new, use_chart, "trained",
