@@ -248,6 +248,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
             continue
         flagged.add(f.name)
         names = [f"--{f.name.replace('_', '-')}", *([f"--{f.name}"] if "_" in f.name else []), *f.metadata.get("flags", ())]
+        if "--config" in names:  # the field that owns --config is a config file: shown as --config FILE.yaml
+            names = ["--config", *(n for n in names if n != "--config")]
         default = _default(f)
         text = f.metadata.get("help", "") + (" (required)" if default is dataclasses.MISSING else f" (default: {default!r})")
         kw: dict[str, Any] = {"dest": f"cfg__{f.name}", "default": argparse.SUPPRESS, "help": text.replace("%", "%%")}
@@ -256,7 +258,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         elif kind[0] == "list":
             kw.update(action="extend", nargs="*", type=kind[1], metavar=f.name.upper())
         else:
-            kw.update(type=kind[1], metavar=f.name.upper())
+            kw.update(type=kind[1], metavar="FILE.yaml" if names[0] == "--config" else f.name.upper())
         parser.add_argument(*names, **kw)
         for old in f.metadata.get("renamed_from", ()):  # accepted, then refused by name in from_dict
             old_kw = {**kw, "dest": f"cfg__{old}", "help": argparse.SUPPRESS}

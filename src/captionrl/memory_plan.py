@@ -646,6 +646,15 @@ def _fixes(i: PlanInputs, over: float) -> str:
     if not i.lora_r:
         momentum = replace(i.momentum, implementation="lora_adapter") if i.momentum else None
         candidates.append(("train LoRA adapters (policy.lora=true, r=64)", lambda: replace(i, lora_r=64, momentum=momentum)))
+    if not i.parallel.deepspeed and not i.lora_r:
+        n = i.parallel.processes
+        candidates.append((f"launch under DeepSpeed ZeRO-2 with bf16 weights and the optimizer offloaded to CPU on {n} "
+                           f"GPU(s) (accelerate launch --num_processes {n} with offload_optimizer_device: cpu)",
+                           lambda: replace(i, bf16=True, weights_dtype="bfloat16", parallel=Parallel(
+                               n, True, 2, offload_optimizer=True, source="suggested"))))
+        candidates.append(("launch under DeepSpeed ZeRO-2 with bf16 weights on 8 GPUs (configs/accelerate/multi-gpu-zero2.yaml)",
+                           lambda: replace(i, bf16=True, weights_dtype="bfloat16", parallel=Parallel(
+                               max(8, n), True, 2, source="suggested"))))
     if i.parallel.deepspeed and not i.parallel.offload_optimizer:
         candidates.append(("offload the optimizer states to CPU (a DeepSpeed config with offload_optimizer_device: cpu)",
                            lambda: replace(i, parallel=replace(i.parallel, offload_optimizer=True))))
