@@ -140,6 +140,13 @@ def test_moco_sft_float32_in_one_process_is_refused_naming_the_fix(capsys):
     assert "| optimizer states | 65.3 |" in out  # 2 moments x 4 B x 8.77B: torch AdamW in float32
 
 
+def test_a_context_shorter_than_the_longest_prompt_is_refused():
+    """An image recipe's prompt can carry the processor's largest image (16,384 tokens): vLLM would reject it."""
+    with pytest.raises(ConfigError) as err:
+        make_plan(PlanConfig(preset=_preset("rubicap-paper.yaml"), gpus=4, overrides=["train.vllm_max_model_length=4096"])).check()
+    assert err.value.field == "train.vllm_max_model_length" and "=18432" in err.value.fix
+
+
 def test_a_colocated_share_that_cannot_hold_the_weights_is_refused():
     with pytest.raises(ConfigError) as err:
         make_plan(PlanConfig(preset=_preset("lineup-paper.yaml"), gpus=4, gpu_memory=80,

@@ -621,6 +621,11 @@ def _vllm_rows(i: PlanInputs, rows: list[Row], problems: list[tuple[str, str, st
                          f"{i.completion_tokens:,} tokens, rounded up), or raise train.vllm_gpu_memory_utilization"))
     elif need_batch > room:
         rows[-1].how += " (more than the room: vLLM queues rollouts, slower but not an error)"
+    if v.max_model_len and longest + i.completion_tokens > v.max_model_len:
+        problems.append(("train.vllm_max_model_length",
+                         f"vLLM rejects a prompt of {longest:,} tokens with {i.completion_tokens:,} to generate in "
+                         f"max_model_len {v.max_model_len:,}",
+                         f"set train.vllm_max_model_length={need_len}"))
 
 
 def _served_rows(i: PlanInputs, shape: ModelShape, share: float, rows: list[Row], problems: list[tuple[str, str, str]]) -> None:
