@@ -154,6 +154,13 @@ def test_a_colocated_share_that_cannot_hold_the_weights_is_refused():
     assert err.value.field == "train.vllm_gpu_memory_utilization" and "raise" in err.value.fix
 
 
+def test_half_precision_full_fine_tune_without_deepspeed_is_refused_as_the_run_would():
+    """The plan agrees with the run's master-weights check (train/gpu_checks.py): bf16 weights, AdamW, no
+    DeepSpeed is refused whatever the memory says."""
+    result = make_plan(PlanConfig(preset=_preset("lineup-paper.yaml"), accelerate="none"))
+    assert [f for f, _p, _x in result.problems] == ["policy.dtype"] and "DeepSpeed" in result.problems[0][2]
+
+
 def test_full_copy_momentum_under_zero3_is_refused():
     with pytest.raises(ConfigError, match="FullCopyMomentum"):
         make_plan(PlanConfig(preset=_preset("moco-paper.yaml"), gpus=8,

@@ -19,7 +19,9 @@ and shape; the row's ``how`` says which formula and where it comes from. Sizes a
   ``exp_avg`` and ``exp_avg_sq`` are ``zeros_like(param)``). DDP adds its gradient buckets, one more copy
   of the gradients (torch DDP's default ``gradient_as_bucket_view=False``). Float32 weights under bf16
   autocast also keep a bf16 copy of every trainable weight for the forward (torch autocast's weight cast
-  cache: ``cached_cast`` in ATen's ``autocast_mode.cpp`` caches casts of leaf tensors that require grad).
+  cache: ``cached_cast`` in ATen's ``autocast_mode.cpp`` caches casts of leaf tensors that require grad),
+  freed when the forward's autocast region ends: it adds to the peak only beside gradients kept by
+  accumulation (with one micro-step per update the Trainer has set them to None before the forward).
 - LoRA: the frozen base weights in their dtype (DeepSpeed with bf16 casts the module to bf16; stage 3
   shards them), and the adapters trained as above. Adapter size: r x (in + out) per targeted linear layer
   (Hu et al., "LoRA", 2021), counted over the model's own ``nn.Linear`` layers; ``all-linear`` is every
@@ -375,6 +377,7 @@ class PlanInputs:
     lora_targets: str | tuple[str, ...] = "all-linear"
     reference: bool = False
     micro_batch: int = 1  # sequences in one forward/backward (per_device_train_batch_size)
+    accumulation: int = 1  # gradient_accumulation_steps: above 1 the gradients live through the next forward
     prompt_tokens: int = 0  # per sequence, image tokens included
     image_tokens: int = 0  # per sequence (the vision tower runs on merge**2 patches per image token)
     completion_tokens: int = 0
@@ -508,9 +511,19 @@ def plan(inputs: PlanInputs, *, suggest: bool = True) -> MemoryPlan:
     if not ds and n > 1:
         rows.append(Row("DDP gradient buckets", _gib(gr), "one more copy of the gradients (gradient_as_bucket_view=False)"))
     if not ds and i.bf16 and w_bytes == 4:
+        # The cache lives during the forward; with one micro-step per update the gradients are unallocated
+        # then (the Trainer zeroes them to None), so it adds to the peak only when accumulation keeps them.
         rows.append(Row("autocast bf16 weight cache", _gib(trained * 2),
-                        "a bf16 copy of every trainable float32 weight during the forward (torch autocast cache)"))
+                        "a bf16 copy of every trainable float32 weight during the forward (torch autocast cache)"
+                        + ("; beside the accumulated gradients" if i.accumulation > 1 else
+                           "; not summed: the gradients are unallocated during the forward"),
+                        summed=i.accumulation > 1))
 
+    if not ds and not i.lora_r and w_bytes == 2:
+        problems.append(("policy.dtype", f"full fine-tuning of {i.weights_dtype} weights without DeepSpeed keeps no float32 "
+                         "master: AdamW's updates round away (the run's master-weights check refuses it)",
+                         "launch under DeepSpeed (configs/accelerate/multi-gpu-zero2.yaml), set policy.dtype: float32, "
+                         "or train LoRA (policy.lora: true)"))
     if i.reference and not i.lora_r:
         rb = 2 if i.bf16 else DTYPE_BYTES[i.weights_dtype]
         rows.append(Row("reference model (KL)", _gib(psi * rb / (n if stage == 3 else 1)),

@@ -166,7 +166,8 @@ def plan_inputs(recipe: str, cfg: Any, *, parallel: Parallel, gpu_gib: float,
     return PlanInputs(
         label=label or f"{recipe}: {pol.model}", policy=shape, parallel=parallel, gpu_gib=gpu_gib,
         weights_dtype=dtype, bf16=bf16, lora_r=pol.lora_r if pol.lora else None, lora_targets=targets,
-        reference=reference, micro_batch=t.per_device_train_batch_size, prompt_tokens=prompt,
+        reference=reference, micro_batch=t.per_device_train_batch_size, accumulation=t.gradient_accumulation_steps,
+        prompt_tokens=prompt,
         image_tokens=image_tokens, completion_tokens=completion, longest_prompt_tokens=longest, checkpointing=ckpt, vllm=vllm,
         served=tuple((model_shape(name), share) for name, share in served), momentum=momentum, role_kv=role_kv,
         in_use_gib=in_use_gib, notes=tuple(notes))
