@@ -274,7 +274,7 @@ def test_lineup_rloo_step_with_tiny_qwen2_5_vl_policy_on_charts(tmp_path, embedd
 def test_lineup_paper_config_dry_run_with_tiny_qwen2_5_vl(tmp_path, embedded_backend, vision_calls):
     """configs/lineup-paper.yaml as a user dry-runs it: models, data, sizes and CPU switches replaced.
 
-    Kept from the paper config: chart input, RLOO with beta 0.05 (a reference model), gradient
+    Kept from the paper config: chart input (600x300 charts), RLOO with the authors' KL weight 0, gradient
     checkpointing, letter-mode verifier (K=2 here, the paper's 4 costs twice the verifier time), checkpoint selection on validation items and the
     held-out identification evaluation of the trained and the initial captioner.
     """
@@ -293,12 +293,12 @@ def test_lineup_paper_config_dry_run_with_tiny_qwen2_5_vl(tmp_path, embedded_bac
         *ON_CPU, f"train.out_dir={out}",
         "train.force_preflight=true",  # the embedded verifier cannot tell honest from probes in letter mode
     ])
-    assert (cfg.policy.input, cfg.reward.mode, cfg.train.beta, cfg.train.gradient_checkpointing) == (
-        "chart", "letter", 0.05, True)
+    assert (cfg.policy.input, cfg.reward.mode, cfg.train.beta, cfg.train.gradient_checkpointing, cfg.data.chart_size) == (
+        "chart", "letter", 0.0, True, [600, 300])
     result = lineup.run(cfg, verifier=embedded_backend)
     assert "FAILED, forced" in (out / "preflight.md").read_text()  # the preflight ran, saw the weak verifier
     metrics = load_metrics(out / "metrics.jsonl")
-    assert [m["step"] for m in metrics] == [1, 2] and all("kl" in m for m in metrics)
+    assert [m["step"] for m in metrics] == [1, 2]
     assert metrics[0]["identification/unscored_frac"] == 0.0  # the verifier scored every caption
     assert set(result["selection"]["scores"]) == {"checkpoint-1", "checkpoint-2"}
     rows = {r["system"]: r for r in result["eval"]["rows"]}

@@ -32,6 +32,7 @@ from typing import Any
 
 from captionrl.train import common
 from captionrl.train.gpu_checks import check_gpu_settings
+from captionrl.train.memory_check import check_run_memory
 from captionrl.train.sharding import full_weights, no_zero3_init
 
 logger = logging.getLogger(__name__)
@@ -180,6 +181,7 @@ def prepare(recipe: Recipe) -> Run:
                                              recipe.checkpoint_files)
     run.args = recipe.trainer_args(run)
     check_gpu_settings(run.args, getattr(cfg, "policy", None), recipe.servers())  # GPU-only mistakes, before any load
+    check_run_memory(cfg, run.args)  # on CUDA: the memory plan (captionrl plan), refused before any load if it does not fit
     common.probe_servers(recipe.servers())
     run.data = recipe.dataset(run)
     common.apply_threads(cfg.train.threads)
