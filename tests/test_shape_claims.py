@@ -292,3 +292,16 @@ def test_long_windows_are_read_on_their_chart():
     assert got == [("green", "stretch"), ("green", "extremum"), ("red", "trend")]
     assert colours("Falls then rises.", v)[0][0] == "red"
 
+
+
+def test_first_and_last_value_phrasings_are_start_and_end_claims():
+    """A trained captioner wrote 'The first value is X, and the last value is Y.' for every window; both
+    values went unread (no key fact, no red) until 'first/last value is' was a start/end claim."""
+    import numpy as np
+
+    from captionrl.judges.key_facts import key_facts
+
+    v = np.array([355.1, 355.6, 356.0, 357.0, 358.0, 359.6])
+    assert key_facts("The first value is 355.10, and the last value is 359.60.", v).facts == ("start value", "end value")
+    assert key_facts("The series begins with 355.10 and finishes at 359.60.", v).facts == ("start value", "end value")
+    assert key_facts("The final value is 300.", v).wrong == ("end value",)
