@@ -40,7 +40,8 @@ LONG_TESTS = "CAPTIONRL_LONG_TESTS"
 HEAVIEST_FIRST = ("test_rehearsal_lineup.py", "test_deepspeed_rehearsal.py", "test_rehearsal_rubicap.py",
                   "test_preflight.py", "test_paper_eval.py", "test_moco_preflight.py", "test_identify.py",
                   "test_faults.py", "test_resume_all.py", "test_lineup_families.py", "test_train_moco.py",
-                  "test_prepare.py", "test_rubicap_rewards.py", "test_trainer_args.py", "test_rehearsal_moco.py")
+                  "test_prepare.py", "test_rubicap_rewards.py", "test_trainer_args.py", "test_rehearsal_moco.py",
+                  "test_gpu_pins.py")
 """Files whose tests take longest (``--durations``, 2026-12-02), handed to the xdist workers first.
 
 The two workers take a file each at a time (``--dist loadfile``, ``--no-loadscope-reorder``); xdist's own

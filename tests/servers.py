@@ -27,6 +27,8 @@ from typing import Any
 import httpx
 import pytest
 
+from captionrl.testing.vllm_standin import LLAMA_LAUNCH as LAUNCH  # llama.cpp, AMX kernels off
+
 LLAMA_CPP_AVAILABLE = importlib.util.find_spec("llama_cpp") is not None
 requires_llama_cpp = pytest.mark.skipif(
     not LLAMA_CPP_AVAILABLE,
@@ -57,16 +59,6 @@ def free_port() -> int:
             return port
     raise RuntimeError(f"no free port in {low}-{low + 999} for test worker {worker}")
 
-
-LAUNCH = (
-    "import runpy, llama_cpp.llama_cpp as c; d = c.llama_model_default_params\n"
-    "def p():\n    x = d(); x.use_extra_bufts = False; return x\n"
-    "c.llama_model_default_params = p; runpy.run_module('llama_cpp.server', run_name='__main__')"
-)
-"""``python -m llama_cpp.server`` with llama.cpp's extra (repacking) buffer types off: on CPUs that list
-AMX (amx_int8) in a VM that does not grant the tile state, the AMX repacked Q4_1 kernels segfault on the
-first multi-token batch (llama-cpp-python 0.3.36, measured 2026-11-30: every chat completion killed the
-server with SIGSEGV). Plain kernels serve the same numbers."""
 
 
 class LlamaServer:

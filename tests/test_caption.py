@@ -71,6 +71,17 @@ def test_prompts_equal_the_training_rows():
     assert np.array_equal(np.asarray(images[0]), np.asarray(chart_row["image"]))  # the same rendering
 
 
+def test_chart_size_is_the_configured_one_in_training_and_captioning():
+    """The LineupRL authors draw 600x300 charts: training rows and `captionrl caption` draw the same size."""
+    values = np.linspace(1.0, 3.0, 16)
+    assert add_charts([{"series": values}], None, [600, 300])[0]["image"].size == (600, 300)
+    _text, images = _text_and_images(series_caption_messages(values, chart=True, chart_size=[600, 300]))
+    assert images[0].size == (600, 300)
+    with pytest.raises(ConfigError) as err:
+        LineupDataConfig(chart_size=[600])
+    assert err.value.field == "data.chart_size"
+
+
 # ---------------------------------------------------------------------- runs
 @pytest.mark.slow
 def test_chart_captions_with_tiny_qwen_vl_on_a_prepared_folder(tmp_path, seen):

@@ -51,6 +51,21 @@ def test_bf16_full_fine_tune_under_deepspeed_passes(tmp_path, monkeypatch):
     check_master_weights(args, PolicyConfig(dtype="bfloat16", lora=False))  # ZeRO keeps float32 masters
 
 
+def test_attention_implementation_is_checked_before_weights_load(monkeypatch):
+    """flash_attention_2 without its package is refused with both ways out; an unknown name on load."""
+    from captionrl.train.common import attn_kw, check_attn_implementation
+
+    with pytest.raises(ConfigError) as err:
+        PolicyConfig(attn_implementation="flash")
+    assert err.value.field == "policy.attn_implementation"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "flash_attn" else object())
+    with pytest.raises(ConfigError, match="flash-attn") as err:
+        check_attn_implementation("flash_attention_2")
+    assert "sdpa" in err.value.fix
+    check_attn_implementation("sdpa")
+    assert attn_kw(PolicyConfig(attn_implementation="sdpa")) == {"attn_implementation": "sdpa"} and attn_kw(PolicyConfig()) == {}
+
+
 def test_vllm_rollouts_name_the_extra_or_the_cpu(tmp_path, monkeypatch):
     monkeypatch.setattr("captionrl.train.gpu_checks.vllm_installed", lambda: False)
     with pytest.raises(ConfigError) as exc:

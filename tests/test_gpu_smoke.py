@@ -1,20 +1,37 @@
-"""``scripts/gpu_smoke.sh --dry-run``: every joint of the GPU smoke test runs on the CPU (no vLLM, no
-device) and the report says pass/fail, seconds and the device per joint (issue 22)."""
+"""``scripts/gpu_smoke.sh``, the GPU check (issues 22 and 33): on a CPU it refuses at once, in one line; its GPU
+plan runs what the presets run (gradient checkpointing, bf16 and vLLM colocated left on, ZeRO-3 with vLLM, the
+LineupRL launch script with a served verifier, two ranks over NCCL when two GPUs are there); and its CPU
+rehearsal (NOT the GPU check) runs every joint's plumbing on the CPU."""
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from captionrl.config import load_config
 from deepspeed_launch import requires_deepspeed, run_group, smoke_script
+from servers import requires_llama_cpp
 
 ROOT = Path(__file__).resolve().parents[1]
-JOINT_TIMEOUT = 600  # seconds per joint (the script's --timeout): six joints stay under the test's limit
+JOINT_TIMEOUT = 600  # seconds per joint (the script's --timeout)
+NAMES = ["device", "nccl", "lineup-served", "rubicap-zero3", "moco", "gpu-verifier"]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def test_a_joint_past_its_timeout_fails_with_stacks_and_leaves_no_process(tmp_path):
@@ -33,30 +50,104 @@ def test_a_joint_past_its_timeout_fails_with_stacks_and_leaves_no_process(tmp_pa
     assert not left, left
 
 
-@pytest.mark.slow  # default tier: the whole dry run took 89 s on 2 idle cores (2026-12-02), so CI checks that the
-# command a GPU user runs first works end to end, besides each joint's own test
-@pytest.mark.timeout(2400)  # six joints, each a fresh process, each stopped at JOINT_TIMEOUT
+@pytest.mark.skipif("_cuda()", reason="this machine has a CUDA device: the refusal is for machines without one")
+def test_without_cuda_the_gpu_check_refuses_in_one_line(tmp_path):
+    out = tmp_path / "smoke"
+    for cmd in ([sys.executable, str(ROOT / "scripts" / "gpu_smoke.py"), "--out", str(out)],
+                ["bash", str(ROOT / "scripts" / "gpu_smoke.sh"), "--no-install", "--out", str(out)]):
+        proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
+        lines = (proc.stdout + proc.stderr).strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1, (cmd, proc.stdout, proc.stderr)
+        assert lines[0].startswith("gpu_smoke: no ") and "GPU check" in lines[0] and "--cpu-rehearsal" in lines[0]
+        assert not out.exists()  # it ran nothing
+    if subprocess.run(["bash", "-c", "command -v nvidia-smi"], capture_output=True).returncode != 0:
+        proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_smoke.sh")], cwd=ROOT, env=_env(),
+                              capture_output=True, text=True, timeout=60)  # before any install
+        assert proc.returncode == 2 and "nothing was installed" in proc.stderr, proc.stderr
+
+
+def _effective(recipe: str, argv: list[str]):
+    """The config a joint's ``captionrl train RECIPE`` command would run with."""
+    from captionrl.cli import COMMANDS
+
+    module = __import__(COMMANDS[("train", recipe)][0], fromlist=["CONFIG"])
+    words = argv[argv.index("--config") + 2:]
+    return load_config(module.CONFIG, argv[argv.index("--config") + 1], [w for w in words if "=" in w])
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_the_gpu_plan_runs_what_the_presets_run(gpus, tmp_path, monkeypatch):
+    """The GPU joints (built here without running them): the presets' trainer settings untouched, ZeRO-3 with
+    vLLM colocated, the served verifier through the launch script, NCCL between two ranks when two GPUs exist."""
+    smoke = smoke_script()
+    monkeypatch.setattr("captionrl.embedded.embedded_model_dir", lambda: Path("/models/smollm2-hf"))
+    plan = {name: (cmd, env) for name, cmd, env in smoke.joints(False, tmp_path, gpus)}
+    assert list(plan) == NAMES
+    nccl = plan["nccl"][0]
+    if gpus == 1:
+        assert nccl == "one GPU: two ranks need two"
+    else:
+        assert nccl[1:5] == ["-m", "torch.distributed.run", "--nproc_per_node", "2"]
+        assert 'init_process_group("nccl")' in Path(nccl[-1]).read_text()
+    for name, recipe, stage in (("rubicap-zero3", "rubicap", "zero3"), ("moco", "moco", "zero2")):
+        cmd = plan[name][0]
+        assert cmd[cmd.index("--config_file") + 1].endswith(f"configs/accelerate/multi-gpu-{stage}.yaml")
+        assert cmd[cmd.index("--num_processes") + 1] == str(min(gpus, 2))
+        assert cmd[cmd.index("--config") + 1].endswith(f"configs/{recipe}-paper.yaml")
+        cfg = _effective(recipe, cmd)
+        t = cfg.train
+        assert (t.gradient_checkpointing, t.bf16, t.use_vllm, t.vllm_mode) == (True, True, True, "colocate") and not t.use_cpu
+        assert not [w for w in cmd if w.split("=")[0] in ("train.gradient_checkpointing", "train.bf16", "train.use_vllm",
+                                                           "train.vllm_mode", "train.use_cpu", "train.beta")]
+    cmd, env = plan["lineup-served"]
+    assert cmd[:2] == ["bash", str(ROOT / "scripts" / "launch" / "lineup-1gpu.sh")]
+    assert env["VERIFIER_MODEL"] == "/models/smollm2-hf" and env["CAPTIONRL_SERVE_CMD"].endswith("vllm serve")
+    # what the launch script would run with these arguments: its own dry run
+    proc = subprocess.run([*cmd, "--dry-run"], cwd=ROOT, env={**_env(), **env}, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    serve = next(line for line in lines if line.endswith(" &"))
+    assert "vllm serve /models/smollm2-hf --served-model-name Qwen2.5-14B-Instruct" in serve
+    train = shlex.split(next(line for line in lines if " -m captionrl.cli " in line))
+    assert "configs/accelerate/multi-gpu-zero2.yaml" in train
+    t = _effective("lineup", train).train
+    assert (t.gradient_checkpointing, t.bf16, t.use_vllm, t.vllm_mode) == (True, True, True, "colocate")
+    assert plan["gpu-verifier"][0][-2:] != ["--device", "cpu"] and "--tiny" not in plan["gpu-verifier"][0]
+
+
+def test_the_cpu_rehearsal_changes_only_what_a_cpu_lacks(tmp_path):
+    smoke = smoke_script()
+    plan = {name: cmd for name, cmd, _ in smoke.joints(True, tmp_path, 0)}
+    assert list(plan) == NAMES and plan["nccl"] == "a CPU has no NCCL"
+    for name, recipe in (("rubicap-zero3", "rubicap"), ("moco", "moco")):
+        t = _effective(recipe, plan[name]).train
+        assert (t.gradient_checkpointing, t.bf16, t.use_vllm, t.use_cpu) == (True, False, False, True)
+        assert "configs/accelerate/cpu-" in plan[name][plan[name].index("--config_file") + 1]
+
+
+@pytest.mark.long  # the joints it runs are tested once in the default tier: tests/test_launch.py (the launch
+# script, served verifier), test_deepspeed_rehearsal.py (ZeRO-2/3 per recipe); this is the smoke script's own run
+@pytest.mark.timeout(3600)
 @requires_deepspeed
-def test_gpu_smoke_dry_run_passes_every_joint(tmp_path):
+@requires_llama_cpp
+def test_gpu_smoke_cpu_rehearsal_passes_every_joint_and_says_it_is_not_the_gpu_check(tmp_path):
     from captionrl.tiny_models import tiny_qwen_vl_dir
 
     for family in ("qwen2.5-vl", "qwen3-vl"):
         tiny_qwen_vl_dir(family)  # built once here: the joints' processes would otherwise race to build them
     out = tmp_path / "smoke"
-    env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    returncode, output = run_group(["bash", str(ROOT / "scripts" / "gpu_smoke.sh"), "--dry-run", "--out", str(out),
-                                    "--timeout", str(JOINT_TIMEOUT)], env, timeout=2300)
+    returncode, output = run_group(["bash", str(ROOT / "scripts" / "gpu_smoke.sh"), "--cpu-rehearsal", "--out", str(out),
+                                    "--timeout", str(JOINT_TIMEOUT)], _env(), timeout=3400)
     assert returncode is not None, output[-12000:]  # timed out: every process's stack
     report = json.loads((out / "report.json").read_text())
     failed = {j["name"]: j["tail"] for j in report["joints"] if not j["passed"]}
     assert returncode == 0 and not failed, (output[-2000:], failed)
-    names = [j["name"] for j in report["joints"]]
-    assert names == ["device", "lineup", "rubicap", "moco", "lineup-zero3", "gpu-verifier"]
-    assert report["dry_run"] and report["device"] == "cpu" and report["date"]
-    assert all(j["seconds"] > 0 for j in report["joints"])
-    md = (out / "report.md").read_text()
-    assert "| moco | pass |" in md and "dry run" in md
-    for recipe in ("lineup", "rubicap", "moco", "lineup-zero3"):
+    assert [j["name"] for j in report["joints"]] == NAMES
+    assert {j["name"]: j["result"] for j in report["joints"]}["nccl"] == "skip"
+    assert report["rehearsal"] and report["device"].startswith("cpu") and report["date"]
+    assert all(j["seconds"] > 0 for j in report["joints"] if j["result"] != "skip")
+    assert "NOT the GPU check" in (out / "report.md").read_text() and "NOT the GPU check" in output
+    for recipe in ("lineup", "rubicap", "moco"):
         assert json.loads((out / recipe / "result.json").read_text())["steps"] == 2, recipe
     assert json.loads((out / "gpu_verifier.json").read_text())["tiny"]

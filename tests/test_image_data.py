@@ -308,3 +308,23 @@ def test_moco_one_step_on_a_manifest_of_image_files(tmp_path):
     ids = {json.loads(line)["id"] for line in m.read_text().splitlines()} - {"broken"}
     assert groups and {g["item_id"] for g in groups} <= ids, "groups are the manifest's readable images"
     assert json.loads((out / "result.json").read_text())["images"]["loaded"] == 2
+
+
+# ---------------------------------------------------------------------- mixed sources
+def test_mix_joins_sources_each_with_its_own_count():
+    """MoCo §4.1's equal mix, shown with two scene families: each source its own n, ids kept apart."""
+    cfg = ImageDataConfig(source="scenes", n=3, scene_count=3, mix=[{"source": "scenes", "scene_seed": 1, "n": 2, "scene_count": 2}])
+    result = load_image_items(cfg)
+    assert [it.id for it in result.items] == ["scene-0-0", "scene-0-1", "scene-0-2", "scene-1-0", "scene-1-1"]
+    assert result.source == "scenes + scenes" and result.read == 5
+
+
+def test_mix_entries_are_checked_on_load():
+    with pytest.raises(ConfigError) as err:
+        ImageDataConfig(source="scenes", mix=[{"source": "scenes", "min_references": 3}])
+    assert err.value.field == "data.mix[0].min_references"
+    with pytest.raises(ConfigError) as err:
+        ImageDataConfig(source="scenes", mix=[{"source": "pixmocap"}])  # a local source needs its path
+    assert err.value.field == "data.mix[0].path"
+    with pytest.raises(DataError, match="both"):  # the same images twice
+        load_image_items(ImageDataConfig(source="scenes", n=2, scene_count=2, mix=[{"source": "scenes", "n": 2, "scene_count": 2}]))

@@ -15,7 +15,8 @@ from captionrl.train.common import cuda_available, trainer_args
 from presets import ON_CPU
 
 ROOT = Path(__file__).resolve().parents[1]
-PAPER = sorted((ROOT / "configs").glob("*-paper.yaml"))
+ALL_PAPER = sorted((ROOT / "configs").glob("*-paper.yaml"))
+PAPER = [p for p in ALL_PAPER if p.stem != "moco-sft-paper"]  # the RL presets (moco-sft-paper: its own test below)
 # Settings that only make sense on the paper's GPUs; on a CPU machine they are switched off to resolve.
 CPU_OVERRIDES = [*ON_CPU, "train.gradient_checkpointing=false"]
 # TrainConfig fields whose TRL argument has another name or form (checked separately or not a TRL field).
@@ -31,7 +32,25 @@ def _loader(path: Path):
 
 
 def test_there_is_a_paper_config_per_recipe():
-    assert {p.stem for p in PAPER} == {"lineup-paper", "rubicap-paper", "moco-paper"}
+    assert {p.stem for p in ALL_PAPER} == {"lineup-paper", "rubicap-paper", "moco-paper", "moco-sft-paper"}
+
+
+def test_moco_sft_paper_config_resolves_the_papers_sft_arguments(monkeypatch, tmp_path):
+    """§4.1's SFT settings reach TRL's SFTConfig (cosine, 5% warm-up, 8 x 2), full-parameter bf16 weights
+    that only DeepSpeed may train (its float32 masters), and a context long enough for a Generator row."""
+    from captionrl.config import load_config
+    from captionrl.train.gpu_checks import check_master_weights
+    from captionrl.train.moco_sft import MocoSFTConfig
+    from captionrl.train.sft import sft_args
+
+    monkeypatch.setenv("CAPTIONRL_FORBID_MODEL_CALLS", "1")
+    cfg = load_config(MocoSFTConfig, ROOT / "configs" / "moco-sft-paper.yaml", [] if cuda_available() else CPU_OVERRIDES[:2])
+    args = sft_args(cfg, tmp_path)
+    assert (args.lr_scheduler_type.value, args.warmup_steps) == ("cosine", 0.05)
+    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (8, 2)
+    assert cfg.policy.lora is False and cfg.policy.dtype == "bfloat16" and args.max_length >= 8192
+    with pytest.raises(ConfigError, match="master weights"):
+        check_master_weights(args, cfg.policy)  # one plain process: refused (DeepSpeed's launch is the way)
 
 
 @pytest.mark.parametrize("path", PAPER, ids=[p.stem for p in PAPER])
@@ -81,8 +100,11 @@ def test_paper_config_builds_the_intended_gpu_arguments(path, monkeypatch):
     load = _loader(path)
     cfg = load(path, ["train.use_cpu=true", "train.gradient_checkpointing=false", "train.bf16=false"])
     args = trainer_args(cfg.train, seed=cfg.seed)  # use_vllm stays on: TRL builds the config without vLLM
-    assert args.use_vllm is True and args.vllm_mode == "colocate"
+    # MoCo's full-parameter Policy and full-copy momentum leave no room for a colocated engine (captionrl plan):
+    # its rollouts come from a vLLM server on a GPU of its own
+    assert args.use_vllm is True and args.vllm_mode == ("server" if path.stem == "moco-paper" else "colocate")
     assert args.vllm_gpu_memory_utilization == 0.3
+    assert args.vllm_max_model_length is not None  # never the model's whole context (Qwen3-VL: 262,144 tokens)
     assert args.save_total_limit is not None and 1 <= args.save_total_limit <= 5
     assert args.save_steps == raw["train"]["save_steps"]
     ports = {server_address(url)[1]: field for field, url in _base_urls(raw) if server_address(url)}

@@ -7,8 +7,9 @@ chat template, TRL collation), in process, nothing scripted and nothing served:
    schemas (``backends.structured``) and read by the recipe's own parsers;
 2. ``captionrl train moco-sft`` on those records: the shared multi-role SFT;
 3. ``captionrl train moco`` with ``configs/moco-paper.yaml`` on the SFT checkpoint (models and sizes
-   replaced): 2 GRPO steps in which the *momentum* LoRA adapter (the config's ``lora: true`` with
-   ``momentum.implementation: auto``) writes each group's rubric from the image and judges every caption
+   replaced; its one-GPU form, ``policy.lora=true``, as docs/gpu.md launches it: the preset itself trains
+   every parameter, as §4.1 does): 2 GRPO steps in which the *momentum* LoRA adapter
+   (``momentum.implementation: auto``) writes each group's rubric from the image and judges every caption
    against it in the paper's generate mode, both under their schemas, and the EMA moves that adapter;
 4. evaluation: the run's own held-out check (CIDEr-D of greedy captions) and a pairwise comparison of the
    trained and the initial captioner in both orders.
@@ -128,11 +129,12 @@ def test_moco_paper_path_with_the_momentum_model_in_every_role(tmp_path, monkeyp
     # 3. MoCo Rubric with the paper config on the SFT checkpoint: the momentum adapter writes and judges
     observer = Observer()
     cfg = load_config(moco.CONFIG, ROOT / "configs" / "moco-paper.yaml", [
-        f"policy.model={sft['model']}", "policy.dtype=float32", "policy.lora_r=4", "policy.lora_alpha=8",
-        *data, "train.num_generations=4", "train.per_device_train_batch_size=4",
+        f"policy.model={sft['model']}", "policy.dtype=float32", "policy.lora=true", "policy.lora_r=4",
+        "policy.lora_alpha=8", *data, "data.mix=[]", "train.num_generations=4", "train.per_device_train_batch_size=4",
         "train.gradient_accumulation_steps=1", "train.max_completion_length=8", "train.max_steps=2",
         "train.save_steps=2", "train.report_to=[]", "train.threads=1", *ON_CPU,
         "train.gradient_checkpointing=false", "train.learning_rate=0.001", "train.out_dir=moco",
+        "train.warmup_steps=0",  # §4.1's 5% warm-up of 2 steps is 1 step at rate 0: nothing would move in step 1
         "rubric.min_items=2", f"rubric.max_items={ITEMS}", f"rubric.max_new_tokens={RUBRIC_TOKENS}",
         f"judge.max_new_tokens={JUDGE_TOKENS}",
         # A greedy Judge with near-random weights answers every caption alike (all "yes": no advantage, no
@@ -143,8 +145,8 @@ def test_moco_paper_path_with_the_momentum_model_in_every_role(tmp_path, monkeyp
         "rubric.temperature=1.0",
         # tests/test_moco_preflight.py runs the preflight; here it would only add minutes of generation.
         "train.preflight_items=0"])
-    assert (cfg.judge.mode, cfg.rubric.fallback, cfg.momentum.m, cfg.momentum.variant, cfg.policy.lora) == (  # the paper's
-        "generate", "none", 0.99, "joint", True)
+    assert (cfg.judge.mode, cfg.rubric.fallback, cfg.momentum.m, cfg.momentum.variant) == (  # the paper's
+        "generate", "none", 0.99, "joint")
     result = moco.run(cfg, wrap_roles=observer.wrap)
     assert result["momentum"]["implementation"] == "LoraAdapterMomentum" and result["momentum"]["updates"] == 2
 

@@ -262,3 +262,39 @@ def test_cli_rubrics_build_from_scene_facts_is_resumable(tmp_path, capsys):
     assert main(["rubrics", "build", "--items", "scenes:2", "--committee", "bogus", "--writer", "embedded",
                  "--out", str(out)]) == 2
     assert "nor a hub id" in capsys.readouterr().err
+
+
+def test_every_rubric_writer_reads_one_declaration_of_its_settings():
+    """RubiCap's writer (``rubrics``), MoCo's Generator (``rubric``), the records' writer and ``rubrics build``
+    share ``RubricWriterSettings``: one default each (3 attempts), every key spelled as before, and errors that
+    name the key the user wrote in that section."""
+    import dataclasses
+
+    from captionrl.config import from_dict
+    from captionrl.errors import ConfigError
+    from captionrl.judges.online_rubric import OnlineRubricConfig
+    from captionrl.judges.rubric_build import RubricBuildConfig, RubricWriterSettings
+    from captionrl.train.moco_records import MocoRecordsConfig
+    from captionrl.train.rubicap import RubicapConfig, RubricsConfig
+
+    shared = {f.name: f.default for f in dataclasses.fields(RubricWriterSettings)}
+    assert shared == {"max_attempts": 3, "retry_temperature": 0.7, "min_items": 3, "max_items": 10}
+    for cls in (RubricsConfig, OnlineRubricConfig, MocoRecordsConfig, RubricBuildConfig):
+        assert issubclass(cls, RubricWriterSettings)
+        assert {f.name: f.default for f in dataclasses.fields(cls) if f.name in shared} == shared, cls
+    server = {"kind": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1"}
+    records = {"teachers": [server], "writer": server}
+    assert from_dict(MocoRecordsConfig, {**records, "max_attempts": 2, "retry_temperature": 0.5,
+                                         "min_items": 2, "max_items": 4}).max_items == 4
+    rubicap = from_dict(RubicapConfig, {"rubrics": {"max_attempts": 2, "min_items": 2, "max_items": 5}})
+    assert (rubicap.rubrics.max_attempts, rubicap.rubrics.max_items) == (2, 5)
+    cases = [(lambda: from_dict(RubicapConfig, {"rubrics": {"max_attempts": 0}}), "rubrics.max_attempts"),
+             (lambda: OnlineRubricConfig(min_items=5, max_items=3), "rubric.min_items"),
+             (lambda: from_dict(MocoRecordsConfig, {**records, "retry_temperature": -1}), "retry_temperature"),
+             (lambda: RubricBuildConfig(items="scenes:2", out="x", max_attempts=0), "max_attempts")]
+    for build, key in cases:
+        with pytest.raises(ConfigError) as err:
+            build()
+        assert err.value.field == key, (err.value.field, key)
+    writer = RubricWriter(ScriptedBackend(["x"]), OnlineRubricConfig(max_attempts=4), min_items=2)
+    assert (writer.max_attempts, writer.min_items, writer.max_items) == (4, 2, 10)

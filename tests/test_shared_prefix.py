@@ -140,6 +140,7 @@ def test_only_vision_language_models_outside_the_qwen_vl_family_keep_trls_pass(t
     assert shared_prefix_reason(text) is None
 
 
+@pytest.mark.gpu_pins
 def test_qwen_vl_text_only_rows_equal_trl_after_a_generation(tiny_vlm):
     """LineupRL trains VLM policies on printed numbers: text-only rows. The model keeps rope deltas from its
     last generation (here of another batch size), which once broke a split pass inside the model; the
@@ -203,6 +204,7 @@ def _vlm_batch(proc, prompts, images, completions):
 
 
 @pytest.mark.parametrize("images_differ", [True, False])
+@pytest.mark.gpu_pins
 def test_qwen_vl_with_images_equals_trl_and_runs_the_vision_tower_once_per_group(tiny_vlm, images_differ):
     """Per-token log-probs, entropies and every parameter's gradient (the vision tower's included) equal TRL's
     pass on a tiny Qwen-VL with an image per row, left-padded prompts of two lengths and right-padded

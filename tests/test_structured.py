@@ -9,6 +9,7 @@ constraint, not luck, is what makes the replies parse).
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import pytest
 from captionrl.backends.base import ChatRequest
 from captionrl.errors import BackendError
 from captionrl.judges.online_rubric import parse_generator_reply
-from captionrl.judges.roles import judge_messages, judgment_schema, rubric_schema, structured
+from captionrl.judges.roles import MAX_REPEAT, judge_messages, judgment_schema, rubric_schema, structured
 from captionrl.judges.rubric import parse_judge_reply
 
 WRITER = [{"role": "user", "content": "Write a grading rubric for captions of an image of two red circles."}]
@@ -46,10 +47,15 @@ def tiny():
 
 
 # ---------------------------------------------------------------------- fast: no model
+@pytest.mark.gpu_pins
 def test_schemas_pin_what_the_parsers_check():
     rub = rubric_schema(2, 4)
     crit = rub["items"]["properties"]["criterion"]
-    assert crit["pattern"].startswith("^[A-Za-z]") and crit["pattern"].endswith("{2,159}$")
+    assert crit["pattern"].startswith("^[A-Za-z]")
+    lengths = [n for n in range(170) if re.fullmatch(crit["pattern"], "a" * n)]
+    assert lengths == list(range(3, 161))  # 3..160 characters
+    # every repetition within xgrammar 0.2.7's limit (the GPU install's version: roles.MAX_REPEAT)
+    assert max(int(hi) for hi in re.findall(r"\{\d+,(\d+)\}", crit["pattern"])) <= MAX_REPEAT
     jud = judgment_schema(3)
     assert [p["properties"]["id"]["const"] for p in jud["prefixItems"]] == [1, 2, 3] and jud["items"] is False
     assert list(jud["prefixItems"][0]["properties"]) == ["id", "reason", "decision"]  # reason before decision
@@ -68,6 +74,7 @@ def test_missing_grammar_library_is_a_named_error_not_an_unscored_reply(monkeypa
 
 # ---------------------------------------------------------------------- the tiny random model
 @pytest.mark.slow
+@pytest.mark.gpu_pins
 def test_random_model_writes_parseable_rubrics_every_time_under_the_schema(tiny):
     schema = rubric_schema(2, 3)
     reqs = [ChatRequest(WRITER, max_new_tokens=rubric_budget(3), temperature=t, seed=s, **structured(schema))
@@ -91,6 +98,7 @@ def test_random_model_writes_parseable_rubrics_every_time_under_the_schema(tiny)
 
 
 @pytest.mark.slow
+@pytest.mark.gpu_pins
 def test_random_model_writes_one_decision_per_item_in_order_every_time(tiny):
     reqs = [ChatRequest(judge_messages(RUBRIC[:n], "Two red circles on white."), max_new_tokens=judgment_budget(n),
                         temperature=t, seed=s, **structured(judgment_schema(n)))

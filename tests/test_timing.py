@@ -121,3 +121,63 @@ def test_format_breakdown_names_every_part():
     line = format_breakdown({f"time/{k}": 1.0 for k in ("generation", "reward", "verifier", "logprobs",
                                                          "backward", "optimizer", "step")}, 3)
     assert line.startswith("step 3 time: generation 1.00s | reward 1.00s (verifier 1.00s)")
+
+
+class _QueuedKernels:
+    """A stand-in for CUDA's asynchronous queue (no GPU here): a part "launches" kernels that take ``seconds``
+    and returns at once, as on a GPU; ``synchronize`` waits for them, as ``torch.cuda.synchronize`` does."""
+
+    def __init__(self) -> None:
+        self.pending = 0.0
+        self.syncs = 0
+
+    def launch(self, seconds: float) -> None:
+        self.pending += seconds
+
+    def synchronize(self, device=None) -> None:
+        import time
+
+        self.syncs += 1
+        time.sleep(self.pending)
+        self.pending = 0.0
+
+
+def _one_step(timer, gpu: _QueuedKernels) -> dict[str, float]:
+    from types import SimpleNamespace
+
+    state, args, control = SimpleNamespace(global_step=1, is_world_process_zero=True), None, None
+    timer.on_step_begin(args, state, control)
+    timer._timed(lambda: gpu.launch(0.3), "generation")()
+    timer.on_pre_optimizer_step(args, state, control)
+    gpu.launch(0.2)  # the optimizer's kernels, queued between TRL's two optimizer callbacks
+    timer.on_optimizer_step(args, state, control)
+    timer.on_step_end(args, state, control)
+    return timer.history[-1]
+
+
+@pytest.mark.parametrize("cuda", ["in use", "available, unused", "absent"])
+def test_parts_on_cuda_include_the_kernels_they_queued(monkeypatch, cuda):
+    """On a GPU a part's kernels run after its Python has returned: the timer synchronises the device before it
+    reads the clock, so each part is charged its own kernels (without it, generation here would read ~0 s and
+    its 0.3 s would land in a later part). No synchronisation on a CPU run, or before CUDA is in use."""
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    import torch
+
+    from captionrl.train.timing import StepTimer
+
+    gpu = _QueuedKernels()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda != "absent")
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: cuda == "in use")
+    monkeypatch.setattr(torch.cuda, "synchronize", gpu.synchronize)
+    timer = StepTimer(SimpleNamespace(_metrics={"train": defaultdict(list)}), echo=False)
+    rec = _one_step(timer, gpu)
+    if cuda == "in use":
+        assert gpu.syncs == 6  # before every clock read: step begin/end, the part's two, the optimizer's two
+        assert rec["generation"] >= 0.3 and rec["optimizer"] >= 0.2
+        assert rec["step"] >= rec["generation"] + rec["optimizer"]
+    else:
+        assert gpu.syncs == 0
+        assert rec["generation"] < 0.1 and rec["optimizer"] < 0.1
+    assert timer.trainer._metrics["train"]["time/generation"] == [rec["generation"]]

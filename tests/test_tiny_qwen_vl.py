@@ -95,6 +95,7 @@ def tiny(request):
 
 
 @pytest.mark.slow
+@pytest.mark.gpu_pins
 def test_folder_is_a_family_checkpoint_with_the_real_processor(tiny):
     import torch
     from PIL import Image
@@ -142,6 +143,7 @@ def test_folder_is_a_family_checkpoint_with_the_real_processor(tiny):
 
 
 @pytest.mark.slow
+@pytest.mark.gpu_pins
 def test_model_generate_and_backend_generate_with_images(tiny):
     import torch
 
@@ -167,6 +169,7 @@ def test_model_generate_and_backend_generate_with_images(tiny):
 
 
 @pytest.mark.slow
+@pytest.mark.gpu_pins
 def test_choose_with_a_shared_prefix_matches_plain_batches(tiny):
     """The KV-cache prefix sharing of ``choose`` (multimodal rotary positions here) changes no probability."""
     from captionrl.backends.hf import HFBackend
@@ -271,7 +274,7 @@ def test_lineup_rloo_step_with_tiny_qwen2_5_vl_policy_on_charts(tmp_path, embedd
 def test_lineup_paper_config_dry_run_with_tiny_qwen2_5_vl(tmp_path, embedded_backend, vision_calls):
     """configs/lineup-paper.yaml as a user dry-runs it: models, data, sizes and CPU switches replaced.
 
-    Kept from the paper config: chart input, RLOO with beta 0.05 (a reference model), gradient
+    Kept from the paper config: chart input (600x300 charts), RLOO with the authors' KL weight 0, gradient
     checkpointing, letter-mode verifier (K=2 here, the paper's 4 costs twice the verifier time), checkpoint selection on validation items and the
     held-out identification evaluation of the trained and the initial captioner.
     """
@@ -290,12 +293,12 @@ def test_lineup_paper_config_dry_run_with_tiny_qwen2_5_vl(tmp_path, embedded_bac
         *ON_CPU, f"train.out_dir={out}",
         "train.force_preflight=true",  # the embedded verifier cannot tell honest from probes in letter mode
     ])
-    assert (cfg.policy.input, cfg.reward.mode, cfg.train.beta, cfg.train.gradient_checkpointing) == (
-        "chart", "letter", 0.05, True)
+    assert (cfg.policy.input, cfg.reward.mode, cfg.train.beta, cfg.train.gradient_checkpointing, cfg.data.chart_size) == (
+        "chart", "letter", 0.0, True, [600, 300])
     result = lineup.run(cfg, verifier=embedded_backend)
     assert "FAILED, forced" in (out / "preflight.md").read_text()  # the preflight ran, saw the weak verifier
     metrics = load_metrics(out / "metrics.jsonl")
-    assert [m["step"] for m in metrics] == [1, 2] and all("kl" in m for m in metrics)
+    assert [m["step"] for m in metrics] == [1, 2]
     assert metrics[0]["identification/unscored_frac"] == 0.0  # the verifier scored every caption
     assert set(result["selection"]["scores"]) == {"checkpoint-1", "checkpoint-2"}
     rows = {r["system"]: r for r in result["eval"]["rows"]}
@@ -347,6 +350,7 @@ def test_rubicap_paper_config_dry_run_with_tiny_qwen2_5_vl(tmp_path, llama_serve
 
 
 @pytest.mark.slow
+@pytest.mark.gpu_pins
 def test_moco_grpo_steps_with_tiny_qwen2_5_vl_policy(tmp_path, vision_calls):
     """MoCo Rubric's CPU config with the tiny Qwen2.5-VL policy: the policy's momentum copy (a second LoRA
     adapter) writes rubrics and judges (the config's mode). The random Generator writes no valid rubric, so every

@@ -76,6 +76,7 @@ def test_unknown_key_suggests_close_match(forbid_models):
 def test_openai_verifier_that_does_not_answer_fails_before_policy_loads(tmp_path, forbid_models):
     cfg = load_config(LineupConfig, ROOT / "configs" / "lineup-cpu.yaml", [
         "verifier.kind=openai", "verifier.base_url=http://127.0.0.1:9/v1", "verifier.model=Qwen2.5-14B-Instruct",
+        "verifier.startup_timeout_s=0",  # one probe (training waits 600 s by default: tests/test_server_startup.py)
         f"train.out_dir={tmp_path / 'run'}",
     ])
     with pytest.raises(ConfigError) as err:

@@ -81,11 +81,34 @@ def test_configs_load_and_resolve_grpo_explicitly(forbid_models):
 def test_openai_judge_that_does_not_answer_fails_before_policy_loads(tmp_path, forbid_models):
     cfg = load_config(RubicapConfig, CPU, [
         *TINY, "judge.kind=openai", "judge.base_url=http://127.0.0.1:9/v1", "judge.model=Qwen2.5-72B-Instruct",
+        "judge.startup_timeout_s=0",  # one probe (training waits 600 s by default: tests/test_server_startup.py)
         f"train.out_dir={tmp_path / 'run'}",
     ])
     with pytest.raises(ConfigError) as err:
         rubicap.run(cfg)
     assert err.value.field == "judge.base_url" and "does not answer" in str(err.value)
+
+
+def test_building_rubrics_probes_the_build_servers_not_the_judge(tmp_path, forbid_models, monkeypatch):
+    """``--build-rubrics`` talks to the committee, the writer and the student only: on one node the judge takes
+    the committee's GPUs after the build, so it is not up yet and must not be probed (issue 33)."""
+    cfg = load_config(RubicapConfig, PAPER, ["build_rubrics=true", "judge.startup_timeout_s=0",
+                                             f"train.out_dir={tmp_path / 'run'}"])
+    fields = [f for _, f in rubicap.build_servers(cfg)]
+    assert fields == [f"rubrics.committee[{i}]" for i in range(5)] + ["rubrics.writer", "rubrics.student"]
+    assert [f for _, f in rubicap.servers(cfg)] == ["judge", *fields]
+    store = load_config(RubicapConfig, PAPER, ["rubrics.source=store", "rubrics.store=s.jsonl"])
+    assert rubicap.build_servers(store) == [] and [f for _, f in rubicap.servers(store)] == ["judge"]
+    seen = []
+
+    def probe(servers):
+        seen.extend(f for _, f in servers)
+        raise ConfigError("probed", "x", "stop here", "none")
+
+    monkeypatch.setattr(rubicap, "probe_servers", probe)
+    with pytest.raises(ConfigError, match="stop here"):
+        rubicap.run_command(cfg)
+    assert seen == fields  # the committee, writer and student: not the judge
 
 
 # ---------------------------------------------------------------------- rubric stores (no model)

@@ -16,14 +16,14 @@ def test_every_declared_internal_holds_in_the_installed_trl():
 
 
 def test_the_patch_modules_use_only_declared_internals():
-    """The names the three patch modules wrap are all declared (so the check above covers them)."""
+    """The names the patch modules wrap are all declared (so the check above covers them)."""
     import inspect
     import re
 
-    from captionrl.train import callbacks, on_policy, timing
+    from captionrl.train import callbacks, on_policy, shared_prefix, timing, unscored
 
     declared = {i.name for i in trl_compat.INTERNALS} | {i.owner for i in trl_compat.INTERNALS}
-    for module in (on_policy, timing, callbacks):
+    for module in (on_policy, shared_prefix, unscored, timing, callbacks):
         text = inspect.getsource(module)
         used = set(re.findall(r'original\(\w+, "(\w+)"\)', text)) | set(re.findall(r'trl_object\("([\w.]+)"\)', text))
         assert used <= declared, (module.__name__, used - declared)

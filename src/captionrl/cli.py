@@ -29,6 +29,7 @@ from captionrl.errors import CaptionRLError
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("models",): ("captionrl.commands.models", "list backends and check that the embedded model loads"),
     ("caption",): ("captionrl.commands.caption", "caption series (or images) with a captioner backend"),
+    ("plan",): ("captionrl.commands.plan", "GPU memory plan of a preset: weights, optimizer, activations, vLLM share and KV cache per GPU"),
     ("candidates",): ("captionrl.domains.candidates", "mine distractor candidate sets for a corpus"),
     ("data", "prepare"): ("captionrl.domains.prepare", "a benchmark's local copy -> a prepared dataset folder (splits, lineups, manifest)"),
     ("eval", "identify"): ("captionrl.eval.identification", "caption->series and series->caption identification"),

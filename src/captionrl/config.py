@@ -242,8 +242,10 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
     (``--no-field`` for booleans). ``--help`` shows every field with its help text and default: flags in
     the options list, the rest (nested sections, mappings) in an epilog under their dotted keys."""
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("--config", metavar="FILE.yaml", default=None,
-                        help="YAML file of the settings below; flags and key=value words override it")
+    if not any("--config" in f.metadata.get("flags", ()) for f in dataclasses.fields(cls)):
+        # a command whose input is a config file (``captionrl plan --config PRESET``) names a field for it instead
+        parser.add_argument("--config", metavar="FILE.yaml", default=None,
+                            help="YAML file of the settings below; flags and key=value words override it")
     hints = typing.get_type_hints(cls)
     positional = ""
     flagged: set[str] = set()
@@ -257,6 +259,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
             continue
         flagged.add(f.name)
         names = [f"--{f.name.replace('_', '-')}", *([f"--{f.name}"] if "_" in f.name else []), *f.metadata.get("flags", ())]
+        if "--config" in names:  # the field that owns --config is a config file: shown as --config FILE.yaml
+            names = ["--config", *(n for n in names if n != "--config")]
         default = _default(f)
         text = f.metadata.get("help", "") + (" (required)" if default is dataclasses.MISSING else f" (default: {default!r})")
         kw: dict[str, Any] = {"dest": f"cfg__{f.name}", "default": argparse.SUPPRESS, "help": text.replace("%", "%%")}
@@ -265,7 +269,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         elif kind[0] == "list":
             kw.update(action="extend", nargs="*", type=kind[1], metavar=f.name.upper())
         else:
-            kw.update(type=kind[1], metavar=f.name.upper())
+            kw.update(type=kind[1], metavar="FILE.yaml" if names[0] == "--config" else f.name.upper())
         parser.add_argument(*names, **kw)
         for old in f.metadata.get("renamed_from", ()):  # accepted, then refused by name in from_dict
             old_kw = {**kw, "dest": f"cfg__{old}", "help": argparse.SUPPRESS}

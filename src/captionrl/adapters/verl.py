@@ -1,4 +1,5 @@
-"""verl reward plug-in: ``reward.custom_reward_function.path=<this file>`` and ``.name=compute_score``.
+"""verl reward plug-in (verl 0.9.1: ``reward.custom_reward_function.path=pkg://captionrl.adapters.verl``
+``reward.custom_reward_function.name=compute_score_async``; launch line in ``docs/engines.md``).
 
 verl calls ``compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw)`` per sample
 and logs every key of a returned dict (its reward loop indexes every sample by the first one's keys, so

@@ -32,6 +32,10 @@ class BackendConfig:
     backoff_s: float = help_field(0.5, "openai: first retry wait in seconds, doubled each retry")
     cooldown_s: float = help_field(10.0, "openai replicas: seconds a replica that failed (connection error, timeout) is left out before it is tried again")
     loglikelihood_api: str = help_field("echo", "openai: how to get prompt log-probs: echo (completions echo+logprobs) or prompt_logprobs (vLLM)")
+    gpu_memory_utilization: float = help_field(0.3, "vllm: share of the GPU's memory vllm.LLM may take (weights and KV cache), in (0, 1). vLLM's own default, 0.9, leaves a trainer on the same GPU nothing; 0.3 is TRL's colocate default")
+    max_model_len: int | None = help_field(16384, "vllm: longest prompt + reply in tokens (sizes the KV cache; must not exceed the model's context); null: the model's full context, e.g. 262,144 for Qwen3-VL, whose KV cache alone may not fit beside a trainer")
+    enforce_eager: bool = help_field(False, "vllm: true skips CUDA-graph capture (less memory and a faster start, slower decoding)")
+    startup_timeout_s: float | None = help_field(None, "openai: seconds to wait, before the first request, for a server that is still starting (refuses connections or answers 502/503/504); null = the command's default: 600 for training and rubric building (servers often start alongside them: vLLM listens only once its weights are loaded), 5 for one-shot commands; 0 = one probe")
 
     def __post_init__(self) -> None:
         if isinstance(self.base_url, (list, tuple)):  # one string keeps configs hashable: a|b
@@ -52,6 +56,27 @@ class BackendConfig:
         if self.loglikelihood_api not in ("echo", "prompt_logprobs"):
             raise ConfigError("backend.loglikelihood_api", self.loglikelihood_api, "unknown API",
                               "use echo or prompt_logprobs")
+        if isinstance(self.gpu_memory_utilization, bool) or not isinstance(self.gpu_memory_utilization, (int, float)) \
+                or not 0 < self.gpu_memory_utilization < 1:
+            raise ConfigError("backend.gpu_memory_utilization", self.gpu_memory_utilization,
+                              "must be a share of the GPU's memory between 0 and 1",
+                              "set gpu_memory_utilization: 0.3 (leave the rest to the trainer and other models)")
+        if self.max_model_len is not None and (isinstance(self.max_model_len, bool)
+                                               or not isinstance(self.max_model_len, int) or self.max_model_len < 1):
+            raise ConfigError("backend.max_model_len", self.max_model_len, "must be a token count >= 1 or null",
+                              "set max_model_len: 16384 (the longest prompt + reply the judge sees), or null for the "
+                              "model's full context")
+        if self.startup_timeout_s is not None and not self.startup_timeout_s >= 0:
+            raise ConfigError("backend.startup_timeout_s", self.startup_timeout_s, "must be >= 0 seconds (or null)",
+                              "set startup_timeout_s: 600 (0 = one probe, null = the command's default)")
+
+    def vllm_engine_args(self) -> dict[str, Any]:
+        """The memory settings ``vllm.LLM`` is built with (kind ``vllm``); no ``max_model_len``: the model's."""
+        args: dict[str, Any] = {"gpu_memory_utilization": float(self.gpu_memory_utilization),
+                                "enforce_eager": bool(self.enforce_eager)}
+        if self.max_model_len is not None:
+            args["max_model_len"] = self.max_model_len
+        return args
 
 
 @BACKENDS.register("hf")
@@ -72,7 +97,8 @@ def _make_openai(cfg: BackendConfig) -> Backend:
 def _make_vllm(cfg: BackendConfig) -> Backend:
     from captionrl.backends.vllm_offline import VLLMBackend
 
-    return VLLMBackend(cfg.model)
+    return VLLMBackend(cfg.model, gpu_memory_utilization=cfg.gpu_memory_utilization, max_model_len=cfg.max_model_len,
+                       enforce_eager=cfg.enforce_eager)
 
 
 def parse_backend_spec(text: str) -> BackendConfig:
@@ -116,7 +142,7 @@ def backend_from_spec(spec: str, field: str = "backend") -> Backend:
     An ``openai`` server is asked for ``/models`` first: a command given a server that does not answer
     stops with a named error here, instead of running to the end with every judgment unscored.
     """
-    from captionrl.backends.openai_http import probe_server
+    from captionrl.backends.startup import probe_server
 
     cfg = parse_backend_spec(spec)
     probe_server(cfg, field)

@@ -26,6 +26,7 @@ from captionrl.backends.base import (
     model_failure,
     normalise_option_probs,
 )
+from captionrl.compat import cache_kwargs, output_cache
 from captionrl.errors import BackendError, ConfigError, InputTooLongError
 
 MIN_SHARED_PREFIX = 16
@@ -377,7 +378,7 @@ class HFBackend:
             if prefix:
                 pre = model(input_ids=torch.tensor([prefix], device=dev), use_cache=True,
                             **({"logits_to_keep": 1} if keeps else {}))
-                pre_cache = pre.cache
+                pre_cache = output_cache(pre)
                 pre_last = pre.logits[0, -1:].float()
             else:
                 pre_cache, pre_last = None, None
@@ -402,7 +403,7 @@ class HFBackend:
                     # The last chunk takes the prefix's cache itself: nothing runs on it afterwards.
                     cache = pre_cache if start + self.batch_size >= len(suffixes) else copy.deepcopy(pre_cache)
                     cache.batch_repeat_interleave(n)
-                    kw["cache"] = cache
+                    kw.update(cache_kwargs(model, cache))
                     kw["position_ids"] = (
                         torch.arange(len(prefix), len(prefix) + width, device=dev).unsqueeze(0).expand(n, -1)
                     )

@@ -49,6 +49,7 @@ from captionrl.backends.base import (
     normalise_option_probs,
     parse_choice,
 )
+from captionrl.backends.startup import probe_server  # noqa: F401  (its older home: callers import it from here)
 from captionrl.errors import BackendError, ConfigError
 
 T = TypeVar("T")
@@ -718,34 +719,3 @@ def _parsed_choice(g: Generation, options: Sequence[str], pending: _Pending) -> 
         return ChoiceResult(None, "generate", raw=g.text, error="no option could be parsed from the reply",
                             extra=extra)
     return ChoiceResult({o: float(o == picked) for o in options}, "generate", mass=1.0, raw=g.text, extra=extra)
-
-
-def probe_server(cfg: Any, field: str = "verifier", timeout_s: float = 5.0) -> None:
-    """Fail fast with a named error, before any model loads, when an OpenAI-compatible server does not
-    answer ``GET /models`` or does not serve ``cfg.model``; otherwise every later judgment would be
-    unscored and a run would end "successfully" with an empty table. ``cfg`` is a ``BackendConfig``."""
-    if cfg.kind != "openai":
-        return
-    import os
-
-    headers = {}
-    key = os.environ.get(cfg.api_key_env)
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
-    for base in str(cfg.base_url).split("|"):  # replicas: every one must answer
-        url = base.rstrip("/") + "/models"
-        try:
-            resp = httpx.get(url, headers=headers, timeout=timeout_s)
-        except httpx.HTTPError as exc:
-            raise ConfigError(f"{field}.base_url", base, f"the server does not answer ({type(exc).__name__}: {exc})",
-                              f"start it first (e.g. vllm serve {cfg.model} --port PORT) or fix the URL") from exc
-        if resp.status_code != 200:
-            raise ConfigError(f"{field}.base_url", base, f"GET {url} returned HTTP {resp.status_code}",
-                              f"check the server and {cfg.api_key_env}")
-        try:
-            served = [m.get("id") for m in resp.json().get("data", [])]
-        except (ValueError, AttributeError):  # no model list to check names against: requests will tell
-            served = []
-        if served and cfg.model not in served:
-            raise ConfigError(f"{field}.model", cfg.model, f"is not served at {base} (it serves {served})",
-                              f"name one of {served} after '#'")

@@ -36,15 +36,26 @@ def _import_vllm() -> Any:
     return vllm
 
 
+MEMORY_SETTINGS = ("gpu_memory_utilization", "max_model_len", "enforce_eager")
+"""``vllm.LLM`` arguments that ``BackendConfig`` validates and gives defaults safe beside a trainer."""
+
+
 class VLLMBackend:
-    """A model loaded by ``vllm.LLM`` (built on first use; extra keyword arguments go to ``vllm.LLM``)."""
+    """A model loaded by ``vllm.LLM`` (built on first use; extra keyword arguments go to ``vllm.LLM``).
+
+    The memory settings (``MEMORY_SETTINGS``) default to ``BackendConfig``'s, not to vLLM's: vLLM takes 0.9
+    of the GPU and the model's full context by default, which leaves a trainer on the same GPU nothing."""
 
     def __init__(self, model: str, *, top_logprobs: int = 20, fold_case: bool = True, **llm_kwargs: Any) -> None:
+        from captionrl.backends import BackendConfig
+
+        memory = {k: llm_kwargs.pop(k) for k in MEMORY_SETTINGS if k in llm_kwargs}
+        engine = BackendConfig(kind="vllm", model=model, **memory).vllm_engine_args()  # validated
         self._vllm = _import_vllm()
         self.model_spec = model
         self.top_logprobs = top_logprobs
         self.fold_case = fold_case
-        self.llm_kwargs = llm_kwargs
+        self.llm_kwargs = {**engine, **llm_kwargs}
         self._llm: Any = None
         self.name = f"vllm:{model}"
         self.last_errors: list[str | None] = []

@@ -44,6 +44,7 @@ class CaptionConfig:
     instruction: str | None = help_field(None, "captioning instruction (null: the run's data.instruction, else the default of captionrl.domains.captioning)")
     precision: int | None = help_field(None, "decimals of printed values (null: the run's data.precision, else 2)")
     normalise: str | None = help_field(None, "print values as they are (null: the run's data.normalise), or zscore / minmax")
+    chart_size: list[int] | None = help_field(None, "chart width and height in pixels (null: the run's data.chart_size, else 448x448): ask at the size training drew")
     batch_size: int = help_field(8, "requests per generate call (and per written batch)")
     device: str = help_field("auto", "run folders: cpu, cuda or auto (cuda when available)")
     max_new_tokens: int = help_field(96, "caption length limit in tokens")
@@ -59,6 +60,10 @@ class CaptionConfig:
             raise ConfigError("normalise", self.normalise, "unknown normalisation", "use null, zscore or minmax")
         if self.batch_size < 1:
             raise ConfigError("batch_size", self.batch_size, "must be >= 1", "set batch_size=8")
+        if self.chart_size is not None:
+            from captionrl.domains.lineup_data import check_chart_size
+
+            check_chart_size(self.chart_size, "chart_size")
         if self.horizon < 0:
             raise ConfigError("horizon", self.horizon, "must be >= 0", "set horizon=8 (or 0 for no next window)")
         if self.captioner != DESCRIBER and run_dir_of(self.captioner) is None:
@@ -178,7 +183,8 @@ def run_command(cfg: CaptionConfig) -> int:
                           temperature=cfg.temperature, seed=cfg.seed, batch=cfg.batch_size, chart=chart,
                           normalise=cfg.normalise or data.get("normalise"),
                           instruction=cfg.instruction or data.get("instruction"),
-                          extra={"captioner": cap.name, "input": "chart" if chart else "numbers"})
+                          extra={"captioner": cap.name, "input": "chart" if chart else "numbers"},
+                          chart_size=cfg.chart_size or data.get("chart_size") or (448, 448))
     done = [i for i in (it.id for it in items) if i in caps]
     print(f"{len(done)}/{len(items)} items captioned in {cfg.out} ({'chart' if chart else 'numbers'} input, {cap.name})")
     return 0 if len(done) == len(items) else 1

@@ -54,7 +54,7 @@ DESCRIBER = "describer"
 
 
 def series_caption_messages(values: Any, *, chart: bool = False, precision: int = 2, normalise: str | None = None,
-                            instruction: str | None = None) -> list[Message]:
+                            instruction: str | None = None, chart_size: Any = (448, 448)) -> list[Message]:
     """The prompt a captioner trained by LineupRL saw for one series: the rendered chart for a VLM policy
     (``policy.input: chart``, as ``lineup_data.add_charts`` builds it), the printed numbers otherwise (as
     ``lineup_data.lineup_row`` builds it); one function so ``captionrl caption`` asks what training asked."""
@@ -64,7 +64,8 @@ def series_caption_messages(values: Any, *, chart: bool = False, precision: int 
 
     arr = np.asarray(values, dtype=float)
     if chart:
-        return caption_messages("", len(arr), image=render_chart(arr), instruction=instruction)
+        size = (int(chart_size[0]), int(chart_size[1]))  # as training drew it (data.chart_size)
+        return caption_messages("", len(arr), image=render_chart(arr, size=size), instruction=instruction)
     text, _ = render_numbers(arr, precision=precision, normalise=normalise)  # type: ignore[arg-type]
     return caption_messages(text, len(arr), instruction=instruction)
 
@@ -83,6 +84,7 @@ def caption_series(
     normalise: str | None = None,
     instruction: str | None = None,
     extra: dict[str, Any] | None = None,
+    chart_size: Any = (448, 448),
 ) -> dict[str, str]:
     """Caption ``items`` (resumable JSONL at ``out_path``: ids already there are skipped, failures are
     retried on the next run); ``captioner="describer"`` needs no model. ``chart``/``normalise``/
@@ -104,7 +106,7 @@ def caption_series(
                 assert not isinstance(captioner, str)
                 reqs = [
                     ChatRequest(series_caption_messages(it.values, chart=chart, precision=precision, normalise=normalise,
-                                                        instruction=instruction),
+                                                        instruction=instruction, chart_size=chart_size),
                                 max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
                     for it in chunk
                 ]

@@ -20,18 +20,40 @@ def fmt(x: float, precision: int = 2) -> str:
     return "0" if text in ("-0", "") else text
 
 
+UP_C = 0.5
+"""The least-squares change over the window, in standard deviations, from which a series rises (or falls)."""
+
+
+def direction_measures(values: np.ndarray) -> tuple[float, float]:
+    """(c, net): ``c`` is the least-squares change over the window in standard deviations; ``net`` is the mean
+    of the last tenth of the values minus the mean of the first tenth (at least one value each)."""
+    v = np.asarray(values, dtype=float)
+    n = len(v)
+    if n < 2:
+        return 0.0, 0.0
+    spread = float(v.std())
+    c = float(np.polyfit(np.arange(n, dtype=float), v, 1)[0]) * (n - 1) / spread if spread > 0 else 0.0
+    k = max(1, n // 10)
+    return c, float(v[-k:].mean() - v[:k].mean())
+
+
+def overall_direction(values: np.ndarray) -> str:
+    """'up', 'down' or 'flat'. Up when the trend line rises by at least half a standard deviation over the
+    window *and* the series ends above where it started (last tenth vs first tenth); down mirrored; flat
+    otherwise: no trend, or a slope and endpoints that disagree (a hump that ends higher than it started has
+    a falling least-squares line; a reader says neither "rises" nor "falls")."""
+    c, net = direction_measures(values)
+    if c >= UP_C and net > 0:
+        return "up"
+    if c <= -UP_C and net < 0:
+        return "down"
+    return "flat"
+
+
 def trend_word(values: np.ndarray) -> str:
-    """'rises', 'falls' or 'stays roughly flat', from the least-squares slope relative to the spread."""
-    n = len(values)
-    t = np.arange(n, dtype=float)
-    slope = float(np.polyfit(t, values, 1)[0])
-    spread = float(values.std()) or 1.0
-    change = slope * (n - 1) / spread
-    if change > 0.5:
-        return "rises"
-    if change < -0.5:
-        return "falls"
-    return "stays roughly flat"
+    """'rises', 'falls' or 'stays roughly flat' (``overall_direction``: the shape claims' own rule, so the
+    describer's direction is never contradicted by the claim checker)."""
+    return {"up": "rises", "down": "falls"}.get(overall_direction(values), "stays roughly flat")
 
 
 def describe_series(series: Series | np.ndarray, precision: int = 2) -> str:

@@ -13,6 +13,8 @@ image), the problem and the fix; ``skip`` leaves it out and records it (``ImageL
 counts per reason in ``summary()``, which both recipes copy into their ``result.json``): never a silent
 drop. A file of the wrong layout (missing columns, no ``images``/``annotations`` lists) always raises.
 ``n`` items are a seeded sample; asking for more than the usable items is an error naming both numbers.
+``mix`` adds more sources, each with its own ``n`` (MoCo Rubric §4.1 trains on an equal mix of PixMo-Cap
+and DenseFusion): their items join the first source's, ids must not repeat across sources.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class ImageDataConfig:
     image_size: int = help_field(192, "scenes: side in pixels")
     max_groups: int = help_field(2, "scenes: shape groups per scene (1..3)")
     text_prob: float = help_field(0.5, "scenes: probability that a scene carries a written word")
+    mix: list[dict[str, Any]] = help_field([], "more sources whose items join this one's: each a mapping of source, path, images, split, n (and the scenes settings); min_references, on_bad_image and seed apply to all (e.g. MoCo §4.1's equal PixMo-Cap + DenseFusion mix)")
 
     def __post_init__(self) -> None:
         self.check_image_data()
@@ -87,6 +90,28 @@ class ImageDataConfig:
                               f"set data.path to your copy of {WHERE_TO_GET[self.source]} (captionrl downloads nothing)")
         if self.source == "easy-vqa" and self.split not in ("train", "test"):
             raise ConfigError("data.split", self.split, "easy-vqa has train and test splits", "use train or test")
+        self.mix_configs()  # every mixed-in source is validated now, before anything loads
+
+    def mix_configs(self) -> list[ImageDataConfig]:
+        """One config per ``mix`` entry: this config's settings with the entry's source, path, split, n..."""
+        import dataclasses
+
+        own = {"source", "path", "images", "split", "n", "scene_count", "scene_seed", "image_size", "max_groups", "text_prob"}
+        out = []
+        for i, entry in enumerate(self.mix or []):
+            where = f"data.mix[{i}]"
+            if not isinstance(entry, dict) or "source" not in entry:
+                raise ConfigError(where, entry, "must be a mapping with at least a source",
+                                  "write e.g. {source: densefusion, path: data/DenseFusion-4V-100k.jsonl, n: 2500}")
+            unknown = sorted(set(entry) - own)
+            if unknown:
+                raise ConfigError(f"{where}.{unknown[0]}", entry[unknown[0]], "is not a per-source setting",
+                                  f"use only {', '.join(sorted(own))} (min_references, on_bad_image and seed apply to all)")
+            try:
+                out.append(dataclasses.replace(self, mix=[], **entry))
+            except ConfigError as exc:
+                raise ConfigError(f"{where}.{exc.field.removeprefix('data.')}", exc.value, exc.problem, exc.fix) from None
+        return out
 
 
 @dataclass
@@ -111,12 +136,29 @@ class ImageLoadResult:
 
 
 def load_image_items(cfg: ImageDataConfig, *, seed: int | None = None) -> ImageLoadResult:
-    """Read, validate and sample the configured images (no model involved).
+    """Read, validate and sample the configured images (no model involved), every ``mix`` source too.
 
     ``seed`` is the fallback when ``cfg.seed`` is null (the run's seed). Raises ``ConfigError`` for a
     missing path and ``DataError`` for a wrong layout, a bad image under ``on_bad_image: error``, no usable
-    image, or ``n`` larger than the usable items.
+    image, ``n`` larger than the usable items, or an id found in two mixed sources.
     """
+    if not cfg.mix:
+        return _load_one(cfg, seed)
+    import dataclasses
+
+    parts = [_load_one(dataclasses.replace(cfg, mix=[]), seed), *(_load_one(c, seed) for c in cfg.mix_configs())]
+    seen: dict[str, str] = {}
+    for part in parts:
+        for it in part.items:
+            if it.id in seen:
+                raise DataError("data.mix", it.id, f"is an image id of both {seen[it.id]} and {part.source}",
+                                "mix sources that do not share images")
+            seen[it.id] = part.source
+    return ImageLoadResult([it for p in parts for it in p.items], [s for p in parts for s in p.skipped],
+                           " + ".join(p.source for p in parts), sum(p.read for p in parts), sum(p.available for p in parts))
+
+
+def _load_one(cfg: ImageDataConfig, seed: int | None) -> ImageLoadResult:
     sample_seed = int(cfg.seed if cfg.seed is not None else (seed or 0))
     label = cfg.source if cfg.source in ("scenes", "easy-vqa") else f"{cfg.source}:{cfg.path}"
     rows = _rows(cfg)

@@ -51,6 +51,7 @@ class LineupDataConfig:
     instruction: str | None = help_field(None, "the captioning instruction after the numbers (null = the default of captionrl.domains.captioning); a short-answer instruction lets a small model finish its caption within the token budget")
     prepared: str | None = help_field(None, "a folder written by 'captionrl data prepare': its splits, items and lineups (corpus, window, splits, candidates_file and distractors are then unused)")
     balance: str | None = help_field(None, "direction: draw the training items in equal numbers per overall direction (rises, falls, stays flat; as far as the split has them), so that one direction said of every window is right a third of the time, not as often as the corpus rises; null: a plain seeded sample")
+    chart_size: list[int] = help_field([448, 448], "chart width and height in pixels for a chart-reading policy (policy.input: chart); the LineupRL authors' config draws 600x300")
 
     def __post_init__(self) -> None:
         if self.window < 4:
@@ -66,6 +67,7 @@ class LineupDataConfig:
             raise ConfigError("data.normalise", self.normalise, "unknown normalisation", "use null, zscore or minmax")
         if self.balance not in (None, "direction"):
             raise ConfigError("data.balance", self.balance, "unknown balance", "use direction, or null")
+        check_chart_size(self.chart_size, "data.chart_size")
         if self.n_val < 0 or self.n_test < 0 or (self.n_train is not None and self.n_train < 1):
             raise ConfigError("data.n_train/n_val/n_test", (self.n_train, self.n_val, self.n_test),
                               "item counts must be positive (n_val, n_test may be 0)", "set e.g. n_train: 64, n_test: 16")
@@ -224,11 +226,19 @@ def lineup_row(cfg: LineupDataConfig, item: Series, distractors: Sequence[Series
     }
 
 
-def add_charts(rows: Sequence[Mapping[str, Any]], instruction: str | None = None) -> list[dict[str, Any]]:
-    """VLM policies read the chart: an ``image`` column and a prompt without the numbers."""
+def check_chart_size(size: Any, field: str) -> None:
+    """A chart size is [width, height], two whole numbers of pixels, each at least 32."""
+    if not (isinstance(size, (list, tuple)) and len(size) == 2 and all(isinstance(v, int) and v >= 32 for v in size)):
+        raise ConfigError(field, size, "must be [width, height] in pixels, each >= 32", f"set {field}: [600, 300]")
+
+
+def add_charts(rows: Sequence[Mapping[str, Any]], instruction: str | None = None,
+               size: Sequence[int] = (448, 448)) -> list[dict[str, Any]]:
+    """VLM policies read the chart (``size``: width, height in pixels): an ``image`` column and a prompt
+    without the numbers."""
     out = []
     for r in rows:
-        img = render_chart(np.asarray(r["series"]))
+        img = render_chart(np.asarray(r["series"]), size=(int(size[0]), int(size[1])))
         text = f"The chart shows a time series of {len(r['series'])} values. {instruction or CAPTION_INSTRUCTION}"
         out.append({**r, "prompt": [{"role": "user", "content": text}], "image": img})
     return out

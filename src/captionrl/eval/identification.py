@@ -325,7 +325,7 @@ def run(cfg: IdentifyEvalConfig, *, verifiers: Mapping[str, Backend] | None = No
     ``verifiers`` (name -> backend) and ``captioner`` replace the configured specs (tests inject them).
     """
     from captionrl.backends import parse_backend_spec
-    from captionrl.backends.openai_http import probe_server
+    from captionrl.backends.startup import probe_server
     from captionrl.domains.candidates import mine_candidates
     from captionrl.domains.captioning import DESCRIBER, caption_series
     from captionrl.judges.claims_verifier import is_claims_spec

@@ -66,8 +66,10 @@ _RANGE = re.compile(rf"(?:from|between|over)\s+{_STEP}\s*(\d+)\s*(?:to|and|until
                     re.I)
 _RANGE2 = re.compile(rf"{_STEP}\s*(\d+)\s*(?:-|–|to)\s*(\d+)", re.I)
 _POINT = re.compile(rf"(?:at|around|near|by|on|in)?\s*{_STEP}\s*(\d+)", re.I)
-_STARTS = re.compile(rf"\b(?:starts?|begins?|opens?|starting|beginning)\b[^.;]*?\b(?:at|from|with|of|around)\s+({_NUM})", re.I)
-_ENDS = re.compile(rf"\b(?:ends?|finish(?:es)?|closes?|ending|finishing)\b[^.;]*?\b(?:at|with|on|of|around)\s+({_NUM})", re.I)
+_STARTS = re.compile(rf"\b(?:starts?|begins?|opens?|starting|beginning)\b[^.;]*?\b(?:at|from|with|of|around)\s+({_NUM})"
+                     rf"|\b(?:first|initial|opening|starting)\s+(?:value|point|reading)\s+(?:is|was|of|at|:|=)\s*({_NUM})", re.I)
+_ENDS = re.compile(rf"\b(?:ends?|finish(?:es)?|closes?|ending|finishing)\b[^.;]*?\b(?:at|with|on|of|around)\s+({_NUM})"
+                   rf"|\b(?:last|final|closing|ending)\s+(?:value|point|reading)\s+(?:is|was|of|at|:|=)\s*({_NUM})", re.I)
 _LENGTH = re.compile(r"\b(\d+)\s+(?:points|values|steps|observations|time steps)\b", re.I)
 _STAT_WORDS = {
     "max": r"\b(?:max(?:imum)?|peak(?:s|ed|ing)?|highest|high point|top)\b",
@@ -81,7 +83,7 @@ _TREND = {
     "flat": r"\b(?:flat|stable|steady|unchanged|constant)\b",
 }
 _SPLIT = re.compile(r"(?<=[.;!?])\s+|,\s+(?:and|but|while|whereas|then|before|after)\s+"
-                    r"|\s+(?:and then|while|before|after)\s+|,?\s+and\s+(?=(?:the|it|its|ends?|then)\b)"
+                    r"|\s+(?:and then|while|before|after)\s+|,?\s+and\s+(?=(?:the|it|its|ends?|finish(?:es)?|closes?|then)\b)"
                     r"|,\s+(?=(?:ends?|ending|finish(?:es)?|closes?)\s+(?:at|with|on|around)\b)", re.I)
 # (the last: "starts at 25.92, ends at 28.11, and ...", the main job's answer, holds two values)
 
@@ -145,11 +147,11 @@ def _clause_claim(text: str, a: int, b: int, base: int) -> Claim:
         # (the shape rules read "a maximum of 25.55 around step 8"); the clause's claim is the start
         t0 = t1 = None
     if starts and t0 is None and not ends:
-        return replace(claim, kind="value", value=_num(starts.group(1)), stat="start")
+        return replace(claim, kind="value", value=_num(starts.group(1) or starts.group(2)), stat="start")
     if ends and t0 is None and not starts:
-        return replace(claim, kind="value", value=_num(ends.group(1)), stat="end")
+        return replace(claim, kind="value", value=_num(ends.group(1) or ends.group(2)), stat="end")
     if starts and ends and t0 is None:  # "starts at 3 and ends at 7" in one clause: keep the start
-        return replace(claim, kind="value", value=_num(starts.group(1)), stat="start",
+        return replace(claim, kind="value", value=_num(starts.group(1) or starts.group(2)), stat="start",
                        reason="two values in one clause; the first is checked")
     values = [mm for mm in re.finditer(_NUM, text) if not any(u0 <= mm.start() < u1 for u0, u1 in used)]
     if length and t0 is None and not stat:

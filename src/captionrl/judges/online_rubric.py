@@ -35,7 +35,7 @@ import json
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -47,6 +47,7 @@ from captionrl.judges import prompts as P
 from captionrl.judges.base import Columns, require_columns, unscored
 from captionrl.judges.roles import generator_messages, judge_messages, rubric_schema, structured
 from captionrl.judges.rubric import RubricJudge, extract_json, validate_rubric
+from captionrl.judges.rubric_build import RubricWriterSettings
 from captionrl.records import RecordWriter
 from captionrl.types import Judgment, RubricItem
 
@@ -56,33 +57,29 @@ _PLACEHOLDER = re.compile(r"^[\W_]*$")  # "...", "-", "" : a copied template, no
 
 
 @dataclass
-class OnlineRubricConfig:
-    """How the Generator writes one rubric per group (paper §3.3, A.1.2)."""
+class OnlineRubricConfig(RubricWriterSettings):
+    """How the Generator writes one rubric per group (paper §3.3, A.1.2). The attempts, retry temperature and
+    rubric size are every rubric writer's (``judges.rubric_build.RubricWriterSettings``): when every attempt
+    fails, the group is unscored (or takes the facts fallback)."""
+
+    FIELD_PREFIX: ClassVar[str] = "rubric"
 
     n_candidates: int = help_field(4, "Policy captions of the group shown to the Generator (a seeded random subset; the paper: 4 of 16)")
     group_size: int | None = help_field(None, "G: captions per group; splits a run of the same item into groups (null: one group per run of equal item_id)")
     with_image: bool = help_field(True, "show the image to the Generator (VLM); false: language-only Generator reading image_text")
-    max_attempts: int = help_field(2, "Generator attempts per group before the group is unscored (attempt 1 at rubric.temperature, then sampled)")
     temperature: float = help_field(0.0, "sampling temperature of the first attempt (0: greedy, as the paper's Generator; > 0 samples with a recorded seed)")
     max_new_tokens: int = help_field(512, "longest Generator reply, in tokens")
-    retry_temperature: float = help_field(0.7, "sampling temperature of retries (their seeds are recorded)")
-    min_items: int = help_field(3, "fewest rubric items a valid rubric has")
-    max_items: int = help_field(10, "most rubric items a valid rubric has")
     fallback: str = help_field("none", "when every attempt fails: none (the paper: the group is unscored) or facts (rubric from the item's known facts, recorded as source=facts-fallback; synthetic scenes only)")
     seed: int = help_field(0, "seed of the candidate subsets and of sampled retries")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.n_candidates < 1:
             raise ConfigError("rubric.n_candidates", self.n_candidates, "must be >= 1", "set rubric.n_candidates: 4")
         if self.group_size is not None and self.group_size < 1:
             raise ConfigError("rubric.group_size", self.group_size, "must be >= 1 or null", "set it to G (train.num_generations)")
-        if self.max_attempts < 1:
-            raise ConfigError("rubric.max_attempts", self.max_attempts, "must be >= 1", "set rubric.max_attempts: 2")
         if self.temperature < 0:
             raise ConfigError("rubric.temperature", self.temperature, "must be >= 0", "set rubric.temperature: 0 (greedy)")
-        if not 1 <= self.min_items <= self.max_items:
-            raise ConfigError("rubric.min_items", self.min_items, f"must be 1..max_items ({self.max_items})",
-                              "set rubric.min_items <= rubric.max_items")
         if self.fallback not in FALLBACKS:
             raise ConfigError("rubric.fallback", self.fallback, "unknown fallback", "use none or facts")
 

@@ -96,13 +96,32 @@ control characters, so a reply needs no escapes and every criterion reads as tex
 schema that allows any character writes raw control bytes, which JSON forbids, or ``"???"`` placeholders)."""
 
 
+MAX_REPEAT = 128
+"""The largest ``{m,n}`` bound one repetition in a pattern may carry: xgrammar 0.2.7 (the version vLLM 0.31
+pins, so the GPU install's, in process and in ``vllm serve``'s guided decoding) fails to compile a
+repetition bounded above 128 ("Check failed: per_rule_fsm_hashes"); 0.2.9 compiles it. A longer bound is
+written as consecutive repetitions of at most 128, which match exactly the same strings."""
+
+
+def repeat(chars: str, lo: int, hi: int) -> str:
+    """The regex for ``lo..hi`` characters of the class ``chars``, each repetition bounded by ``MAX_REPEAT``."""
+    parts = []
+    while True:
+        size = min(hi, MAX_REPEAT)
+        low = min(lo, size)
+        parts.append(f"{chars}{{{low},{size}}}")
+        lo, hi = lo - low, hi - size
+        if hi <= 0:
+            return "".join(parts)
+
+
 def text_schema(min_chars: int, max_chars: int, *, letter_first: bool = True) -> dict[str, Any]:
     """A bounded plain-text string (``TEXT_CHARS``); ``letter_first`` rules out placeholders such as
     ``"..."``. The bounds live in the pattern alone: grammar engines (xgrammar, llama.cpp) ignore
     minLength/maxLength next to a pattern, and a bound is what lets a weak model's string end."""
     head, rest = ("[A-Za-z]", max(0, min_chars - 1)) if letter_first else ("", min_chars)
     tail = max_chars - (1 if letter_first else 0)
-    return {"type": "string", "pattern": f"^{head}{TEXT_CHARS}{{{rest},{tail}}}$"}
+    return {"type": "string", "pattern": f"^{head}{repeat(TEXT_CHARS, rest, tail)}$"}
 
 
 def rubric_schema(min_items: int, max_items: int, max_chars: int = 160) -> dict[str, Any]:

@@ -10,11 +10,12 @@ rubric. Judging captions against the stored rubrics lives in ``captionrl.judges.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from captionrl.backends.base import Backend, ChatRequest
 from captionrl.config import help_field
@@ -112,6 +113,41 @@ def _captions_by_item(records: Iterable[Mapping[str, Any]]) -> dict[str, list[st
 
 # ====================================================================== rubric writer
 @dataclass
+class RubricWriterSettings:
+    """How a rubric writer is asked and checked, declared once for every model that writes rubrics: RubiCap's
+    offline writer (``train rubicap``'s ``rubrics`` section, ``captionrl rubrics build``), MoCo's online
+    Generator (``train moco``'s ``rubric`` section) and the records' writer teacher (``moco records``, whose
+    judge teacher takes the same attempts). ``FIELD_PREFIX`` is the config section that holds them, so errors
+    name the key a user writes.
+
+    ``max_attempts`` is 3 everywhere: neither paper states a retry count, an attempt after the first is paid
+    only when the one before it failed, and a rubric given up costs far more than a retry (RubiCap: the item
+    leaves training; MoCo online: the group's G captions are unscored; records: the record is lost). The
+    paper presets already asked for 3; the online Generator and the records had defaulted to 2.
+    """
+
+    FIELD_PREFIX: ClassVar[str] = ""
+
+    max_attempts: int = help_field(3, "attempts at a valid rubric before it is given up (recorded unscored): attempt 1 greedy (MoCo's Generator: at rubric.temperature), retries sampled at retry_temperature with recorded seeds")
+    retry_temperature: float = help_field(0.7, "sampling temperature of the retries (their seeds are recorded)")
+    min_items: int = help_field(3, "fewest rubric items a valid rubric has")
+    max_items: int = help_field(10, "most rubric items a valid rubric has")
+
+    def __post_init__(self) -> None:
+        def key(name: str) -> str:
+            return f"{self.FIELD_PREFIX}.{name}" if self.FIELD_PREFIX else name
+
+        if self.max_attempts < 1:
+            raise ConfigError(key("max_attempts"), self.max_attempts, "must be >= 1", f"set {key('max_attempts')}: 3")
+        if self.retry_temperature < 0:
+            raise ConfigError(key("retry_temperature"), self.retry_temperature, "must be >= 0",
+                              f"set {key('retry_temperature')}: 0.7")
+        if not 1 <= self.min_items <= self.max_items:
+            raise ConfigError(key("min_items"), self.min_items, f"must be 1..{key('max_items')} ({self.max_items})",
+                              f"set {key('min_items')} <= {key('max_items')}")
+
+
+@dataclass
 class RubricResult:
     """What the writer produced for one item: a rubric, or ``None`` with the errors of every attempt."""
 
@@ -127,34 +163,36 @@ class RubricWriter:
 
     Attempt 1 is greedy; retries sample at ``retry_temperature`` with seeds ``seed + attempt`` (recorded),
     so a retry can produce a different, valid reply. ``with_image`` shows the image too (VLM writers).
+    ``settings`` (``RubricWriterSettings``) holds the attempts and the rubric's size; the keywords of the same
+    names override them one by one.
     """
 
     def __init__(
         self,
         backend: Backend,
+        settings: RubricWriterSettings | None = None,
         *,
-        max_attempts: int = 3,
         max_new_tokens: int = 768,
-        retry_temperature: float = 0.7,
         seed: int = 0,
-        min_items: int = 3,
-        max_items: int = 10,
         with_image: bool = False,
         structured_output: str = "none",
+        **overrides: Any,
     ) -> None:
-        if max_attempts < 1:
-            raise ConfigError("max_attempts", max_attempts, "must be >= 1", "set max_attempts to 1 or more")
-        if not 1 <= min_items <= max_items:
-            raise ConfigError("min_items", min_items, f"must be 1..max_items ({max_items})", "set min_items <= max_items")
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(RubricWriterSettings)}
+        if unknown:
+            raise TypeError(f"RubricWriter got unexpected keyword(s) {sorted(unknown)}")
+        base = settings if settings is not None else RubricWriterSettings()
+        given = {f.name: getattr(base, f.name) for f in dataclasses.fields(RubricWriterSettings)}
+        self.settings = RubricWriterSettings(**{**given, **overrides})  # validated once, by the dataclass
         self.backend = backend
-        self.max_attempts = max_attempts
+        self.max_attempts = self.settings.max_attempts
         self.max_new_tokens = max_new_tokens
-        self.retry_temperature = retry_temperature
+        self.retry_temperature = self.settings.retry_temperature
         self.seed = seed
-        self.min_items = min_items
-        self.max_items = max_items
+        self.min_items = self.settings.min_items
+        self.max_items = self.settings.max_items
         self.with_image = with_image
-        self.structured = structured(rubric_schema(min_items, max_items), structured_output)
+        self.structured = structured(rubric_schema(self.min_items, self.max_items), structured_output)
         """The request keywords that constrain the writer's reply to the rubric schema (server or in process)."""
 
     def prompt(self, teachers: Sequence[str], students: Sequence[str]) -> str:
@@ -284,9 +322,9 @@ def _mean(xs: Sequence[float]) -> float | None:
 
 
 # ====================================================================== CLI: captionrl rubrics build
-@dataclass
-class RubricBuildConfig:
-    """Settings of ``captionrl rubrics build``."""
+@dataclass(kw_only=True)
+class RubricBuildConfig(RubricWriterSettings):
+    """Settings of ``captionrl rubrics build`` (the writer's attempts and rubric size: ``RubricWriterSettings``)."""
 
     items: str = help_field(help="images: a folder, a JSONL manifest, scenes:N[:SEED], easy-vqa[:SPLIT[:LIMIT]] or skimage")
     out: str = help_field(help="output folder (rerun with the same folder to resume)")
@@ -294,7 +332,6 @@ class RubricBuildConfig:
     writer: str = help_field("facts", "rubric writer backend spec, or 'facts' to build rubrics from known facts (scenes)")
     student: str | None = help_field(None, "optional student backend spec whose captions the writer reads")
     limit: int | None = help_field(None, "use only the first N items")
-    max_attempts: int = help_field(3, "writer attempts per item before it is unscored")
     max_new_tokens: int = help_field(256, "caption length for teachers and student")
     writer_max_new_tokens: int = help_field(768, "rubric reply length")
     writer_sees_image: bool = help_field(False, "give the image to a VLM writer too")
@@ -305,6 +342,7 @@ class RubricBuildConfig:
     def __post_init__(self) -> None:
         from captionrl.backends import parse_backend_spec
 
+        super().__post_init__()
         if self.on_error not in ("raise", "skip"):
             raise ConfigError("on_error", self.on_error, "unknown choice", "use raise or skip")
         specs = [*(("committee", s) for s in self.committee), *([("writer", self.writer)] if self.writer != "facts" else []),
@@ -330,9 +368,8 @@ def run_command(cfg: RubricBuildConfig) -> int:
     teachers = [backend_from_spec(s) for s in cfg.committee]
     writer = None
     if cfg.writer != "facts":
-        writer = RubricWriter(backend_from_spec(cfg.writer), max_attempts=cfg.max_attempts,
-                              max_new_tokens=cfg.writer_max_new_tokens, seed=cfg.seed,
-                              with_image=cfg.writer_sees_image)
+        writer = RubricWriter(backend_from_spec(cfg.writer), cfg, max_new_tokens=cfg.writer_max_new_tokens,
+                              seed=cfg.seed, with_image=cfg.writer_sees_image)
     elif not all(it.facts for it in items):
         raise ConfigError("writer", "facts", "some items have no known facts",
                           "use scenes:N items, or give a --writer backend")

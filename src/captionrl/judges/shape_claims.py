@@ -13,32 +13,42 @@ fractions ``p = i / (n - 1)`` of the window:
 
 - **trend** (overall direction: rises, increases, upward trend / falls, declines / flat, stable, no clear
   trend): ``c = slope * (n - 1) / std`` is the least-squares change over the window in standard deviations
-  (the describer's rule). "Up" holds when ``c >= 0.5``, "down" when ``c <= -0.5``. "No clear trend",
-  "no overall direction", "roughly flat overall" (``pattern="net"``) hold when ``|c| <= 1.25``: a trend line
-  that explains at most ~13% of the variance is not a clear trend, so between 0.5 and 1.25 both "rises
-  slightly" and "no clear trend" are accepted. Plain "flat", "stable", "steady", "constant"
-  (``pattern="level"``) also need the values to stay within 10% of their level (``R <= 0.1 * mean|v|``): a
-  series swinging from 5 to 150 is not stable whatever its slope. "Steadily", "throughout",
+  and ``net`` the mean of the last tenth of the values minus that of the first tenth
+  (``domains.describe.overall_direction``, the describer's own rule). "Up" holds when ``c >= 0.5`` and
+  ``net > 0`` (the series ends above where it started), "down" mirrored. "No clear trend", "no overall
+  direction", "roughly flat overall" (``pattern="net"``) hold when ``|c| <= 1.25`` (a trend line that
+  explains at most ~13% of the variance) or when slope and endpoints disagree; so between 0.5 and 1.25 both
+  "rises slightly" and "no clear trend" are accepted. Plain "flat", "stable", "steady", "constant"
+  (``pattern="level"``) also need the values to stay within 10% of their level (``R <= 0.1 * mean|v|``: a
+  series swinging from 5 to 150 is not stable whatever its slope) and no stretch moving half the range (a
+  hump in co2 is within 2% of its level, and not flat). "Steadily", "throughout",
   "consistently" (``pattern="strict"``) add that the whole window is one monotone stretch: no move against
   the direction larger than 0.25 of the range (smoothed values).
 - **hedge** ("rises or falls", "increases or decreases", "goes up and down overall", the instruction's own
   "whether it rises or falls"): always **red**: it asserts nothing checkable while looking like an answer.
 - **extremum** (peak / highest / maximum / trough / lowest / minimum placed in a region): holds when the
-  region holds the series' maximum (minimum) up to a 5% near-tie of the range. "Starts high", "ends low"
-  (``pattern="level"``): the region reaches the top (bottom) quarter of the range. Regions, as fractions of
-  the window: *at the start* / *at first* / *initially* [0, 0.2]; *early* / *near the start* / *first part*
-  [0, 1/3]; *first quarter* [0, 0.25]; *first half* [0, 0.5]; *middle* / *midway* [0.25, 0.75]; *second
-  half* [0.5, 1]; *last quarter* [0.75, 1]; *late* / *near the end* / *towards the end* [2/3, 1]; *at the
-  end* / *by the end* / *finally* [0.8, 1]. An extremum with a value ("a peak of 6.07") is also a value
-  claim (``kind="stat"``) checked within ``tolerance`` standard deviations, like every number.
+  region holds the series' maximum (minimum) up to a 5% near-tie of the range. "Starts high", "ends low",
+  "ends near its high" (``pattern="level"``): the region reaches the top (bottom) quarter of the range.
+  Regions (``REGIONS``), as fractions of the window: *at the start* / *at first* / *initially* [0, 0.2];
+  *early* / *near the start* [0, 1/3]; *first quarter* [0, 0.25]; *first half* / *before the middle* [0, 0.5];
+  *a third of the way in* [0.2, 0.45]; *middle* / *midway* [0.25, 0.75]; *two thirds of the way in*
+  [0.55, 0.8]; *second half* / *after the middle* [0.5, 1]; *last quarter* [0.75, 1]; *late* / *near the
+  end* / *towards the end* [2/3, 1]; *at the end* / *by the end* / *finally* [0.8, 1]; "starts/ends at its
+  peak": the first/last tenth; "ends near its high": the last value. An extremum with a value ("a peak of
+  6.07") is also a value claim (``kind="stat"``, or ``"value"`` at a stated step) checked within
+  ``tolerance`` standard deviations, like every number.
 - **stretch**: (a) one direction in a region ("drops at the end", "increases in the first half", "flat in
   the middle", "levels off at the end"): some stretch inside the region (±1 step) moves that way by at least
   0.2 of the range (0.05 with "slowly", "gradually", "gently") with no counter-move over 0.25, and lasts at
-  least a third of the region (one step when "sharply"); a flat stretch spans at most 0.3 of the range.
-  (b) a sequence ("rises then falls", "falls until the middle, then recovers", "U-shaped", "flat at first,
-  then a sharp jump in the middle, then a gradual decline"): the window can be cut into consecutive stretches
-  of those directions (each as in (a), a region pinning its stretch to overlap it by half), covering the
-  window but for at most 20% at either end. (c) a local turning point ("a dip in the middle", "a spike near
+  least a third of the region (one step when "sharply"; two thirds with "steadily"); a move to a placed
+  extremum ("falls to a low late in the window") need only end in the region. A flat stretch spans at most
+  0.3 of the range and at most three quarters of what a steady full-range trend moves over as many steps (at
+  least 0.1), so three steps of a steady rise are not "flat". (b) a sequence ("rises then falls", "falls
+  until the middle, then recovers", "U-shaped", "peaks early, then declines", "flat at first, then a sharp
+  jump in the middle, then a gradual decline"): the window can be cut into consecutive stretches of those
+  directions (each as in (a); a region pins its stretch to overlap it by half), covering the window but for
+  at most 20% at either end, and what is left uncovered moves less than 0.3 of the range (a caption that
+  places its first stretch may start there). (c) a local turning point ("a dip in the middle", "a spike near
   the end"): a point in the region stands out of the values within a quarter window on both sides by at
   least 0.15 of the range. (d) a move to a stated value ("rises to 28.55", "falls to 4.5 by the end"): the
   series reaches the value (within ``tolerance`` standard deviations) after having been on the other side of
@@ -46,29 +56,36 @@ fractions ``p = i / (n - 1)`` of the window:
   falls to 29.21") the move goes the stated way from it.
 - **volatility**: ``nu = mean|v[t+1] - v[t]| / max(mean|v|, R / 2)`` is the mean one-step change relative
   to the level (returns, as volatility is measured in finance; half the range stands in for the level of a
-  series near zero). "Volatile", "noisy", "erratic" hold when ``nu >= 0.06``; "smooth", "little noise",
-  "small fluctuations" when ``nu <= 0.06``; 0.06 sits in the gap between the two classes of the labelled
-  set (``tests/data/shape_captions.jsonl``). "Fluctuates", "oscillates", "cycles", "goes up and down"
-  (``pattern="reversals"``) hold when the series reverses at least twice by a quarter of its range
-  (three legs of a zigzag filter at 0.25).
+  series near zero) and ``curve = mean|second difference| / mean|step|`` says how jagged the steps are (a
+  smooth curve: under 0.5, a sampled sine of period 12 is at 0.5, noise at ~1.7). "Volatile", "noisy",
+  "erratic" hold when ``nu >= 0.06`` and ``curve > 0.5``; "smooth", "little noise", "small fluctuations"
+  otherwise; 0.06 sits in the gap between the two classes of the labelled set
+  (``tests/data/shape_captions.jsonl``), where every caption labelled volatile has ``curve >= 0.8``; the
+  curvature keeps a smooth hump from 1 to 9.5 (large steps for its level) smooth. "Fluctuates",
+  "oscillates", "cycles", "goes up and down" (``pattern="reversals"``) hold when the series reverses at least
+  twice by a quarter of its range (three legs of a zigzag filter at 0.25).
 - **magnitude**: "slightly", "a small increase" hold when the move is smaller than half the range or than
   2% of the level; "sharply", "steeply", "suddenly" (pace) when a move of at least half the range that way
   happens within 15% of the window (at least 3 steps), in the claim's region if it names one, and for an
   overall direction the direction holds too; "strongly", "a large jump", "substantially" (size, not pace)
   when a move that way spans at least half the range, and for an overall direction when ``|c| >= 2`` (the
-  trend line explains at least a third of the variance); "doubles" (x1.8-2.25), "triples" (x2.7-3.3), "halves"
-  (x0.4-0.6), "by 40 percent", "a 9 percent gain" and "by about a fifth" (±max(5, 25% of the figure)
-  points) compare the last value with the first.
+  trend line explains at least a third of the variance); "doubles" (x1.8-2.25), "triples" (x2.7-3.3),
+  "halves" (x0.4-0.6), "by 40 percent", "a 9 percent gain" and "by about a fifth" (±max(5, 25% of the
+  figure) points) compare the last value with the first. A "slightly" inside a sequence with no place
+  ("... before dipping slightly") is not checked: nothing says which stretch it measures.
+
+Windows longer than 64 values are read as their 64-point chart (block means) for stretches, sequences,
+dips and "steadily"/"flat" checks: the shape a person reads, at the cost of a 64-value window.
 
 Colours: green = the series supports the claim, red = it contradicts it (a hedge is always red), gray =
 nothing checkable (a series too short for the claim). Tolerances are constants of this module, not
 settings: changing one changes what every reward and check means, so it is a code change with a measured
 table (``bench/bench_shape_claims.py``).
 
-Kept out on purpose: claims about rates of change ("accelerating", "faster in the second half"), counts
-("three waves"), fractions ("by about a third"), comparisons of peaks ("growing peaks"), stated ranges
-("between 650 and 1170"), pace words used alone ("gradual increase"): they extract nothing, so they are
-neither paid nor penalised.
+Not read (they extract nothing, so they are neither paid nor penalised): rates of change ("accelerating",
+"faster in the second half"), counts ("three waves"), comparisons ("growing peaks", "ends lower than it
+starts"), stated ranges ("between 650 and 1170"); pace words ("gradual increase") qualify a direction but are
+not magnitude claims. ``docs/claims.md`` lists the measured misses.
 
 This module has no dependency on ``judges.claims``: extraction returns the keyword arguments of a
 ``Claim`` and checks read a claim's attributes, so ``judges.claims`` can import it without a circle.
@@ -79,27 +96,35 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import pairwise
 from typing import Any, Protocol
 
 import numpy as np
 
+from captionrl.domains.describe import UP_C, direction_measures
+
 SHAPE_KINDS = ("trend", "hedge", "extremum", "stretch", "volatility", "magnitude")
 
 # ----------------------------------------------------------------------------------------- tolerances
-UP_C = 0.5            # c = slope * (n - 1) / std: "rises" from here (the describer's rule)
+# UP_C = 0.5 (domains.describe): c = slope * (n - 1) / std: "rises" from here, the describer's own rule
 FLAT_C = 1.25         # "no clear trend" up to here
-LEVEL_SPREAD = 0.10   # "flat"/"stable": range within 10% of the level
+LEVEL_SPREAD = 0.10   # "flat"/"stable": range within 10% of the level...
+LEVEL_MOVE = 0.5      # ...and no stretch moving half the range (a hump in a high-level series is not flat)
 STRICT_BACK = 0.25    # "steadily"/"throughout": largest counter-move, share of the range
 TIE = 0.05            # an extremum's near-tie, share of the range
 LEVEL_Q = 0.25        # "starts high": top quarter of the range
 MOVE = 0.20           # a stretch moves at least this share of the range...
 MOVE_GENTLE = 0.05    # ...or this with "slowly", "gradually", "gently"
 BACK = 0.25           # ...with no counter-move over this share
-FLAT_SPAN = 0.30      # a flat stretch spans at most this share of the range
+FLAT_SPAN = 0.30      # a flat stretch spans at most this share of the range, and at most half what a
+FLAT_PACE = 0.75       #   steady full-range trend moves over as many steps (floor FLAT_MIN): a steady rise
+FLAT_MIN = 0.10       #   has no "flat" three steps
 LEVEL_NET = 0.30      # a "fluctuates at a lower level" stretch: net move at most this share
 MARGIN = 0.20         # a sequence may leave this share of the window uncovered at either end
 PROMINENCE = 0.15     # a dip / spike stands out by this share of the range
-VOLATILE = 0.06       # nu = mean |step| / level: volatile at or above, smooth at or below
+VOLATILE = 0.06       # nu = mean |step| / level: volatile at or above, smooth at or below...
+CURVE = 0.5           # ...and mean |second difference| / mean |step| over this (below: a smooth curve)
+CHART_POINTS = 64     # stretches, sequences and dips of a longer window are read on its 64-point chart
 REVERSAL = 0.25       # zigzag threshold (share of the range) for "fluctuates"
 SLIGHT = 0.5          # a slight move: under half the range...
 SLIGHT_LEVEL = 0.02   # ...or under 2% of the level
@@ -113,6 +138,7 @@ REGIONS: dict[str, tuple[float, float]] = {
     "start": (0.0, 0.2), "early": (0.0, 1 / 3), "first quarter": (0.0, 0.25), "first third": (0.0, 1 / 3),
     "first half": (0.0, 0.5), "middle": (0.25, 0.75), "second half": (0.5, 1.0), "last third": (2 / 3, 1.0),
     "last quarter": (0.75, 1.0), "late": (2 / 3, 1.0), "end": (0.8, 1.0),
+    "a third in": (0.2, 0.45), "two thirds in": (0.55, 0.8), "three quarters in": (0.65, 0.85),
 }
 
 
@@ -138,7 +164,9 @@ class SeriesShape:
     rng: float         # max - min
     level: float       # mean |v|
     c: float           # least-squares change over the window, in standard deviations
+    net: float         # last tenth minus first tenth (mean values)
     nu: float          # mean |step| / max(level, range / 2)
+    curve: float       # mean |second difference| / mean |step| (small: a smooth curve)
     legs: int          # zigzag legs at REVERSAL of the range
 
     @property
@@ -176,7 +204,7 @@ def _zigzag_legs(u: np.ndarray, threshold: float) -> int:
     return legs
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=128)
 def _measure(raw: bytes) -> SeriesShape:
     v = np.frombuffer(raw, dtype=float)
     n = len(v)
@@ -188,12 +216,13 @@ def _measure(raw: bytes) -> SeriesShape:
         s = (padded[:-2] + padded[1:-1] + padded[2:]) / 3
     else:
         s = u.copy()
-    sd = float(v.std())
-    c = float(np.polyfit(np.arange(n, dtype=float), v, 1)[0]) * (n - 1) / sd if n >= 2 and sd > 0 else 0.0
+    c, net = direction_measures(v)
     level = float(np.abs(v).mean())
     denom = max(level, rng / 2)
-    nu = float(np.abs(np.diff(v)).mean()) / denom if n >= 2 and denom > 0 else 0.0
-    return SeriesShape(v=v, u=u, s=s, rng=rng, level=level, c=c, nu=nu,
+    steps = np.abs(np.diff(v))
+    nu = float(steps.mean()) / denom if n >= 2 and denom > 0 else 0.0
+    curve = float(np.abs(np.diff(v, 2)).mean() / steps.mean()) if n >= 3 and steps.mean() > 0 else 0.0
+    return SeriesShape(v=v, u=u, s=s, rng=rng, level=level, c=c, net=net, nu=nu, curve=curve,
                        legs=_zigzag_legs(u, REVERSAL) if n >= 3 else 0)
 
 
@@ -203,6 +232,16 @@ def measure(series: Any) -> SeriesShape:
     return _measure(v.tobytes())
 
 
+def chart(sh: SeriesShape) -> SeriesShape:
+    """The measures of the window as a chart shows it: block means down to ``CHART_POINTS`` values (the
+    window itself when shorter), so that a stretch or sequence check on 512 values costs what it costs on 64
+    and reads the shape a person reads, not every wiggle."""
+    if sh.n <= CHART_POINTS:
+        return sh
+    edges = np.linspace(0, sh.n, CHART_POINTS + 1).round().astype(int)
+    return measure(np.array([sh.v[a:b].mean() for a, b in pairwise(edges)]))
+
+
 # ------------------------------------------------------------------------------------- vocabulary
 _NUM = r"-?\d+(?:,\d{3})*(?:\.\d+)?"
 _W = r"(?:[a-z]+\s+){0,2}?"  # up to two words in between
@@ -210,12 +249,14 @@ UP = (r"ris(?:e|es|ing|en)|rose|increas(?:e|es|ed|ing)|climb(?:s|ed|ing)?|grow(?
       r"go(?:es)?\s+up|went\s+up|going\s+up|upward(?:s)?|uptick|upswing|gain(?:s|ed|ing)?|"
       r"recover(?:s|ed|ing|y)?|rebound(?:s|ed|ing)?|pick(?:s|ed)?\s+up|jump(?:s|ed|ing)?|surg(?:e|es|ed|ing)|"
       r"soar(?:s|ed|ing)?|rall(?:y|ies|ied|ying)|advanc(?:e|es|ed|ing)|spik(?:es|ed|ing)|"
-      r"(?:trends?|trending|heads?|heading|moves?|moving|edges?|edging|ticks?|ticking)\s+(?:up|upwards?|higher)")
+      r"(?:trends?|trending|heads?|heading|moves?|moving|edges?|edging|ticks?|ticking|steps?|stepping)\s+"
+      r"(?:up|upwards?|higher)")
 DOWN = (r"fall(?:s|ing|en)?|fell|declin(?:e|es|ed|ing)|decreas(?:e|es|ed|ing)|drop(?:s|ped|ping)?|"
         r"go(?:es)?\s+down|went\s+down|going\s+down|downward(?:s)?|downtick|downswing|slump(?:s|ed)?|"
         r"plung(?:e|es|ed|ing)|tumbl(?:e|es|ed|ing)|sink(?:s|ing)?|sank|shrink(?:s|ing)?|shrank|"
         r"slid(?:e|es|ing)?|crash(?:es|ed)?|collaps(?:e|es|ed)|dips|dipped|dipping|"
-        r"(?:trends?|trending|heads?|heading|moves?|moving|edges?|edging|ticks?|ticking)\s+(?:down|downwards?|lower)|"
+        r"(?:trends?|trending|heads?|heading|moves?|moving|edges?|edging|ticks?|ticking|steps?|stepping)\s+"
+        r"(?:down|downwards?|lower)|easing|eases|eased|"
         r"(?:settl|eas)(?:e|es|ed|ing)\s+(?:back|down|lower|off)|falls?\s+back|fell\s+back")
 FLAT = (r"flat(?:tens|tened|tening|ten)?|stable|stabili[sz](?:e|es|ed|ing)|unchanged|constant|"
         r"levels?\s+off|levelling\s+off|leveling\s+off|levelled\s+off|leveled\s+off|plateau(?:s|ed)?|"
@@ -258,6 +299,8 @@ _RX = {
                            r"(?P<x>peak|maximum|max|highest|high|top|lowest|low|minimum|min|trough|bottom)\b", re.I),
     "level_adj": re.compile(r"(?<!stays )(?<!remains )(?<!stay )(?<!remain )(?<!stayed )\b(?P<hl>high|low)\s+"
                             r"(?=(?:at|in|near|towards?|during)\s+the\b|at\s+first|early|late|initially)", re.I),
+    "whole": re.compile(r"\bfrom\s+(?:the\s+)?(?:very\s+)?(?:start|beginning|first\s+value)\s+to\s+(?:the\s+)?"
+                        r"(?:very\s+)?(?:finish|end|last\s+value)\b", re.I),
     "level_word": re.compile(r"\bat\s+(?:the\s+)?(?:bottom|top)\b|\bnear\s+(?:the\s+)?(?:bottom|top)\b", re.I),
     "local": re.compile(r"\b(?:an?|one|the)\s+(?:(?:brief|sharp|sudden|small|slight|big|large|deep|short|"
                         r"notable|noticeable|single|quick|temporary|isolated|pronounced|(?P<adj>early|late|initial|"
@@ -286,27 +329,30 @@ _RX = {
                           r"wav(?:es|y)|cycl(?:e|es|ical|ic)|seesaw\w*)\b", re.I),
     "vol_low": re.compile(r"\bsmooth(?:ly|ed)?\b", re.I),
     "region": re.compile(
-        r"\b(?P<start>at\s+the\s+(?:very\s+)?(?:start|beginning|outset)|at\s+first|initially|in\s+the\s+first\s+few\s+\w+|"
-        r"the\s+first\s+few\s+\w+|from\s+the\s+(?:very\s+)?(?:start|beginning))\b|"
-        r"\b(?P<early>early(?:\s+on|\s+in\s+the\s+(?:window|series|period))?|in\s+the\s+(?:first|early|initial)\s+"
-        r"(?:part|stage|section|portion|phase|steps)|near\s+the\s+(?:start|beginning)|towards?\s+the\s+(?:start|beginning)|"
-        r"in\s+the\s+beginning|(?:at|in)\s+the\s+(?:start|beginning)\s+of\s+the\s+(?:window|series))\b|"
-        r"\b(?P<fq>(?:in\s+the\s+)?first\s+quarter)\b|\b(?P<ft>(?:in\s+the\s+)?first\s+third)\b|"
-        r"\b(?P<fh>(?:in\s+the\s+|during\s+the\s+|over\s+the\s+)?first\s+half|(?:before|until|up\s+to|by)\s+the\s+"
+        r"\b(?P<start>at\s+(?:the\s+)?(?:very\s+)?(?:start|beginning|outset)|at\s+first|initially|in\s+(?:the\s+)?first\s+few\s+\w+|"
+        r"the\s+first\s+few\s+\w+|from\s+(?:the\s+)?(?:very\s+)?(?:start|beginning))\b|"
+        r"\b(?P<early>early(?:\s+on|\s+in\s+(?:the\s+)?(?:window|series|period))?|in\s+(?:the\s+)?(?:first|early|initial)\s+"
+        r"(?:part|stage|section|portion|phase|steps)|near\s+(?:the\s+)?(?:start|beginning)|towards?\s+(?:the\s+)?(?:start|beginning)|"
+        r"in\s+(?:the\s+)?beginning|(?:at|in)\s+(?:the\s+)?(?:start|beginning)\s+of\s+(?:the\s+)?(?:window|series))\b|"
+        r"\b(?P<fq>(?:in\s+(?:the\s+)?)?first\s+quarter)\b|\b(?P<ft>(?:in\s+(?:the\s+)?)?first\s+third)\b|"
+        r"\b(?P<fh>(?:in\s+(?:the\s+)?|during\s+(?:the\s+)?|over\s+(?:the\s+)?)?first\s+half|(?:before|until|up\s+to|by)\s+(?:the\s+)?"
         r"(?:middle|midpoint|half-?way\s+point))\b|"
-        r"\b(?P<sh>(?:in\s+the\s+|during\s+the\s+|over\s+the\s+)?(?:second|latter|later)\s+half|(?:after|from)\s+"
+        r"\b(?P<sh>(?:in\s+(?:the\s+)?|during\s+(?:the\s+)?|over\s+(?:the\s+)?)?(?:second|latter|later)\s+half|(?:after|from)\s+"
         r"the\s+(?:middle|midpoint))\b|"
-        r"\b(?P<lt>(?:in\s+the\s+)?(?:last|final)\s+third)\b|\b(?P<lq>(?:in\s+the\s+)?(?:last|final)\s+quarter)\b|"
-        r"\b(?P<middle>(?:in|around|near|through|towards?)\s+the\s+(?:middle|center|centre)|midway|half-?way|"
+        r"\b(?P<lt>(?:in\s+(?:the\s+)?)?(?:last|final)\s+third)\b|\b(?P<lq>(?:in\s+(?:the\s+)?)?(?:last|final)\s+quarter)\b|"
+        r"\b(?P<third>(?:about\s+|around\s+|roughly\s+)?(?:a|one)\s+third\s+of\s+(?:the\s+)?way(?:\s+(?:in|through|along))?)\b|"
+        r"\b(?P<twothirds>(?:about\s+|around\s+|roughly\s+)?two[\s-]+thirds\s+of\s+(?:the\s+)?way(?:\s+(?:in|through|along))?)\b|"
+        r"\b(?P<threeq>(?:about\s+|around\s+|roughly\s+)?three[\s-]+quarters\s+of\s+(?:the\s+)?way(?:\s+(?:in|through|along))?)\b|"
+        r"\b(?P<middle>(?:in|around|near|through|towards?)\s+(?:the\s+)?(?:middle|center|centre)|midway|half-?way|"
         r"mid-?(?:window|series|way|point|period)|the\s+middle)\b|"
-        r"\b(?P<end>at\s+the\s+(?:very\s+)?(?:end|close)(?:\s+of\s+the\s+(?:window|series|period))?|by\s+the\s+end|"
-        r"finally|in\s+the\s+(?:last|final)\s+few\s+\w+|the\s+(?:last|final)\s+few\s+\w+)\b|"
-        r"\b(?P<late>near\s+the\s+end|towards?\s+the\s+end|late(?:r)?(?:\s+on|\s+in\s+the\s+(?:window|series|period))?|"
-        r"in\s+the\s+(?:last|final|late|later|closing)\s+(?:part|stage|section|portion|phase|steps)|"
-        r"close\s+to\s+the\s+end|(?:in|at)\s+the\s+end\s+of\s+the\s+(?:window|series|period)|end\s+of\s+the\s+"
+        r"\b(?P<end>at\s+(?:the\s+)?(?:very\s+)?(?:end|close)(?:\s+of\s+(?:the\s+)?(?:window|series|period))?|by\s+(?:the\s+)?end|"
+        r"finally|in\s+(?:the\s+)?(?:last|final)\s+few\s+\w+|the\s+(?:last|final)\s+few\s+\w+)\b|"
+        r"\b(?P<late>near\s+(?:the\s+)?end|towards?\s+(?:the\s+)?end|late(?:r)?(?:\s+on|\s+in\s+(?:the\s+)?(?:window|series|period))?|"
+        r"in\s+(?:the\s+)?(?:last|final|late|later|closing)\s+(?:part|stage|section|portion|phase|steps)|"
+        r"close\s+to\s+(?:the\s+)?end|(?:in|at)\s+(?:the\s+)?end\s+of\s+(?:the\s+)?(?:window|series|period)|end\s+of\s+(?:the\s+)?"
         r"(?:window|series|period))\b", re.I),
-    "sep": re.compile(r"\bthen\b|\bfollowed\s+by\b|\bbefore\b(?!\s+the\s+(?:middle|end|start|beginning))|\bafter\s+which\b|\bafterwards?\b|,|:|\band\s+then\b",
-                      re.I),
+    "sep": re.compile(r"\bthen\b|\bfollowed\s+by\b|\bbefore\b(?!\s+the\s+(?:middle|end|start|beginning))|"
+                      r"\bafter\s+which\b|\bafterwards?\b|,|:|\band\s+then\b", re.I),
     "with": re.compile(r"\b(?:with|showing|featuring|including)\b", re.I),
     "step": re.compile(r"\b(?:steps?|t\s*=|time(?:\s*step)?s?|index|indices|positions?|points?|x\s*=)\s*\d+", re.I),
     "target": re.compile(rf"\s*(?:(?:sharply|steeply|slightly|steadily|gradually|quickly|slowly|rapidly|suddenly|"
@@ -322,7 +368,8 @@ _RX = {
 }
 _REGION_GROUPS = {"start": "start", "early": "early", "fq": "first quarter", "ft": "first third",
                   "fh": "first half", "sh": "second half", "lt": "last third", "lq": "last quarter",
-                  "middle": "middle", "end": "end", "late": "late"}
+                  "middle": "middle", "end": "end", "late": "late", "third": "a third in",
+                  "twothirds": "two thirds in", "threeq": "three quarters in"}
 _ADJ_REGION = {"early": "early", "initial": "start", "late": "late", "final": "end"}
 _SENTENCE = re.compile(r"(?:[^.;!?]|\.(?=\d))+[.;!?]*")
 
@@ -425,10 +472,12 @@ def _sentence_claims(caption: str, a: int, b: int, base: int) -> list[dict[str, 
         region = ("first point" if first else "last point") if near else ("first tenth" if first else "last tenth")
         events.append(_Event("ext", m.start(), m.end(), value=stat, region=region))
         events[-1].strict = near
+        _ext_value(events[-1], text, used)
     for m in take("level_adj"):
         events.append(_Event("ext", m.start(), m.end(), value="max" if m.group("hl").lower() == "high" else "min"))
         events[-1].strict = True
     take("level_word")  # "flat at the bottom": a level, not the minimum
+    events.extend(_Event("steady", m.start(), m.end()) for m in take("whole"))  # "from start to finish"
     for m in take("local"):
         x = m.group("x").lower()
         events.append(_Event("local", m.start(), m.end(), value="min" if x == "dip" else "max",
@@ -441,11 +490,7 @@ def _sentence_claims(caption: str, a: int, b: int, base: int) -> list[dict[str, 
         stat = "max" if re.match(r"peak|highest|max|top|high|tallest", x) else "min"
         adj = (m.group("adj") or m.group("adj2") or "").lower()
         ev = _Event("ext", m.start(), m.end(), value=stat, region=_ADJ_REGION.get(adj))
-        vm = _RX["ext_value"].match(text, m.end())
-        if vm:
-            ev.ext_value = _num(vm.group("x"))
-            used.append((vm.start("x"), vm.end("x")))
-            ev.end = vm.end()
+        _ext_value(ev, text, used)
         events.append(ev)
     for m in take("dir"):
         ev = _Event("dir", m.start(), m.end(), value=_direction(m.group("d")))
@@ -488,6 +533,15 @@ def _sentence_claims(caption: str, a: int, b: int, base: int) -> list[dict[str, 
     claims.extend(_build(events, shapes, text, caption, a))
     claims.sort(key=lambda c: c["start"])
     return claims
+
+
+def _ext_value(ev: _Event, text: str, used: list[tuple[int, int]]) -> None:
+    """The value an extremum states right after it ("a peak of 6.07", "its maximum of 5 at step 0")."""
+    vm = _RX["ext_value"].match(text, ev.end)
+    if vm:
+        ev.ext_value = _num(vm.group("x"))
+        used.append((vm.start("x"), vm.end("x")))
+        ev.end = vm.end()
 
 
 def _ratio_degree(m: re.Match[str]) -> str:
@@ -612,32 +666,29 @@ def _build(events: list[_Event], shapes: list[tuple[re.Match[str], list[str]]], 
             segs.extend([(ev, "up"), (ev, "down")])
         elif ev.kind == "local" and dirs:
             segs.extend([(ev, "down"), (ev, "up")] if ev.value == "min" else [(ev, "up"), (ev, "down")])
-        elif ev.kind == "ext" and not ev.strict and not segs and ev.region and any(e.kind == "dir" for e in seq_events
-                                                                  if e.start > ev.start):
-            between = [e for e in events if ev.end <= e.start and e.kind == "sep"]
-            if between:  # "peaks early, then declines": the implied stretch up to the peak
-                segs.append((ev, "up" if ev.value == "max" else "down"))
-    n_dirs = sum(1 for _, d in segs)
-    if n_dirs >= 2 and sum(1 for ev, _ in segs if ev.kind == "dir") >= 1:
-        merged: list[tuple[_Event, str]] = []
-        for ev, d in segs:
-            if merged and merged[-1][1] == d:
-                continue
+        elif (ev.kind == "ext" and not ev.strict and ev.region
+              and any(e.kind == "dir" and e.start > ev.start for e in seq_events)
+              and not any(e.kind == "dir" and e.seg == ev.seg for e in seq_events)):
+            # "peaks early, then declines", "bottoms out early, peaks late, then eases off": an extremum
+            # standing alone between separators, before a stated move, ends a stretch up to it (down to it)
+            segs.append((ev, "up" if ev.value == "max" else "down"))
+    merged: list[tuple[_Event, str]] = []
+    for ev, d in segs:  # consecutive stretches the same way are one ("increases ..., highest near the end")
+        if not (merged and merged[-1][1] == d):
             merged.append((ev, d))
-        if len(merged) >= 2:
-            parts = []
-            for ev, d in merged:
-                tag = d + (f"@{ev.region}" if ev.region and ev.kind in ("dir", "revseg") else "")
-                tag += "^" if ev.kind == "dir" and ev.region and ev.ends_in else ""
-                tag += "!" if ev.kind == "dir" and ev.sharp else "~" if ev.kind == "dir" and (ev.gentle or ev.slight) else ""
-                parts.append(tag)
-            s0, e0 = merged[0][0].start, max(ev.end for ev, _ in merged)
-            claim("stretch", s0, e0, pattern="seq:" + ">".join(parts))
-        single: list[_Event] = []
+    single: list[_Event] = []
+    if len(merged) >= 2 and any(ev.kind == "dir" for ev, _ in segs):
+        parts = []
+        for ev, d in merged:
+            tag = d + (f"@{ev.region}" if ev.region and ev.kind in ("dir", "revseg", "ext") else "")
+            tag += "^" if ev.region and (ev.kind == "ext" or (ev.kind == "dir" and ev.ends_in)) else ""
+            tag += "!" if ev.kind == "dir" and ev.sharp else "~" if ev.kind == "dir" and (ev.gentle or ev.slight) else ""
+            parts.append(tag)
+        s0, e0 = merged[0][0].start, max(ev.end for ev, _ in merged)
+        claim("stretch", s0, e0, pattern="seq:" + ">".join(parts))
     elif shapes and not [e for e in dirs if not e.feature]:
         for m, pattern in shapes:
             claim("stretch", m.start(), m.end(), pattern="seq:" + ">".join(pattern))
-        single = []
     else:
         single = [ev for ev, d in segs if ev.kind == "dir" and ev.target is None and not ev.step]
     for ev in single + features:
@@ -686,26 +737,35 @@ def check_shape(claim: ClaimLike, series: Any, tolerance: float = 0.35) -> tuple
 
 
 def _check_trend(claim: ClaimLike, sh: SeriesShape, _tol: float) -> tuple[bool | None, str]:
-    d, c = claim.direction, sh.c
+    d, c, net = claim.direction, sh.c, sh.net
     if sh.rng == 0:
         return d == "flat", "the series is constant"
+    disagree = (c > 0) != (net > 0) or net == 0
+    why = (f"trend c={c:+.2f} std, last tenth {'above' if net > 0 else 'below' if net < 0 else 'level with'} "
+           f"the first (up: c >= {UP_C} and ends above; no clear trend: |c| <= {FLAT_C} or the two disagree)")
     if d == "up":
-        ok = c >= UP_C
+        ok = c >= UP_C and net > 0
     elif d == "down":
-        ok = c <= -UP_C
+        ok = c <= -UP_C and net < 0
     elif d == "flat":
-        ok = abs(c) <= FLAT_C
+        ok = abs(c) <= FLAT_C or disagree
         if claim.pattern in ("level", "strict") and ok:
             spread = sh.rng / sh.level if sh.level > 0 else float("inf")
-            ok = spread <= LEVEL_SPREAD
-            return ok, f"trend c={c:.2f} std, range {spread:.1%} of the level (flat: |c| <= {FLAT_C}, <= 10%)"
+            moves = [x for x in ("up", "down") if _any_stretch(chart(sh), x, LEVEL_MOVE)]
+            ok = spread <= LEVEL_SPREAD and not moves
+            return ok, (f"{why}; range {spread:.1%} of the level (flat: <= {LEVEL_SPREAD:.0%})"
+                        + (f"; a stretch {moves[0]} by {LEVEL_MOVE:.0%} of the range" if moves else ""))
     else:
         return None, "no direction"
-    why = f"trend c={c:.2f} std over the window (up >= {UP_C}, down <= -{UP_C}, no clear trend |c| <= {FLAT_C})"
     if ok and claim.pattern == "strict" and d in ("up", "down"):
-        ok = _feasible(sh, d, 0, sh.n - 1, back=STRICT_BACK)
+        ok = _feasible(chart(sh), d, 0, chart(sh).n - 1, back=STRICT_BACK)
         why += "; one monotone stretch" if ok else f"; a counter-move over {STRICT_BACK:.0%} of the range"
     return ok, why
+
+
+def _any_stretch(sh: SeriesShape, d: str, move: float) -> bool:
+    """Whether some stretch of the (smoothed) series moves ``d`` by ``move`` of the range."""
+    return any(_feasible(sh, d, i, j, move=move) for i in range(sh.n) for j in range(i + 1, sh.n))
 
 
 def _check_extremum(claim: ClaimLike, sh: SeriesShape, _tol: float) -> tuple[bool | None, str]:
@@ -727,7 +787,7 @@ def _tables(sh: SeriesShape) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
     return _tables_of(sh.s.tobytes())
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=64)
 def _tables_of(raw: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     s = np.frombuffer(raw, dtype=float)
     n = len(s)
@@ -754,7 +814,8 @@ def _feasible(sh: SeriesShape, d: str, i: int, j: int, *, back: float = BACK, mo
         return s[i] - s[j] >= move and rise[i, j] <= back
     if d == "flat":
         seg = sh.u[i:j + 1]
-        return j - i >= 2 and float(seg.max() - seg.min()) <= FLAT_SPAN
+        span = min(FLAT_SPAN, max(FLAT_MIN, FLAT_PACE * (j - i) / (sh.n - 1)))
+        return j - i >= 2 and float(seg.max() - seg.min()) <= span
     if d == "level":
         return abs(s[j] - s[i]) <= LEVEL_NET and j - i >= 2
     return False
@@ -767,6 +828,8 @@ def _overlaps(i: int, j: int, r0: int, r1: int) -> bool:
 
 def _check_stretch(claim: ClaimLike, sh: SeriesShape, tol: float) -> tuple[bool | None, str]:
     pattern = claim.pattern or ""
+    if pattern not in ("move", "move-from"):  # a move to a stated value reads the values themselves
+        sh = chart(sh)
     if pattern.startswith("seq:"):
         return _check_sequence(pattern[4:].split(">"), sh)
     if pattern == "local":
@@ -809,7 +872,9 @@ def _check_sequence(parts: list[str], sh: SeriesShape) -> tuple[bool | None, str
     if len(segs) > max(2, n // 2):
         return None, "more stretches than the series can hold"
     margin = int(np.floor(MARGIN * (n - 1)))
-    start_bound = max(margin, segs[0][1][0] if segs[0][1] and not segs[0][3] else 0)
+    # a first stretch the caption places ("flat in the second half, before a late recovery") may start anywhere
+    # up to its region's end (it must still overlap the region by half); otherwise within the margin
+    start_bound = max(margin, segs[0][1][1] - 1 if segs[0][1] and not segs[0][3] else 0)
     end_bound = min(n - 1 - margin, segs[-1][1][1] if segs[-1][1] else n - 1)
     hi, lo, _, _ = _tables(sh)
     reach = np.zeros(n, dtype=bool)
@@ -878,8 +943,10 @@ def _check_volatility(claim: ClaimLike, sh: SeriesShape, _tol: float) -> tuple[b
     if claim.pattern == "reversals":
         return sh.legs >= 3, f"{sh.legs} zigzag legs at {REVERSAL:.0%} of the range (fluctuates: >= 3)"
     if claim.pattern in ("high", "low"):
-        ok = sh.nu >= VOLATILE if claim.pattern == "high" else sh.nu <= VOLATILE
-        return ok, f"mean step {sh.nu:.3f} of the level (volatile >= {VOLATILE}, smooth <= {VOLATILE})"
+        volatile = sh.nu >= VOLATILE and sh.curve > CURVE
+        ok = volatile if claim.pattern == "high" else not volatile
+        return ok, (f"mean step {sh.nu:.3f} of the level, curvature {sh.curve:.2f} (volatile: >= {VOLATILE} "
+                    f"and > {CURVE})")
     return None, "unknown volatility claim"
 
 

@@ -31,7 +31,7 @@ as OpenRLHF 0.11 and verl's reward loop then still fill the verifier's batches),
 ``GET /health`` reports the queue, the counts (unscored, retries, outages, refused) and, for a
 replicated openai verifier, each replica's state.
 
-verl: ``custom_reward_function.path`` = ``captionrl/serve/client.py``, ``name: compute_score_async``
-(or ``compute_score``), the URL in ``custom_reward_function.reward_kwargs.url``. OpenRLHF 0.11:
+verl 0.9.1: ``reward.custom_reward_function.path=pkg://captionrl.serve.client``, ``name: compute_score_async``
+(or ``compute_score``), the URL in ``+reward.custom_reward_function.reward_kwargs.url``. OpenRLHF 0.11:
 ``--reward.remote_url http://HOST:PORT/reward``. Launch lines for both: ``docs/engines.md``.
 """

@@ -1,7 +1,8 @@
 """A trainer-side client of the reward service: verl's ``compute_score`` / ``compute_score_async``.
 
-Use as verl's ``custom_reward_function.path`` (see ``docs/engines.md``). The service URL comes from
-``custom_reward_function.reward_kwargs.url`` (verl passes it to every call) or ``CAPTIONRL_REWARD_URL``
+Use as verl's reward function (0.9.1: ``reward.custom_reward_function.path=pkg://captionrl.serve.client``,
+see ``docs/engines.md``). The service URL comes from ``+reward.custom_reward_function.reward_kwargs.url``
+(verl passes it to every call) or ``CAPTIONRL_REWARD_URL``
 (``http://HOST:PORT``). verl's reward loop calls once per sample, many at once; the service pools the
 concurrent calls into one judge batch.
 
@@ -37,7 +38,7 @@ def _url(kwargs: dict[str, Any]) -> str:
     url = kwargs.get("url") or os.environ.get(URL_ENV)
     if not url:
         raise ConfigError(URL_ENV, url, "the reward service's URL is not set",
-                          f"set +custom_reward_function.reward_kwargs.url=http://HOST:PORT or export {URL_ENV} "
+                          f"set +reward.custom_reward_function.reward_kwargs.url=http://HOST:PORT or export {URL_ENV} "
                           "(start the service with captionrl serve reward)")
     return str(url).rstrip("/") + "/reward"
 

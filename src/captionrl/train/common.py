@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from captionrl.backends import BackendConfig
     from captionrl.rewards.bound import RewardBound
 
-RESUME_SAFE_KEYS = ("train.threads", "train.report_to", "train.logging_steps", "train.max_steps",
+RESUME_SAFE_KEYS = ("train.threads", "train.report_to", "train.logging_steps", "train.max_steps", "train.memory_plan",
                     "train.resume", "eval", "check", "build_rubrics",
                     "reward.max_unscored_frac", "reward.unscored_patience", "reward.max_fallback_frac")
 """Settings that may change between an interrupted run and its resume (they do not change what was
@@ -54,8 +54,12 @@ class PolicyConfig:
     lora_target_modules: str | list[str] = help_field("all-linear", "modules that get LoRA adapters: 'all-linear' or a list of module names")
     dtype: str = help_field("auto", "weights dtype when loading: auto (float32 for trained weights; bf16 speed comes from train.bf16 autocast), float32, bfloat16 or float16")
     trust_remote_code: bool = help_field(False, "allow model repositories' own Python code")
+    attn_implementation: str | None = help_field(None, "attention kernel of the trained policy: null (transformers' default: sdpa), sdpa, eager, or flash_attention_2 (needs the flash-attn package, which builds from source against your CUDA torch)")
 
     def __post_init__(self) -> None:
+        if self.attn_implementation not in (None, "sdpa", "eager", "flash_attention_2", "flash_attention_3"):
+            raise ConfigError("policy.attn_implementation", self.attn_implementation, "unknown attention implementation",
+                              "use null (transformers' default), sdpa, eager or flash_attention_2")
         if self.input not in ("auto", "numbers", "chart"):
             raise ConfigError("policy.input", self.input, "unknown captioner input", "use numbers, chart or auto")
         if self.dtype not in ("float32", "bfloat16", "float16", "auto"):
@@ -80,6 +84,7 @@ class _CaptionRLTrain:
     preflight_items: int = help_field(8, "reward preflight: training items on which an honest reference must beat every hacking probe before step 1 (0 = skip)")
     force_preflight: bool = help_field(False, "start training even when a hacking probe beats the honest reference in the reward preflight")
     preflight_margin: float = help_field(0.0, "reward preflight: every probe's mean reward must stay this far below the honest reference's (0: below it at all); a probe closer than this counts as winning")
+    memory_plan: str = help_field("refuse", "on CUDA, plan the GPU memory before anything loads (captionrl plan) and: refuse a plan that does not fit, naming the fix; warn and go on; or off")
 
     if TYPE_CHECKING:  # the TRL fields are added by make_dataclass below
         def __getattr__(self, name: str) -> Any: ...
@@ -109,10 +114,17 @@ class _CaptionRLTrain:
             raise ConfigError("train.preflight_margin", self.preflight_margin, "must be >= 0", "set 0 or e.g. 0.2")
         if self.resume not in ("auto", "off"):
             raise ConfigError("train.resume", self.resume, "unknown resume mode", "use auto or off")
+        check_memory_plan_mode(self.memory_plan)
         if self.threads is not None and self.threads < 1:
             raise ConfigError("train.threads", self.threads, "must be >= 1", "set train.threads: 1, or null")
         if isinstance(self.report_to, str):
             self.report_to = [] if self.report_to in ("none", "") else [self.report_to]
+        from captionrl.train.unscored import settings_problem
+
+        problem = settings_problem(self.algorithm, getattr(self, "loss_type", None),
+                                   getattr(self, "entropy_coef", None), getattr(self, "use_adaptive_entropy", None))
+        if problem is not None:
+            raise ConfigError(*problem)
         spg = self.steps_per_generation or self.gradient_accumulation_steps
         gen_batch = self.per_device_train_batch_size * spg
         if gen_batch % self.num_generations:
@@ -153,6 +165,11 @@ class GRPOTrainConfig(TrainConfig):
         super().__post_init__()
 
 
+def check_memory_plan_mode(mode: str) -> None:
+    if mode not in ("refuse", "warn", "off"):
+        raise ConfigError("train.memory_plan", mode, "unknown mode", "use refuse (the default), warn or off")
+
+
 # ---------------------------------------------------------------------- runtime
 def apply_threads(threads: int | None) -> None:
     """Set torch's CPU threads when the user asked for a number (never hard-coded: the user knows the box)."""
@@ -172,11 +189,13 @@ def quiet_offline_env(out_dir: str | Path) -> None:
 
 def probe_servers(servers: Sequence[tuple[BackendConfig, str]]) -> None:
     """Probe each (backend config, config field) a run needs: an OpenAI-compatible server that does not
-    answer, or does not serve the named model, stops the run before any model loads."""
-    from captionrl.backends.openai_http import probe_server
+    answer, or does not serve the named model, stops the run before any model loads. A server that is still
+    starting is waited for (``startup_timeout_s``; unset: ``TRAINING_WAIT_S``, 600 s): a training run is
+    often started together with its servers (``captionrl.backends.startup``)."""
+    from captionrl.backends.startup import TRAINING_WAIT_S, probe_server
 
     for cfg, field in servers:
-        probe_server(cfg, field)
+        probe_server(cfg, field, default_wait_s=TRAINING_WAIT_S)
 
 
 def cuda_available() -> bool:
@@ -202,6 +221,7 @@ def load_policy(policy: PolicyConfig) -> tuple[Any, Any, bool]:
     kw: dict[str, Any] = {"trust_remote_code": policy.trust_remote_code}
     if gguf:
         kw["gguf_file"] = gguf
+    check_attn_implementation(policy.attn_implementation)
     from captionrl.devices import record_dtype, resolve_dtype
 
     dtype, reason = resolve_dtype(policy.dtype, "cuda" if torch.cuda.is_available() else "cpu", training=True)
@@ -211,16 +231,31 @@ def load_policy(policy: PolicyConfig) -> tuple[Any, Any, bool]:
     if is_vlm:
         from transformers import AutoModelForImageTextToText
 
-        model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype, **kw)
+        model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype, **kw, **attn_kw(policy))
         processing = AutoProcessor.from_pretrained(path, **kw)
         tok = processing.tokenizer
     else:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw, **attn_kw(policy))
         processing = AutoTokenizer.from_pretrained(path, **kw)
         tok = processing
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return model, processing, is_vlm
+
+
+def attn_kw(policy: PolicyConfig) -> dict[str, Any]:
+    """``attn_implementation`` for ``from_pretrained`` when the config names one (else transformers chooses)."""
+    return {"attn_implementation": policy.attn_implementation} if policy.attn_implementation else {}
+
+
+def check_attn_implementation(name: str | None) -> None:
+    """FlashAttention needs its package: say so before the weights load, with both ways out."""
+    import importlib.util
+
+    if name == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        raise ConfigError("policy.attn_implementation", name, "the flash-attn package is not installed",
+                          "pip install flash-attn --no-build-isolation (builds against your CUDA torch), or set "
+                          "policy.attn_implementation: sdpa (the same attention; PyTorch's own fused kernels)")
 
 
 def lora_config(policy: PolicyConfig) -> Any:
@@ -293,6 +328,7 @@ def build_trainer(
     from captionrl.train.on_policy import reuse_on_policy_logprobs
     from captionrl.train.shared_prefix import share_prompt_forward
     from captionrl.train.timing import install_step_timer
+    from captionrl.train.unscored import exclude_unscored
 
     if train.shared_prompt_forward:  # patched first: the on-policy shortcut wraps whichever pass is in place
         why_not = share_prompt_forward(trainer)
@@ -301,6 +337,9 @@ def build_trainer(
     reason = reuse_on_policy_logprobs(trainer)  # RLOO on-policy: no old-policy pass, as GRPO does
     if reason and is_main_process():
         logger.info(f"old-policy log-probs: not recomputed, {reason}")
+    note = exclude_unscored(trainer)  # a verifier outage must not dilute the scored samples' loss
+    if is_main_process():
+        logger.info(note)
     install_step_timer(trainer, train.out_dir)  # time/* metrics per step, timing.json at the end
     if bound is not None:
         from captionrl.train.callbacks import RewardBoundCallback

@@ -132,7 +132,7 @@ class LineupRecipe(Recipe):
 
     def rows(self, run: Run, split: str = "train") -> list[dict[str, Any]]:
         rows = run.data.rows[split]
-        return add_charts(rows, self.cfg.data.instruction) if self.use_chart else list(rows)
+        return add_charts(rows, self.cfg.data.instruction, self.cfg.data.chart_size) if self.use_chart else list(rows)
 
     def train_dataset(self, run: Run) -> Any:
         from datasets import Dataset

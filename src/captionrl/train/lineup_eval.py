@@ -49,7 +49,7 @@ def select_checkpoint(cfg: LineupConfig, data: LineupData, processing: Any, rewa
 
     from captionrl.records import RecordWriter, write_json
 
-    rows = add_charts(data.rows["val"], cfg.data.instruction) if use_chart else data.rows["val"]
+    rows = add_charts(data.rows["val"], cfg.data.instruction, cfg.data.chart_size) if use_chart else data.rows["val"]
     ckpts = sorted((p for p in (out / "checkpoints").glob("checkpoint-*") if (p / "trainer_state.json").exists()),
                    key=lambda p: int(p.name.split("-")[1]))
     sel = out / "selection"
@@ -111,7 +111,7 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
 
     rows = data.rows["test"]
     if use_chart:
-        rows = add_charts(rows, cfg.data.instruction)
+        rows = add_charts(rows, cfg.data.instruction, cfg.data.chart_size)
     max_new = cfg.train.max_completion_length
     clipped: dict[str, dict[str, bool]] = {"trained": {}, "initial": {}}
     systems = [CaptionSet("trained", generate_captions(policy, processing, rows, max_new, use_chart, "trained",

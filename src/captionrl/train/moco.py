@@ -29,7 +29,8 @@ The Policy's reward is the online rubric of the *current* Generator; the Generat
 is ``judge_weight * (mean Judge score of the current captions - mean score of the captions from
 policy_steps updates earlier) + format_weight * (rubric parses)``. Simplifications, stated: each phase
 builds a fresh trainer (Adam moments restart per phase), and an interrupted run resumes at the last
-completed phase (``evolm/state.pt`` + ``evolm/phases.jsonl``), redoing the phase it was in.
+completed phase (``evolm/state.pt`` + ``evolm/phases.jsonl``), redoing the phase it was in. EvoLM runs on
+the shared skeleton (``EvolmRecipe``): only its training step (the phases) and its save are its own.
 
 Multi-process note: a reward function sees only its own process's completions; a group split across
 processes gets one rubric per part, from that part's captions.
@@ -78,7 +79,7 @@ from captionrl.train.common import (
     PolicyConfig,
     run_summary,
 )
-from captionrl.train.skeleton import Recipe, Run, prepare, train
+from captionrl.train.skeleton import Recipe, Run, train
 
 logger = logging.getLogger(__name__)
 
@@ -481,11 +482,7 @@ def run(cfg: MocoConfig, wrap_roles: Callable[[RoleServer], RoleServer] | None =
     """Train (MoCo or EvoLM), save, plot; returns what the result file holds, with the step time.
     ``wrap_roles`` wraps the momentum role server (the rehearsal records which weights served each role
     request through it; a wrapper is entered inside the momentum's own serving context)."""
-    recipe = MocoRecipe(cfg, wrap_roles)
-    if cfg.method == "evolm":
-        prepared = prepare(recipe)
-        return run_evolm(cfg, prepared.out, prepared.model, prepared.processing, prepared.data,
-                         images=recipe.images.summary() if recipe.images else None)
+    recipe = EvolmRecipe(cfg) if cfg.method == "evolm" else MocoRecipe(cfg, wrap_roles)
     return train(recipe).result
 
 
@@ -609,80 +606,141 @@ def generator_rows(cfg: MocoConfig, rows: Sequence[Mapping[str, Any]], current: 
     return out
 
 
-def run_evolm(cfg: MocoConfig, out: Path, model: Any, processing: Any, rows: list[dict[str, Any]],
-              images: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Alternate Policy and Generator GRPO phases on one shared model; the Judge is a frozen initial copy."""
-    import torch
+class EvolmRecipe(MocoRecipe):
+    """EvoLM in the shared skeleton: MoCo's data and policy, but trained in phases (``fit``): alternating
+    Policy and Generator GRPO trainers on one shared model, the Judge a frozen copy of the initial model.
 
-    from captionrl.records import RecordWriter, write_json
-    from captionrl.train.curves import load_metrics, plot_curves
-    from captionrl.train.logging import MetricsLog
+    What the skeleton keeps: the run folder and its config check, the servers, the data, the policy, the
+    curves (``metrics.jsonl`` merged from the phases: Policy steps numbered across phases, Generator metrics
+    under ``generator/``), and ``result.json``. What EvoLM replaces: the training step (phases, resumed at the
+    last completed one from ``evolm/state.pt`` + ``evolm/phases.jsonl``) and the save (the shared model as it
+    stands: no trainer outlives its phase)."""
 
-    if cfg.policy.lora:
-        from peft import get_peft_model
+    title = "EvoLM"
+    curve_keys = EVOLM_KEYS
+    curve_smooth = 1
+    checkpoint_files = ()
 
-        model = get_peft_model(model, common.lora_config(cfg.policy))  # one adapter, trained by both phases
-    judge_model = copy.deepcopy(model)
-    for p in judge_model.parameters():
-        p.requires_grad_(False)
-    judge_model.eval()
-    ev = cfg.evolm
-    n_phases = math.ceil(cfg.train.max_steps / ev.policy_steps)
-    state_path = out / "evolm" / "state.pt"
-    phases = RecordWriter(out / "evolm" / "phases.jsonl")
-    captions = RecordWriter(out / "evolm" / "captions.jsonl")
-    done = sorted(int(k) for k in phases.done_keys)
-    if done and state_path.exists():
-        saved = torch.load(state_path, map_location="cpu", weights_only=True)
-        model.load_state_dict(saved, strict=False)
-        logger.info(f"resuming after EvoLM phase {done[-1]}")
-    records = RecordWriter(records_path(out))
-    roles = model_roles(model, judge_model, processing)
-    t0 = time.perf_counter()
-    policy_seconds = 0.0
-    earlier = snapshot_captions(model, processing, rows, ev.n_captions, 0, cfg, captions)
-    for phase in range(1, n_phases + 1):
-        if str(phase) in phases.done_keys:
-            earlier = snapshot_captions(model, processing, rows, ev.n_captions, phase, cfg, captions)
-            continue
-        steps = min(ev.policy_steps, cfg.train.max_steps - (phase - 1) * ev.policy_steps)
-        # Policy phase: online rubrics from the current Generator, fixed Judge.
-        pcfg = dataclasses.replace(cfg.train, out_dir=str(out / "evolm" / f"phase{phase}-policy"), max_steps=steps,
-                                   save_steps=10**9, resume="auto")
-        judge = OnlineRubricJudge(roles, cfg.rubric, judge_factory=cfg.judge.factory, records=records)
-        reward = MocoReward(judge, name="moco_rubric", log_fields=())
-        pt = common.build_trainer(pcfg, common.trainer_args(pcfg, seed=int(cfg.train.seed or 0) + phase), model,
-                                  processing, [reward], rows_dataset(rows),
-                                  callbacks=[MetricsLog(Path(pcfg.out_dir) / "metrics.jsonl")], bound=cfg.reward)
-        tp = time.perf_counter()
-        pt.train()
-        policy_seconds += time.perf_counter() - tp
-        current = snapshot_captions(model, processing, rows, ev.n_captions, phase, cfg, captions)
-        # Generator phase: rubrics that rank the current captions above those of policy_steps updates ago.
-        gcfg = dataclasses.replace(cfg.train, out_dir=str(out / "evolm" / f"phase{phase}-generator"),
-                                   max_steps=ev.generator_steps, num_generations=ev.generator_num_generations,
-                                   per_device_train_batch_size=ev.generator_num_generations,
-                                   steps_per_generation=None, gradient_accumulation_steps=1,
-                                   max_completion_length=cfg.rubric.max_new_tokens, save_steps=10**9)
-        gt = common.build_trainer(gcfg, common.trainer_args(gcfg, seed=int(cfg.train.seed or 0) + 1000 + phase), model,
-                                  processing, [EvolmGeneratorReward(cfg, roles)],
-                                  rows_dataset(generator_rows(cfg, rows, current, earlier, phase)),
-                                  callbacks=[MetricsLog(Path(gcfg.out_dir) / "metrics.jsonl")], bound=cfg.reward)
-        gt.train()
-        earlier = current
-        state_path.parent.mkdir(parents=True, exist_ok=True)
-        trainable = {n: p.detach().cpu() for n, p in model.named_parameters() if p.requires_grad}
-        torch.save(trainable, state_path.with_suffix(".pt.tmp"))  # a kill mid-write must not tear the last good state
-        os.replace(state_path.with_suffix(".pt.tmp"), state_path)
-        phases.write({"key": str(phase), "phase": phase, "policy_steps": steps, "generator_steps": ev.generator_steps})
-    train_s = time.perf_counter() - t0
-    records.close()
-    captions.close()
-    phases.close()
-    # One metrics file: Policy steps numbered across phases, Generator metrics under generator/.
+    def __init__(self, cfg: MocoConfig) -> None:
+        super().__init__(cfg)
+        self.title = "EvoLM"
+        self.writers: list[Any] = []
+        self.phases = 0
+        self.policy_seconds = 0.0
+        self.merged: list[dict[str, Any]] = []
+
+    def fit(self, run: Run) -> None:
+        """Alternate Policy and Generator GRPO phases on one shared model; the Judge is a frozen initial copy."""
+        import torch
+
+        from captionrl.records import RecordWriter
+        from captionrl.train.logging import MetricsLog
+
+        cfg, out, processing, rows = self.cfg, run.out, run.processing, run.data
+        if cfg.policy.lora:
+            from peft import get_peft_model
+
+            run.model = get_peft_model(run.model, common.lora_config(cfg.policy))  # one adapter, trained by both phases
+        model = run.model
+        judge_model = copy.deepcopy(model)
+        for p in judge_model.parameters():
+            p.requires_grad_(False)
+        judge_model.eval()
+        ev = cfg.evolm
+        self.phases = n_phases = math.ceil(cfg.train.max_steps / ev.policy_steps)
+        state_path = out / "evolm" / "state.pt"
+        phases = RecordWriter(out / "evolm" / "phases.jsonl")
+        captions = RecordWriter(out / "evolm" / "captions.jsonl")
+        self.records = RecordWriter(records_path(out))
+        self.writers = [self.records, captions, phases]
+        done = sorted(int(k) for k in phases.done_keys)
+        if done and state_path.exists():
+            saved = torch.load(state_path, map_location="cpu", weights_only=True)
+            model.load_state_dict(saved, strict=False)
+            logger.info(f"resuming after EvoLM phase {done[-1]}")
+        roles = model_roles(model, judge_model, processing)
+        t0 = time.perf_counter()
+        earlier = snapshot_captions(model, processing, rows, ev.n_captions, 0, cfg, captions)
+        for phase in range(1, n_phases + 1):
+            if str(phase) in phases.done_keys:
+                earlier = snapshot_captions(model, processing, rows, ev.n_captions, phase, cfg, captions)
+                continue
+            steps = steps_in(phase, cfg)
+            # Policy phase: online rubrics from the current Generator, fixed Judge.
+            pcfg = dataclasses.replace(cfg.train, out_dir=str(out / "evolm" / f"phase{phase}-policy"), max_steps=steps,
+                                       save_steps=10**9, resume="auto")
+            judge = OnlineRubricJudge(roles, cfg.rubric, judge_factory=cfg.judge.factory, records=self.records)
+            reward = MocoReward(judge, name="moco_rubric", log_fields=())
+            pt = common.build_trainer(pcfg, common.trainer_args(pcfg, seed=int(cfg.train.seed or 0) + phase), model,
+                                      processing, [reward], rows_dataset(rows),
+                                      callbacks=[MetricsLog(Path(pcfg.out_dir) / "metrics.jsonl")], bound=cfg.reward)
+            run.trainer = pt
+            tp = time.perf_counter()
+            pt.train()
+            self.policy_seconds += time.perf_counter() - tp
+            current = snapshot_captions(model, processing, rows, ev.n_captions, phase, cfg, captions)
+            # Generator phase: rubrics that rank the current captions above those of policy_steps updates ago.
+            gcfg = dataclasses.replace(cfg.train, out_dir=str(out / "evolm" / f"phase{phase}-generator"),
+                                       max_steps=ev.generator_steps, num_generations=ev.generator_num_generations,
+                                       per_device_train_batch_size=ev.generator_num_generations,
+                                       steps_per_generation=None, gradient_accumulation_steps=1,
+                                       max_completion_length=cfg.rubric.max_new_tokens, save_steps=10**9)
+            gt = common.build_trainer(gcfg, common.trainer_args(gcfg, seed=int(cfg.train.seed or 0) + 1000 + phase),
+                                      model, processing, [EvolmGeneratorReward(cfg, roles)],
+                                      rows_dataset(generator_rows(cfg, rows, current, earlier, phase)),
+                                      callbacks=[MetricsLog(Path(gcfg.out_dir) / "metrics.jsonl")], bound=cfg.reward)
+            run.trainer = gt
+            gt.train()
+            earlier = current
+            state_path.parent.mkdir(parents=True, exist_ok=True)
+            trainable = {n: p.detach().cpu() for n, p in model.named_parameters() if p.requires_grad}
+            torch.save(trainable, state_path.with_suffix(".pt.tmp"))  # a kill mid-write must not tear the last good state
+            os.replace(state_path.with_suffix(".pt.tmp"), state_path)
+            phases.write({"key": str(phase), "phase": phase, "policy_steps": steps, "generator_steps": ev.generator_steps})
+        run.train_seconds = time.perf_counter() - t0
+        run.steps = cfg.train.max_steps
+        self.merged = merge_phase_metrics(cfg, out, n_phases)
+
+    def save_model(self, run: Run) -> Path:
+        """The shared model as the last phase left it (no trainer outlives its phase)."""
+        folder = run.out / "model"
+        run.model.save_pretrained(str(folder))
+        run.processing.save_pretrained(str(folder))
+        return folder
+
+    def is_main_process(self, run: Run) -> bool:
+        return common.is_main_process()
+
+    def final_weights(self, run: Run) -> Any:
+        return contextlib.nullcontext()
+
+    def final_evaluation(self, run: Run) -> dict[str, Any]:
+        return {}
+
+    def close(self, run: Run) -> None:
+        for writer in self.writers:
+            writer.close()
+
+    def metrics(self, run: Run) -> list[dict[str, Any]]:
+        """The merged phases' entries, Policy and Generator alike (two share a step: no deduplication)."""
+        return self.merged
+
+    def summary(self, run: Run) -> dict[str, Any]:
+        policy = sum(r["role"] == "policy" for r in self.merged)
+        per_step = round(self.policy_seconds / policy, 2) if policy else None
+        return {"method": "evolm", "phases": self.phases, "seconds_per_policy_step": per_step,
+                "records": str(records_path(run.out)), "images": self.images.summary() if self.images else None}
+
+
+def merge_phase_metrics(cfg: MocoConfig, out: Path, n_phases: int) -> list[dict[str, Any]]:
+    """One ``out/metrics.jsonl`` from the phases' own: Policy steps numbered across phases, Generator metrics
+    under ``generator/`` at the step of the Policy phase they follow. Returns the merged entries."""
+    from captionrl.records import RecordWriter
+    from captionrl.train.curves import load_metrics
+
     merged = []
     for phase in range(1, n_phases + 1):
-        offset = (phase - 1) * ev.policy_steps
+        offset = (phase - 1) * cfg.evolm.policy_steps
         for rec in load_metrics(out / "evolm" / f"phase{phase}-policy" / "metrics.jsonl"):
             merged.append({**rec, "step": offset + int(rec["step"]), "phase": phase, "role": "policy"})
         for rec in load_metrics(out / "evolm" / f"phase{phase}-generator" / "metrics.jsonl"):
@@ -690,18 +748,7 @@ def run_evolm(cfg: MocoConfig, out: Path, model: Any, processing: Any, rows: lis
                            **{f"generator/{k}": v for k, v in rec.items() if k != "step"}})
     with RecordWriter(out / "metrics.jsonl") as w:
         w.write_many([{"key": f"{r['role']}|{r['phase']}|{r['step']}|{i}", **r} for i, r in enumerate(merged)])
-    model_dir = out / "model"
-    model.save_pretrained(str(model_dir))
-    processing.save_pretrained(str(model_dir))
-    curves = plot_curves(merged, EVOLM_KEYS, path=out / "curves.png", smooth=1, title="EvoLM")
-    pol = [r for r in merged if r["role"] == "policy"]
-    result = {"out_dir": str(out), "method": "evolm", "phases": n_phases, "steps": cfg.train.max_steps,
-              "train_seconds": round(train_s, 1),
-              "seconds_per_policy_step": round(policy_seconds / max(1, len(pol)), 2) if pol else None,
-              "model": str(model_dir), "curves": str(out / "curves.png"), "curve_points": curves,
-              "records": str(records.path), "metrics": str(out / "metrics.jsonl"), "images": images}
-    write_json(out / "result.json", result)
-    return result
+    return merged
 
 
 def steps_in(phase: int, cfg: MocoConfig) -> int:

@@ -55,6 +55,7 @@ from captionrl.judges.roles import (
     structured,
 )
 from captionrl.judges.rubric import parse_judge_reply
+from captionrl.judges.rubric_build import RubricWriterSettings
 from captionrl.records import RecordWriter, write_json
 from captionrl.train.moco import MocoDataConfig
 
@@ -62,8 +63,10 @@ IMAGE_TEXT = ("none", "references")
 
 
 @dataclass
-class MocoRecordsConfig:
-    """Teachers, rubric writer and judge that write the shared multi-role SFT records."""
+class MocoRecordsConfig(RubricWriterSettings):
+    """Teachers, rubric writer and judge that write the shared multi-role SFT records. The writer's attempts,
+    retry temperature and rubric size are every rubric writer's (``RubricWriterSettings``); the judge teacher
+    takes the same attempts at the same retry temperature."""
 
     seed: int = help_field(0, "seed of caption sampling, candidate subsets and sampled retries (all recorded)")
     out_dir: str = help_field("runs/records", "output folder: captions, rubrics, judgments for train moco-sft; rerun to resume")
@@ -75,10 +78,6 @@ class MocoRecordsConfig:
     samples: int = help_field(2, "captions per teacher per image")
     temperature: float = help_field(1.0, "caption sampling temperature (> 0 gives varied candidates; seeds recorded)")
     n_candidates: int = help_field(4, "captions of the image shown to the writer (a seeded subset; the paper: 4)")
-    min_items: int = help_field(3, "fewest rubric items a valid rubric has")
-    max_items: int = help_field(10, "most rubric items a valid rubric has")
-    max_attempts: int = help_field(2, "writer and judge attempts per record before it is rejected (attempt 1 greedy, then sampled)")
-    retry_temperature: float = help_field(0.7, "temperature of retries")
     caption_max_new_tokens: int = help_field(512, "longest teacher caption")
     writer_max_new_tokens: int = help_field(1024, "longest rubric reply")
     judge_max_new_tokens: int = help_field(1024, "longest judgment reply")
@@ -88,6 +87,7 @@ class MocoRecordsConfig:
     def __post_init__(self) -> None:
         from captionrl.train.common import backend_config
 
+        super().__post_init__()
         if not self.teachers:
             raise ConfigError("teachers", self.teachers, "needs at least one caption teacher",
                               "list them, e.g. [{kind: openai, model: MODEL, base_url: http://HOST:8001/v1}]")
@@ -98,11 +98,9 @@ class MocoRecordsConfig:
         backend_config(self.writer, "writer")
         if self.judge is not None:
             backend_config(self.judge, "judge")
-        for name in ("samples", "n_candidates", "max_attempts"):
+        for name in ("samples", "n_candidates"):
             if getattr(self, name) < 1:
                 raise ConfigError(name, getattr(self, name), "must be >= 1", f"set {name}: 2")
-        if not 1 <= self.min_items <= self.max_items:
-            raise ConfigError("min_items", self.min_items, f"must be 1..max_items ({self.max_items})", "set min_items <= max_items")
         if self.image_text not in IMAGE_TEXT:
             raise ConfigError("image_text", self.image_text, "unknown choice", "use none or references")
         if self.structured_output not in STRUCTURED_OUTPUTS:

@@ -50,6 +50,7 @@ from captionrl.errors import ConfigError, DataError
 from captionrl.judges.ngram import NgramConfig
 from captionrl.judges.qa import QAConfig
 from captionrl.judges.rubric import RubricJudgeSettings
+from captionrl.judges.rubric_build import RubricWriterSettings
 from captionrl.judges.scalar import ScalarConfig
 from captionrl.rewards import RewardFunction
 from captionrl.rewards.bound import RewardBound
@@ -131,8 +132,11 @@ def apply_items_spec(d: ImageDataConfig, spec: str) -> None:
 
 
 @dataclass
-class RubricsConfig:
-    """Where each image's rubric comes from (offline, before training)."""
+class RubricsConfig(RubricWriterSettings):
+    """Where each image's rubric comes from (offline, before training). With ``source: build`` the writer's
+    attempts, retry temperature and rubric size are every rubric writer's (``RubricWriterSettings``)."""
+
+    FIELD_PREFIX: ClassVar[str] = "rubrics"
 
     source: str = help_field("facts", "facts (from the items' known facts: synthetic scenes, easy-vqa), store (a JSONL rubric store from 'captionrl rubrics build') or build (run the committee + writer pipeline first; resumable)")
     store: str | None = help_field(None, "store: path of rubrics.jsonl; facts/build: folder of the store (null = out_dir/rubrics)")
@@ -141,15 +145,13 @@ class RubricsConfig:
     writer: dict[str, Any] | None = help_field(None, "build: the rubric writer backend (BackendConfig mapping)")
     student: dict[str, Any] | None = help_field(None, "build: optional student backend whose captions the writer diagnoses (null = none)")
     writer_sees_image: bool = help_field(False, "build: show the image to a VLM writer too")
-    max_attempts: int = help_field(3, "build: writer attempts per item before it is recorded unscored")
-    min_items: int = help_field(3, "build: fewest items a valid rubric has")
-    max_items: int = help_field(10, "build: most items a valid rubric has")
     caption_max_new_tokens: int = help_field(512, "build: committee and student caption length")
     writer_max_new_tokens: int = help_field(1024, "build: rubric reply length")
     image_text: str = help_field("none", "build: none (teachers see the image) or references (language-only teachers read the items' reference captions instead)")
     structured_output: str = help_field("none", "build: constrain the writer's reply to the rubric JSON schema: none, json_schema (OpenAI/vLLM) or json_object (llama.cpp)")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.source not in ("facts", "store", "build"):
             raise ConfigError("rubrics.source", self.source, "unknown rubric source", "use facts, store or build")
         if self.missing not in ("error", "skip"):
@@ -171,11 +173,6 @@ class RubricsConfig:
         if self.structured_output not in STRUCTURED_OUTPUTS:
             raise ConfigError("rubrics.structured_output", self.structured_output, "unknown style",
                               f"use one of {', '.join(STRUCTURED_OUTPUTS)}")
-        if not 1 <= self.min_items <= self.max_items:
-            raise ConfigError("rubrics.min_items", self.min_items, f"must be 1..rubrics.max_items ({self.max_items})",
-                              "set rubrics.min_items <= rubrics.max_items")
-        if self.max_attempts < 1:
-            raise ConfigError("rubrics.max_attempts", self.max_attempts, "must be >= 1", "set rubrics.max_attempts: 3")
         # Validate the backend mappings now (unknown keys, missing URLs), before any model or server is touched.
         for i, b in enumerate(self.committee):
             backend_config(b, f"rubrics.committee[{i}]")
@@ -285,9 +282,9 @@ def ensure_rubrics(cfg: RubicapConfig, items: Sequence[Any], *, allow_models: bo
 
         r = cfg.rubrics
         teachers = [make_backend(backend_config(b, f"rubrics.committee[{i}]")) for i, b in enumerate(r.committee)]
-        writer = RubricWriter(make_backend(backend_config(r.writer, "rubrics.writer")), max_attempts=r.max_attempts,
+        writer = RubricWriter(make_backend(backend_config(r.writer, "rubrics.writer")), r,
                               max_new_tokens=r.writer_max_new_tokens, seed=cfg.seed, with_image=r.writer_sees_image,
-                              structured_output=r.structured_output, min_items=r.min_items, max_items=r.max_items)
+                              structured_output=r.structured_output)
         student = make_backend(backend_config(r.student, "rubrics.student")) if r.student else None
         build_rubrics(items, teachers=teachers, writer=writer, out_dir=store.parent, student=student,
                       instruction=cfg.data.instruction, max_new_tokens=r.caption_max_new_tokens, seed=cfg.seed,
@@ -447,14 +444,20 @@ class RubricReward(RewardFunction):
 
 
 # ---------------------------------------------------------------------- run
+def build_servers(cfg: RubicapConfig) -> list[tuple[BackendConfig, str]]:
+    """The servers that building the rubric store talks to: the committee, the writer and the student (none
+    unless ``rubrics.source`` is build). ``--build-rubrics`` probes only these: the judge may not be up yet (on
+    one node the rubric committee and the judge take the same GPUs, one after the other)."""
+    if cfg.rubrics.source != "build":
+        return []
+    named = [*[(b, f"rubrics.committee[{i}]") for i, b in enumerate(cfg.rubrics.committee)],
+             (cfg.rubrics.writer, "rubrics.writer"), *([(cfg.rubrics.student, "rubrics.student")] if cfg.rubrics.student else [])]
+    return [(backend_config(b, name), name) for b, name in named]
+
+
 def servers(cfg: RubicapConfig) -> list[tuple[BackendConfig, str]]:
     """Every server the run talks to: the judge, and the committee, writer and student when building."""
-    out = [(cfg.judge, "judge")]
-    if cfg.rubrics.source == "build":
-        named = [*[(b, f"rubrics.committee[{i}]") for i, b in enumerate(cfg.rubrics.committee)],
-                 (cfg.rubrics.writer, "rubrics.writer"), *([(cfg.rubrics.student, "rubrics.student")] if cfg.rubrics.student else [])]
-        out += [(backend_config(b, name), name) for b, name in named]
-    return out
+    return [(cfg.judge, "judge"), *build_servers(cfg)]
 
 
 class RubicapRecipe(Recipe):
@@ -561,7 +564,7 @@ CONFIG = RubicapConfig
 def run_command(cfg: RubicapConfig) -> int:
     """``captionrl train rubicap``: check, build the rubric store only, or train; print what was written."""
     if cfg.check or cfg.build_rubrics:
-        probe_servers(servers(cfg))
+        probe_servers(servers(cfg) if cfg.check else build_servers(cfg))
         data = build_data(cfg, allow_models=not cfg.check)
         print(json.dumps({"items": len(data.rows), "store": str(data.store),
                           "skipped": {k: len(v) for k, v in data.skipped.items()}, "images": data.images}))

@@ -23,6 +23,7 @@ from captionrl.judges.roles import POLICY_INSTRUCTION, policy_messages
 from captionrl.records import RecordWriter, read_jsonl
 from captionrl.train.common import (
     PolicyConfig,
+    check_memory_plan_mode,
     cuda_available,
     lora_config,
 )
@@ -142,6 +143,7 @@ class SFTTrainConfig:
     bf16: bool | None = help_field(None, "bf16 mixed precision; null = on for GPUs, off on CPU")
     gradient_checkpointing: bool | None = help_field(None, "recompute activations; null = on for GPUs, off on CPU")
     resume: str = help_field("auto", "auto: resume from the last checkpoint in out_dir (config must match); off: refuse a folder with checkpoints")
+    memory_plan: str = help_field("refuse", "on CUDA, plan the GPU memory before anything loads (captionrl plan) and: refuse a plan that does not fit, naming the fix; warn and go on; or off")
     extra: dict[str, Any] = help_field({}, "any other SFTConfig field, passed through unchanged")
 
     def __post_init__(self) -> None:
@@ -156,6 +158,7 @@ class SFTTrainConfig:
             raise ConfigError("train.learning_rate", self.learning_rate, "must be > 0", "use 1e-5")
         if self.resume not in ("auto", "off"):
             raise ConfigError("train.resume", self.resume, "unknown resume mode", "use auto or off")
+        check_memory_plan_mode(self.memory_plan)
         if isinstance(self.report_to, str):
             self.report_to = [] if self.report_to in ("none", "") else [self.report_to]
 

@@ -34,25 +34,14 @@ per loss; not yet verified), and batches with no prompt shared by two rows.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
+
+from captionrl.compat import cache_argument, cache_kwargs, output_cache
 
 MULTIMODAL_KEYS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
                    "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
 QWEN_VL_KEYS = ("pixel_values", "image_grid_thw", "num_images", "mm_token_type_ids")
 """The multimodal inputs the Qwen-VL path handles; any other one sends the call to TRL's pass."""
-
-
-def _cache_kwarg(model: Any) -> str:
-    """The forward's cache argument: ``cache`` from transformers 5.x, ``past_key_values`` before."""
-    target = model.module if hasattr(model, "module") else model
-    params = inspect.signature(type(target).forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
-def _returned_cache(out: Any) -> Any:
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else getattr(out, "past_key_values", None)
 
 
 def shared_prefix_logps(model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int,
@@ -67,15 +56,14 @@ def shared_prefix_logps(model: Any, input_ids: Any, attention_mask: Any, logits_
     split = input_ids.size(1) - logits_to_keep - 1     # the prefix ends one token before the completions
     key = torch.cat([input_ids[:, :split], attention_mask[:, :split].to(input_ids.dtype)], dim=1)
     uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
-    cache_arg = _cache_kwarg(model)
     prefix = model(input_ids=uniq[:, :split], attention_mask=uniq[:, split:], use_cache=True, logits_to_keep=1)
-    cache = _returned_cache(prefix)
+    cache = output_cache(prefix)
     cache.batch_select_indices(inverse)
     tail = input_ids[:, split:]
     labels = tail.masked_fill(attention_mask[:, split:] == 0, -100)
     labels[:, 0] = -100                                  # the last prompt token is context, not a label
     out = model(input_ids=tail, attention_mask=attention_mask, labels=labels, fused_lm_head=True,
-                **{cache_arg: cache})
+                **cache_kwargs(model, cache))
     entropies = out.entropy[:, -logits_to_keep:] if compute_entropy else None
     return out.log_probs[:, -logits_to_keep:], entropies, int(uniq.size(0))
 
@@ -96,8 +84,9 @@ def _full_row_positions(backbone: Any, input_ids: Any, attention_mask: Any, imag
     import torch
 
     pos = backbone.compute_3d_position_ids(input_ids=input_ids, image_grid_thw=image_grid_thw, video_grid_thw=None,
-                                           inputs_embeds=None, attention_mask=attention_mask, cache=None,
-                                           mm_token_type_ids=mm_token_type_ids)
+                                           inputs_embeds=None, attention_mask=attention_mask,
+                                           mm_token_type_ids=mm_token_type_ids,
+                                           **cache_kwargs(backbone.compute_3d_position_ids, None))
     if pos is None:  # no image in these rows: the text model counts 0..L-1 on every row, padding included
         rows, length = input_ids.shape
         pos = torch.arange(length, device=input_ids.device).view(1, 1, -1).expand(3, rows, length)
@@ -157,13 +146,13 @@ def shared_prefix_logps_qwen_vl(model: Any, input_ids: Any, attention_mask: Any,
     idx = torch.tensor(reps, device=input_ids.device)
     prefix = model(input_ids=input_ids[idx, :split], attention_mask=attention_mask[idx, :split],
                    position_ids=positions[:, idx, :split], use_cache=True, logits_to_keep=1, **prompt_kw)
-    cache = _returned_cache(prefix)
+    cache = output_cache(prefix)
     cache.batch_select_indices(inverse)
     tail = input_ids[:, split:]
     labels = tail.masked_fill(attention_mask[:, split:] == 0, -100)
     labels[:, 0] = -100
     out = model(input_ids=tail, attention_mask=attention_mask, position_ids=positions[:, :, split:], labels=labels,
-                fused_lm_head=True, **{_cache_kwarg(model): cache})
+                fused_lm_head=True, **cache_kwargs(model, cache))
     entropies = out.entropy[:, -logits_to_keep:] if compute_entropy else None
     return out.log_probs[:, -logits_to_keep:], entropies, len(reps)
 
@@ -272,7 +261,7 @@ def shared_prefill(model: Any, input_ids: Any, attention_mask: Any) -> tuple[Any
     with torch.no_grad():
         out = model(input_ids=uniq[:, :split], attention_mask=mask, position_ids=positions, use_cache=True,
                     logits_to_keep=1)
-    cache = _returned_cache(out)
+    cache = output_cache(out)
     cache.batch_select_indices(inverse)
     return cache, int(uniq.size(0))
 
@@ -296,7 +285,7 @@ def share_generation_prefill(model: Any, state: dict[str, Any] | None = None) ->
                 cache, prompts = shared
                 state["rows"] += int(ids.size(0))
                 state["prompts"] += prompts
-                kwargs[_cache_kwarg(model)] = cache
+                kwargs[cache_argument(model)] = cache
         return original(*args, **kwargs)
 
     model.generate = generate

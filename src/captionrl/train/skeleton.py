@@ -5,7 +5,10 @@
 
 A recipe (LineupRL, RubiCap, MoCo Rubric, SFT) is its config, its dataset and its reward functions: it
 subclasses ``Recipe`` and fills in ``dataset`` and ``reward_functions`` (and, where it differs, the
-step it changes). Two hooks are named for what they are for:
+step it changes). A recipe that trains in phases rather than with one trainer (EvoLM: alternating Policy
+and Generator trainers on one model) replaces the training step itself (``fit``) and what it saves
+(``save_model``); the run folder, the config check, the servers, the data, the policy, the curves and the
+result file stay the skeleton's. Two hooks are named for what they are for:
 
 - ``preflight(run)``: runs before step 1, at the trainer's ``on_train_begin`` (the model is on its
   accelerator by then, on every rank), e.g. checking that the reward scores the policy's captions at
@@ -29,6 +32,7 @@ from typing import Any
 
 from captionrl.train import common
 from captionrl.train.gpu_checks import check_gpu_settings
+from captionrl.train.memory_check import check_run_memory
 from captionrl.train.sharding import full_weights, no_zero3_init
 
 logger = logging.getLogger(__name__)
@@ -49,6 +53,7 @@ class Run:
     trainer: Any = None
     train_output: Any = None  # what ``trainer.train()`` returned
     train_seconds: float = 0.0
+    steps: int = 0  # optimizer steps the run has taken (the result file's ``steps``)
     result: dict[str, Any] = field(default_factory=dict)
 
 
@@ -59,6 +64,7 @@ class Recipe:
     title = "training"
     result_file = "result.json"
     curve_keys: Sequence[str] | None = None  # None: the watched metrics present in the log
+    curve_smooth: int | None = None  # moving-average window of curves.png (None: plot_curves' default)
     checkpoint_files: Sequence[str] = ()  # files a complete checkpoint holds besides the Trainer's own
 
     def __init__(self, cfg: Any, callbacks: Sequence[Any] = ()) -> None:
@@ -107,6 +113,48 @@ class Recipe:
                                     self.train_dataset(run), callbacks=self.callbacks(run),
                                     peft_config=common.lora_config(self.cfg.policy), bound=self.reward_bound())
 
+    def fit(self, run: Run) -> None:
+        """The training step: build the trainer, run the preflight hook before step 1, train (resuming from
+        ``run.resume_from``); fills ``run.trainer``, ``run.train_output``, ``run.train_seconds`` (preflight
+        excluded) and ``run.steps``."""
+        from captionrl.train.callbacks import PreflightCallback
+
+        run.trainer = self.build_trainer(run)
+        preflight = PreflightCallback(lambda: self.preflight(run))  # once the model is on the accelerator, every rank
+        run.trainer.add_callback(preflight)
+        if run.resume_from is not None:
+            logger.info(f"resuming from {run.resume_from}")
+        t0 = time.perf_counter()
+        run.train_output = run.trainer.train(resume_from_checkpoint=str(run.resume_from) if run.resume_from else None)
+        run.train_seconds = time.perf_counter() - t0 - preflight.seconds
+        run.steps = int(run.trainer.state.global_step)
+
+    def save_model(self, run: Run) -> Path:
+        """Save the trained policy as ``out/model``, on every rank (ZeRO-3 gathers); returns the folder."""
+        return common.save_final_model(run.trainer, run.out / "model")
+
+    def is_main_process(self, run: Run) -> bool:
+        """Whether this process evaluates and writes the result file."""
+        return bool(run.trainer.accelerator.is_main_process)
+
+    def final_weights(self, run: Run) -> Any:
+        """A context in which the trained weights are whole on this rank (ZeRO-3: gathered once on every rank,
+        so rank 0 can evaluate them alone; a forward over partitioned weights on one rank would hang)."""
+        import contextlib
+
+        stack = contextlib.ExitStack()
+        stack.enter_context(full_weights(run.trainer))
+        stack.enter_context(no_zero3_init())
+        return stack
+
+    def metrics(self, run: Run) -> list[dict[str, Any]]:
+        """The logged steps ``curves.png`` and the result file's reward and step-time figures read
+        (default: ``out/metrics.jsonl``, one entry per step)."""
+        from captionrl.train.curves import load_metrics
+
+        path = run.out / "metrics.jsonl"
+        return load_metrics(path) if path.is_file() else []
+
     # ------------------------------------------------------------------ hooks
     def preflight(self, run: Run) -> None:
         """Hook: runs once the trainer exists, before step 1. Default: nothing."""
@@ -133,6 +181,7 @@ def prepare(recipe: Recipe) -> Run:
                                              recipe.checkpoint_files)
     run.args = recipe.trainer_args(run)
     check_gpu_settings(run.args, getattr(cfg, "policy", None), recipe.servers())  # GPU-only mistakes, before any load
+    check_run_memory(cfg, run.args)  # on CUDA: the memory plan (captionrl plan), refused before any load if it does not fit
     common.probe_servers(recipe.servers())
     run.data = recipe.dataset(run)
     common.apply_threads(cfg.train.threads)
@@ -143,27 +192,17 @@ def prepare(recipe: Recipe) -> Run:
 def train(recipe: Recipe) -> Run:
     """Run ``recipe`` through every step; returns the ``Run`` (its ``result`` is what the result file holds)."""
     run = prepare(recipe)
-    run.trainer = recipe.build_trainer(run)
-    from captionrl.train.callbacks import PreflightCallback
-
-    preflight = PreflightCallback(lambda: recipe.preflight(run))  # once the model is on the accelerator, every rank
-    run.trainer.add_callback(preflight)
-    if run.resume_from is not None:
-        logger.info(f"resuming from {run.resume_from}")
-    t0 = time.perf_counter()
     try:
-        run.train_output = run.trainer.train(resume_from_checkpoint=str(run.resume_from) if run.resume_from else None)
+        recipe.fit(run)
     finally:
         recipe.close(run)
-    run.train_seconds = time.perf_counter() - t0 - preflight.seconds
-    run.result.update(out_dir=str(run.out), train_seconds=round(run.train_seconds, 1),
-                      steps=int(run.trainer.state.global_step))
-    run.result["model"] = str(common.save_final_model(run.trainer, run.out / "model"))  # every rank: ZeRO-3 gathers
+    run.result.update(out_dir=str(run.out), train_seconds=round(run.train_seconds, 1), steps=run.steps)
+    run.result["model"] = str(recipe.save_model(run))  # every rank: ZeRO-3 gathers
     summary = recipe.summary(run)  # every rank: under ZeRO-3 the momentum's distances gather parameters
     # ZeRO-3: every rank gathers the trained weights once, then rank 0 evaluates them locally (and loads
     # checkpoints as plain models); a forward over partitioned weights on one rank alone would hang.
-    with full_weights(run.trainer), no_zero3_init():
-        if not run.trainer.accelerator.is_main_process:
+    with recipe.final_weights(run):
+        if not recipe.is_main_process(run):
             return run
         run.result.update(recipe.final_evaluation(run))
     run.result.update(curves(recipe, run))
@@ -181,13 +220,14 @@ def train(recipe: Recipe) -> Run:
 
 def curves(recipe: Recipe, run: Run) -> dict[str, Any]:
     """``curves.png`` from ``metrics.jsonl`` (none when nothing was logged), first/last reward, step time."""
-    from captionrl.train.curves import curve_keys, load_metrics, plot_curves
+    from captionrl.train.curves import curve_keys, plot_curves
 
     path = run.out / "metrics.jsonl"
-    records = load_metrics(path) if path.is_file() else []
+    records = recipe.metrics(run)
     keys = list(recipe.curve_keys) if recipe.curve_keys is not None else curve_keys(records)
     keys = [k for k in keys if any(isinstance(r.get(k), (int, float)) for r in records)]
-    points = plot_curves(records, keys, path=run.out / "curves.png", title=recipe.title) if keys else None
+    smooth = {} if recipe.curve_smooth is None else {"smooth": recipe.curve_smooth}
+    points = plot_curves(records, keys, path=run.out / "curves.png", title=recipe.title, **smooth) if keys else None
     out: dict[str, Any] = {"curves": str(run.out / "curves.png") if points else None, "curve_points": points,
                            "metrics": str(path) if records else None,
                            "tensorboard": str(run.out / "tensorboard") if "tensorboard" in (run.args.report_to or []) else None}

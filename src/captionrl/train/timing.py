@@ -16,6 +16,12 @@ the verifier backends its reward functions hold, and listens to the optimizer ca
 - ``time/optimizer``: ``optimizer.step()`` (between TRL's pre- and post-optimizer callbacks);
 - ``time/step``: ``on_step_begin`` to ``on_step_end`` of the optimizer step, so the parts sum to at most it.
 
+On a GPU the clock is read only after ``torch.cuda.synchronize()`` (:func:`clock`): CUDA kernels run
+asynchronously, so without it a part would end when its kernels were *queued*, and their run time would be
+charged to whichever later part first waits on the device (the optimizer step's ``.item()``, the next
+generation). Nothing is synchronised on a CPU run or before CUDA is in use. ``time/verifier`` needs no
+synchronisation: a backend call returns host values (texts, floats), which waits for its own kernels.
+
 The values enter TRL's own metric buffer at each step end, so they reach ``metrics.jsonl``, TensorBoard
 and W&B like ``step_time`` does; a one-line breakdown is printed at each log, and ``timing.json`` (means,
 the reward's share, and the dtype every model was loaded in and why) is written at the end of training.
@@ -39,6 +45,22 @@ KEYS = tuple(f"time/{p}" for p in (*PARTS, "step"))
 BACKEND_METHODS = ("generate", "choose", "loglikelihood", "agenerate", "achoose", "aloglikelihood",
                    "aloglikelihood_results")
 """Backend calls timed as verifier time (sync and async; nested calls count once)."""
+
+
+def _device_synchronize() -> None:
+    """Wait for the work queued on the current CUDA device, when this process uses CUDA (else nothing)."""
+    try:
+        import torch
+    except ImportError:
+        return
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def clock() -> float:
+    """``time.perf_counter()`` once the device has finished what was queued before it (see the module doc)."""
+    _device_synchronize()
+    return time.perf_counter()
 
 
 class _Busy:
@@ -98,11 +120,11 @@ class StepTimer(_callback_base()):  # type: ignore[misc]
     def _timed(self, fn: Callable[..., Any], part: str) -> Callable[..., Any]:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kw: Any) -> Any:
-            t0 = time.perf_counter()
+            t0 = clock()
             try:
                 return fn(*args, **kw)
             finally:
-                self.acc[part] += time.perf_counter() - t0
+                self.acc[part] += clock() - t0
 
         return wrapper
 
@@ -116,20 +138,20 @@ class StepTimer(_callback_base()):  # type: ignore[misc]
 
         @functools.wraps(prepare)
         def timed_prepare(*args: Any, **kw: Any) -> Any:
-            t0 = time.perf_counter()
+            t0 = clock()
             try:
                 return prepare(*args, **kw)
             finally:
-                self._in_prepare += time.perf_counter() - t0
+                self._in_prepare += clock() - t0
 
         @functools.wraps(train_step)
         def timed_training_step(*args: Any, **kw: Any) -> Any:
-            t0 = time.perf_counter()
+            t0 = clock()
             before = self._in_prepare
             try:
                 return train_step(*args, **kw)
             finally:
-                self.acc["backward"] += (time.perf_counter() - t0) - (self._in_prepare - before)
+                self.acc["backward"] += (clock() - t0) - (self._in_prepare - before)
 
         tr._prepare_inputs = timed_prepare
         tr.training_step = timed_training_step
@@ -179,20 +201,20 @@ class StepTimer(_callback_base()):  # type: ignore[misc]
         self.verifier.take()
         self.acc = dict.fromkeys(PARTS, 0.0)
         self._in_prepare = 0.0
-        self._step_t0 = time.perf_counter()
+        self._step_t0 = clock()
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        self._opt_t0 = time.perf_counter()
+        self._opt_t0 = clock()
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         if self._opt_t0 is not None:
-            self.acc["optimizer"] += time.perf_counter() - self._opt_t0
+            self.acc["optimizer"] += clock() - self._opt_t0
             self._opt_t0 = None
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         if self._step_t0 is None:
             return
-        step = time.perf_counter() - self._step_t0
+        step = clock() - self._step_t0
         self._step_t0 = None
         rec = {"generation": self.acc["generation"], "reward": self.acc["reward"],
                "verifier": self.verifier.take(),

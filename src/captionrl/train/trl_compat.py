@@ -1,9 +1,9 @@
 """Every private TRL name captionrl relies on, in one place, and the check that the installed TRL still has it.
 
-captionrl never subclasses TRL's trainers, but four modules patch one trainer instance or read TRL
+captionrl never subclasses TRL's trainers, but five modules patch one trainer instance or read TRL
 internals: ``train.on_policy`` (RLOO's redundant old-policy pass), ``train.shared_prefix`` (each group's
-prompt once in the loss pass), ``train.timing`` (the per-step time breakdown) and ``train.callbacks`` (the
-sampler's shuffle on resume). A TRL release may rename or reshape
+prompt once in the loss pass), ``train.unscored`` (unscored samples leave the loss's normaliser),
+``train.timing`` (the per-step time breakdown) and ``train.callbacks`` (the sampler's shuffle on resume). A TRL release may rename or reshape
 any of them, and some breaks would be silent (a timing breakdown of zeros; placeholder old log-probs read
 with ``.get``). So each internal is declared here as an ``Internal`` (where it lives, the parameters the
 patch passes on, the source text the patch relies on, who uses it and why), the patches fetch them through
@@ -87,6 +87,28 @@ INTERNALS: list[Internal] = [
     Internal("trl.trainer.utils.add_fused_lm_head", None, "train.shared_prefix (the fused head runs the backbone "
              "with the caller's kwargs, so a cache passed in is used; log_probs/entropy over label != -100)",
              source=("backbone_outputs = getattr(self, backbone_attr)(*args, **kwargs)", "labels = labels[:, 1:]")),
+    # train.unscored: samples every reward left None leave the loss and its normaliser
+    *_both("_calculate_rewards", "train.unscored (which samples every reward left None: the all-NaN rows of the "
+           "gathered rewards)", params=("inputs", "prompts", "completions", "completion_ids_list"),
+           source=("rewards_per_func = gather(rewards_per_func)", "torch.nan")),
+    *_both("_generate_and_score_completions", "train.unscored (the batch it returns is masked and recounted "
+           "before the loss reads it; unscored rows get advantage 0 there)",
+           source=('"completion_mask": completion_mask', "unscorable_mask = torch.isnan(rewards_per_func).all(dim=1)",
+                   "advantages = torch.nan_to_num(advantages, nan=0.0)",
+                   "self.accelerator.process_index * len(prompts)")),
+    Internal("GRPOTrainer", "_generate_and_score_completions", "train.unscored (num_items_in_batch is the gathered "
+             "sum of the loss mask; it is recounted the same way after masking)",
+             source=("loss_mask = completion_mask if tool_mask is None else completion_mask * tool_mask",
+                     "num_items_in_batch = self.accelerator.gather(loss_mask.sum()).sum()")),
+    *_both("_compute_loss", "train.unscored (the row-normalised losses are rescaled by N / N_scored)",
+           params=("model", "inputs")),
+    Internal("GRPOTrainer", "_compute_loss", "train.unscored (which loss types divide by a token count of the "
+             "mask, which by the number of rows)",
+             source=('inputs["num_items_in_batch"]', "loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)",
+                     "(per_token_loss.size(0) * self.max_completion_length)", "loss = (per_token_loss * mask).sum(-1).mean()",
+                     "loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()")),
+    Internal("RLOOTrainer", "_compute_loss", "train.unscored (RLOO's loss is a mean over rows; an unscored row's "
+             "advantage 0 makes its term exactly 0)", source=("loss = per_sequence_loss.mean()",)),
     # train.callbacks: a resumed run continues the sampler's shuffle sequence
     Internal("trl.trainer.utils.RepeatSampler", None, "train.callbacks.ResumeShuffleCallback (finds the sampler)"),
     Internal("trl.trainer.utils.RepeatSampler", "__iter__", "train.callbacks.ResumeShuffleCallback (replays one "

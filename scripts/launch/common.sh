@@ -1,0 +1,253 @@
+# shellcheck shell=bash
+# Shared by scripts/launch/*.sh (sourced, never run): start the servers a run's config names, wait until each
+# answers, train, and stop every process this script started when it ends: normally, on a failure, on Ctrl-C
+# or on SIGTERM. `--dry-run` prints every command and starts nothing.
+#
+# A launch script, top to bottom:
+#   source "$(dirname "$0")/common.sh"
+#   launch_init "LineupRL, one GPU" "$@"          # --dry-run, --help; every key=value goes to the run
+#   serve verifier verifier 0 Qwen/Qwen2.5-14B-Instruct --gpu-memory-utilization 0.35
+#   start_servers lineup configs/lineup-paper.yaml eval.enabled=false   # checks against the config, starts, waits
+#   run_captionrl 0 "accelerate configs/accelerate/multi-gpu-zero2.yaml 1" train lineup --config ...
+#   stop_servers
+#
+# `serve NAME FIELD GPUS MODEL [vLLM flags]` registers one server: NAME is the script's short name, FIELD the
+# config field whose server it is (its port and served model name are read from the config, never typed
+# twice). NAME also names its overrides: <NAME>_MODEL (the weights), <NAME>_GPUS, <NAME>_ARGS (extra vLLM
+# flags), e.g. VERIFIER_MODEL, GLM_GPUS, JUDGE_ARGS ("-" in NAME is "_").
+#
+# Environment (all optional):
+#   CAPTIONRL_SERVE_CMD      the server command (default: vllm serve); it gets MODEL --served-model-name NAME
+#                            --host HOST --port PORT and the vLLM flags. The CPU test uses
+#                            "python -m captionrl.testing.vllm_standin" (llama.cpp behind vLLM's command line).
+#   CAPTIONRL_SERVE_MODEL    serve this model in every server instead of the scripts' hub ids (the served names
+#                            stay the config's)
+#   CAPTIONRL_PYTHON         the Python that runs captionrl and accelerate (default: .venv/bin/python, else python3)
+#   CAPTIONRL_ACCELERATE_CONFIG, CAPTIONRL_NUM_PROCESSES, CAPTIONRL_MAIN_PROCESS_PORT
+#                            replace the script's accelerate config file and process count; the rendezvous port
+#   CAPTIONRL_READY_TIMEOUT  seconds the servers of one phase get to answer, together (default 1800: a 72B
+#                            model over tensor parallelism loads in minutes from a local disk; a first download
+#                            takes longer: download first with `huggingface-cli download`)
+#   CAPTIONRL_LAUNCH_LOGS    folder of the server logs (default runs/launch/<script>-<date>-<time>)
+#   CAPTIONRL_STOP_GRACE     seconds a process group gets after SIGTERM before SIGKILL (default 30)
+
+set -euo pipefail
+
+LAUNCH_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+LAUNCH_NAME="$(basename "$0" .sh)"
+DRY_RUN=0
+RUN_ARGS=()        # key=value overrides given to the script: passed to every captionrl command it runs
+SERVER_NAMES=() SERVER_FIELDS=() SERVER_GPUS=() SERVER_MODELS=() SERVER_FLAGS=()
+STARTED_PIDS=() STARTED_NAMES=()
+TRAIN_PID=""
+
+launch_help() {
+  # The header comment of the launch script itself (its lines after the shebang, up to the first blank one).
+  awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
+  cat <<'EOF'
+
+Options: --dry-run (print every command, start nothing), --help. Every key=value argument goes to the
+captionrl command(s) the script runs (e.g. train.max_steps=10). Environment overrides: see
+scripts/launch/common.sh (CAPTIONRL_SERVE_CMD, <NAME>_MODEL, <NAME>_GPUS, <NAME>_ARGS, ...).
+EOF
+}
+
+say() { echo "launch: $*" >&2; }
+
+die() {  # die PROBLEM FIX
+  say "$1. Fix: $2"
+  exit 2
+}
+
+launch_init() {  # launch_init TITLE "$@"
+  local title=$1
+  shift
+  for a in "$@"; do
+    case "$a" in
+      --dry-run) DRY_RUN=1 ;;
+      -h|--help) launch_help; exit 0 ;;
+      *=*) RUN_ARGS+=("$a") ;;
+      *) die "unknown argument '$a'" "give --dry-run, --help or key=value overrides (run $0 --help)" ;;
+    esac
+  done
+  cd "$LAUNCH_ROOT"
+  PY=${CAPTIONRL_PYTHON:-}
+  if [ -z "$PY" ]; then
+    if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
+  fi
+  export PYTHONPATH="$LAUNCH_ROOT/src${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's captionrl
+  read -r -a SERVE_CMD <<< "${CAPTIONRL_SERVE_CMD:-vllm serve}"
+  READY_TIMEOUT=${CAPTIONRL_READY_TIMEOUT:-1800}
+  STOP_GRACE=${CAPTIONRL_STOP_GRACE:-30}
+  LOG_DIR=${CAPTIONRL_LAUNCH_LOGS:-runs/launch/$LAUNCH_NAME-$(date +%Y%m%d-%H%M%S)}
+  if [ "$DRY_RUN" = 1 ]; then
+    echo "# $title ($0): dry run, nothing is started"
+  else
+    command -v setsid > /dev/null || die "setsid (util-linux) is not installed" "install util-linux: the script stops each server's whole process group with it"
+    if [ "${SERVE_CMD[0]}" = vllm ] && ! command -v vllm > /dev/null; then
+      die "vllm is not on PATH" "install the gpu extra (scripts/setup.sh --gpu) and activate its environment, or set CAPTIONRL_SERVE_CMD"
+    fi
+    mkdir -p "$LOG_DIR"
+    trap cleanup EXIT
+    trap 'say "interrupted: stopping training and servers"; exit 130' INT
+    trap 'say "terminated: stopping training and servers"; exit 143' TERM
+    trap 'exit 129' HUP  # the terminal closed: still stop everything
+    trap '' PIPE         # a closed output pipe fails a write (and set -e exits through cleanup) instead of killing bash
+    say "$title; logs in $LOG_DIR"
+  fi
+}
+
+note() {  # a remark: a comment line in a dry run, a message otherwise
+  if [ "$DRY_RUN" = 1 ]; then echo "# $*"; else say "$*"; fi
+}
+
+moco_policy_note() {  # MoCo starts from the shared SFT checkpoint; say so when none is given
+  local a
+  for a in "${RUN_ARGS[@]}"; do [[ "$a" == policy.model=* ]] && return 0; done
+  note "policy.model is the preset's hub model; the paper starts from the shared multi-role SFT checkpoint (captionrl train moco-sft): pass policy.model=runs/moco-sft/model"
+}
+
+upper() { local s=${1//-/_}; echo "${s^^}"; }
+
+serve() {  # serve NAME FIELD GPUS MODEL [vLLM flags...]
+  local name=$1 field=$2 gpus=$3 model=$4
+  shift 4
+  local key
+  key=$(upper "$name")
+  local model_var="${key}_MODEL" gpus_var="${key}_GPUS" args_var="${key}_ARGS"
+  SERVER_NAMES+=("$name")
+  SERVER_FIELDS+=("$field")
+  SERVER_GPUS+=("${!gpus_var:-$gpus}")
+  SERVER_MODELS+=("${CAPTIONRL_SERVE_MODEL:-${!model_var:-$model}}")
+  SERVER_FLAGS+=("$* ${!args_var:-}")
+}
+
+gpu_count() { local IFS=,; local a; read -r -a a <<< "$1"; echo "${#a[@]}"; }
+
+show() {  # print a command as one copy-pasteable line (words with shell characters in single quotes)
+  local out=() w q="'"
+  for w in "$@"; do
+    if [[ "$w" =~ ^[A-Za-z0-9_./:=,@%+-]+$ ]]; then out+=("$w"); else out+=("$q${w//$q/$q\\$q$q}$q"); fi
+  done
+  echo "${out[*]}"
+}
+
+start_servers() {  # start_servers RECIPE CONFIG [overrides...]: check the plan, start every server, wait
+  local recipe=$1 config=$2
+  shift 2
+  local plan_args=(plan "$recipe" "$config")
+  local f
+  for f in "${SERVER_FIELDS[@]}"; do plan_args+=(--serve "$f"); done
+  [ "$DRY_RUN" = 1 ] && plan_args+=(--dry-run)
+  [ "${API_COMMITTEE:-0}" = 1 ] && plan_args+=(--api-committee)
+  local plan
+  plan=$("$PY" scripts/launch/servers.py "${plan_args[@]}" -- "$@" "${RUN_ARGS[@]}") || exit 2
+  PLAN_STORE=$(awk '$1 == "store" { print $2 }' <<< "$plan")
+  PLAN_OVERRIDE=$(sed -n 's/^override //p' <<< "$plan")
+  grep '^# WARNING' <<< "$plan" || true
+  local waits=() i
+  for i in "${!SERVER_FIELDS[@]}"; do
+    local name=${SERVER_NAMES[$i]} field=${SERVER_FIELDS[$i]} line host port served
+    line=$(awk -v f="$field" '$1 == "serve" && $2 == f' <<< "$plan")
+    read -r _ _ host port served <<< "$line"
+    local flags
+    read -r -a flags <<< "${SERVER_FLAGS[$i]}"
+    local cmd=(env "CUDA_VISIBLE_DEVICES=${SERVER_GPUS[$i]}" "${SERVE_CMD[@]}" "${SERVER_MODELS[$i]}"
+               --served-model-name "$served" --host "$host" --port "$port" "${flags[@]}")
+    local log="$LOG_DIR/$name.log"
+    if [ "$DRY_RUN" = 1 ]; then
+      echo "$(show "${cmd[@]}") > $(show "$log") 2>&1 &"
+      continue
+    fi
+    say "starting $name ($field: ${SERVER_MODELS[$i]} as $served on $host:$port, GPUs ${SERVER_GPUS[$i]}); log $log"
+    setsid "${cmd[@]}" > "$log" 2>&1 < /dev/null &
+    STARTED_PIDS+=("$!")
+    STARTED_NAMES+=("$name")
+    waits+=("$field=http://$host:$port/v1=$served=$!=$log")
+  done
+  if [ "$DRY_RUN" = 1 ]; then
+    echo "# wait until every server above answers GET /v1/models with its name (deadline ${READY_TIMEOUT} s together)"
+    return 0
+  fi
+  [ "${#waits[@]}" -gt 0 ] || return 0
+  "$PY" scripts/launch/servers.py wait --timeout "$READY_TIMEOUT" "${waits[@]}" || die "a server did not come up" "read its log (above); CAPTIONRL_READY_TIMEOUT=$READY_TIMEOUT s is the deadline"
+}
+
+# run_captionrl GPUS LAUNCHER WORDS...: run `captionrl WORDS... <script's key=value>` on GPUS in a process group
+# of its own, while watching the servers. LAUNCHER is "python" (one process) or "accelerate CONFIG NPROC".
+run_captionrl() {
+  local gpus=$1 launcher=$2
+  shift 2
+  local how
+  read -r -a how <<< "$launcher"
+  local cmd=(env "CUDA_VISIBLE_DEVICES=$gpus" "$PY")
+  if [ "${how[0]}" = accelerate ]; then
+    local acfg=${CAPTIONRL_ACCELERATE_CONFIG:-${how[1]}} nproc=${CAPTIONRL_NUM_PROCESSES:-${how[2]}}
+    cmd+=(-m accelerate.commands.launch --config_file "$acfg" --num_processes "$nproc")
+    [ -n "${CAPTIONRL_MAIN_PROCESS_PORT:-}" ] && cmd+=(--main_process_port "$CAPTIONRL_MAIN_PROCESS_PORT")
+  fi
+  cmd+=(-m captionrl.cli "$@" "${RUN_ARGS[@]}")
+  if [ "$DRY_RUN" = 1 ]; then
+    show "${cmd[@]}"
+    return 0
+  fi
+  say "running: $(show "${cmd[@]}")"
+  setsid "${cmd[@]}" < /dev/null &
+  TRAIN_PID=$!
+  local i
+  while kill -0 "$TRAIN_PID" 2> /dev/null; do
+    for i in "${!STARTED_PIDS[@]}"; do
+      if ! kill -0 "${STARTED_PIDS[$i]}" 2> /dev/null; then
+        say "server ${STARTED_NAMES[$i]} stopped while captionrl was running; last lines of $LOG_DIR/${STARTED_NAMES[$i]}.log:"
+        tail -n 30 "$LOG_DIR/${STARTED_NAMES[$i]}.log" >&2 || true
+        stop_group "$TRAIN_PID" captionrl
+        TRAIN_PID=""
+        exit 1
+      fi
+    done
+    sleep 2 & wait $! || true
+  done
+  local rc=0
+  wait "$TRAIN_PID" || rc=$?
+  TRAIN_PID=""
+  if [ "$rc" != 0 ]; then
+    say "captionrl $1 $2 exited with status $rc; the servers' logs are in $LOG_DIR"
+    exit "$rc"
+  fi
+}
+
+stop_group() {  # stop_group PID NAME: SIGTERM to the process group PID leads, then SIGKILL after the grace
+  local pid=$1 name=$2 t=0
+  kill -0 -- "-$pid" 2> /dev/null || { wait "$pid" 2> /dev/null || true; return 0; }
+  say "stopping $name (process group $pid)"
+  kill -TERM -- "-$pid" 2> /dev/null || true
+  while kill -0 -- "-$pid" 2> /dev/null && [ "$t" -lt $((STOP_GRACE * 10)) ]; do
+    sleep 0.1
+    t=$((t + 1))
+  done
+  if kill -0 -- "-$pid" 2> /dev/null; then
+    say "$name did not stop within $STOP_GRACE s: SIGKILL"
+    kill -KILL -- "-$pid" 2> /dev/null || true
+  fi
+  wait "$pid" 2> /dev/null || true
+}
+
+stop_servers() {  # stop every server started so far (the next phase starts its own)
+  if [ "$DRY_RUN" = 1 ]; then
+    [ "${#SERVER_NAMES[@]}" -gt 0 ] && echo "# stop ${SERVER_NAMES[*]} (SIGTERM to each server's process group, SIGKILL after ${STOP_GRACE} s)"
+  fi
+  local i
+  for i in "${!STARTED_PIDS[@]}"; do
+    stop_group "${STARTED_PIDS[$i]}" "${STARTED_NAMES[$i]}"
+  done
+  STARTED_PIDS=() STARTED_NAMES=()
+  SERVER_NAMES=() SERVER_FIELDS=() SERVER_GPUS=() SERVER_MODELS=() SERVER_FLAGS=()
+}
+
+cleanup() {  # the EXIT trap: whatever happened, leave no process of ours behind
+  local rc=$?
+  trap - EXIT INT TERM HUP
+  if [ -n "$TRAIN_PID" ]; then stop_group "$TRAIN_PID" captionrl; fi
+  stop_servers
+  exit "$rc"
+}

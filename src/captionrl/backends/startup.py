@@ -1,0 +1,133 @@
+"""The first contact with an OpenAI-compatible server: wait while it is starting, then check that it serves
+the model a run names (``probe_server``), so that a run stops with a named error before any model loads.
+
+Why a wait and not one probe: a launch that starts ``vllm serve`` and the training together finds the server
+loading its weights. vLLM binds its port before it builds the engine but listens only once the model is
+loaded (``vllm/entrypoints/openai/api_server.py``: ``setup_server`` binds the socket, ``serve_http`` starts
+uvicorn on it after ``build_async_engine_client``), so for the minutes a large model takes to load every
+connection is refused. One 5 s probe failed such runs at once.
+
+What counts as "still starting", and is waited for with exponential backoff until the deadline: a refused or
+dropped connection, a timeout, HTTP 502/503/504 (a proxy in front of a server that is not up yet). Anything
+else is an answer and is judged at once: 401/404 and a model the server does not serve fail without waiting,
+since waiting would not change them. Progress is logged (``captionrl.backends.startup``) once the wait has
+lasted a few seconds and then every 30 s, so a person who forgot to start the server sees why the command
+waits and what to do.
+
+How long: ``BackendConfig.startup_timeout_s``; unset, the caller's default. Training (and rubric building)
+waits ``TRAINING_WAIT_S`` (600 s): those commands are started together with, or just after, their servers,
+and ten minutes covers loading a 72B model over tensor parallelism from local disk (an estimate: no GPU has
+measured it here), while being small next to the hours a run takes. One-shot commands (``eval``, ``caption``,
+``rubrics build``) wait ``COMMAND_WAIT_S`` (5 s, the old probe's own timeout): their servers are normally up
+long before, and a mistyped port should fail within seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from captionrl.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+TRAINING_WAIT_S = 600.0
+"""Default wait of a training run's probe for a server that is still starting (see the module doc)."""
+COMMAND_WAIT_S = 5.0
+"""Default wait of a one-shot command's probe (see the module doc)."""
+STARTING_STATUSES = frozenset({502, 503, 504})
+"""HTTP answers that mean "not up yet" rather than "wrong"."""
+ATTEMPT_TIMEOUT_S = 5.0
+"""Seconds one ``GET /models`` may take before it counts as a timeout (and, while waiting, is retried)."""
+REPORT_EVERY_S = 30.0
+
+
+class ServerStarting(Exception):
+    """One attempt found the server not up yet (connection refused, timeout, 502/503/504)."""
+
+
+def fetch_models(base: str, headers: dict[str, str], timeout_s: float) -> list[str]:
+    """``GET {base}/models`` once: the served model ids (empty when the reply has no list to read).
+
+    Raises ``ServerStarting`` when the server is not up yet, ``ConfigError`` (field ``base_url``) for any
+    other failed answer."""
+    url = base.rstrip("/") + "/models"
+    try:
+        resp = httpx.get(url, headers=headers, timeout=timeout_s)
+    except httpx.HTTPError as exc:  # refused, reset, timed out, DNS: the server is not (yet) there
+        raise ServerStarting(f"{type(exc).__name__}: {exc}") from exc
+    if resp.status_code in STARTING_STATUSES:
+        raise ServerStarting(f"GET {url} returned HTTP {resp.status_code}")
+    if resp.status_code != 200:
+        raise ConfigError("base_url", base, f"GET {url} returned HTTP {resp.status_code}",
+                          "check the URL, the server and its API key")
+    try:
+        return [m.get("id") for m in resp.json().get("data", [])]
+    except (ValueError, AttributeError):  # no model list to check names against: requests will tell
+        return []
+
+
+def wait_for_models(base: str, *, field: str, model: str, timeout_s: float, headers: dict[str, str] | None = None,
+                    alive: Callable[[], str | None] | None = None) -> list[str]:
+    """Poll ``GET {base}/models`` until the server answers (returns the served ids), for at most ``timeout_s``
+    seconds (0: one attempt). ``alive`` (optional) says why the server cannot come up any more (its process
+    ended) or returns None; it is asked before every retry, so a launch script's server that died stops the
+    wait at once. At the deadline: ``ConfigError`` naming the URL, the last error and the fix."""
+    headers = headers or {}
+    t0 = time.monotonic()
+    deadline = t0 + max(float(timeout_s), 0.0)
+    delay, reported = 0.5, 0.0
+    while True:
+        left = deadline - time.monotonic()
+        attempt_s = min(ATTEMPT_TIMEOUT_S, max(left, 1.0)) if timeout_s > 0 else ATTEMPT_TIMEOUT_S
+        try:
+            return fetch_models(base, headers, attempt_s)
+        except ServerStarting as exc:
+            last = str(exc)
+        except ConfigError as exc:
+            raise ConfigError(f"{field}.base_url", base, exc.problem, exc.fix) from None
+        waited = time.monotonic() - t0
+        gone = alive() if alive is not None else None
+        if gone is not None:
+            raise ConfigError(f"{field}.base_url", base, f"the server stopped before it answered ({gone}; last: {last})",
+                              "read the server's log for why (out of memory, a wrong flag, a model it cannot load)")
+        if time.monotonic() + delay > deadline:
+            wait = f" within {waited:.0f} s" if timeout_s > 0 else ""
+            raise ConfigError(
+                f"{field}.base_url", base, f"the server does not answer{wait} ({last})",
+                f"start it first (e.g. vllm serve MODEL --served-model-name {model} --port PORT) or fix the URL; "
+                f"a server that needs longer to load: raise {field}.startup_timeout_s (now {timeout_s:g} s)")
+        if waited - reported >= (REPORT_EVERY_S if reported else 3.0):
+            reported = waited
+            logger.info(f"{field}: waiting for {base} to answer ({last}); {waited:.0f} s of {timeout_s:g} s "
+                        f"({field}.startup_timeout_s)")
+        time.sleep(delay)
+        delay = min(delay * 2, 10.0)
+
+
+def probe_server(cfg: Any, field: str = "verifier", default_wait_s: float = COMMAND_WAIT_S) -> None:
+    """Fail fast with a named error, before any model loads, when an OpenAI-compatible server does not
+    answer ``GET /models`` or does not serve ``cfg.model``; otherwise every later judgment would be
+    unscored and a run would end "successfully" with an empty table. ``cfg`` is a ``BackendConfig``; a
+    server that is still starting is waited for ``cfg.startup_timeout_s`` seconds (unset: ``default_wait_s``;
+    see the module doc). Every replica of ``base_url`` must answer."""
+    if cfg.kind != "openai":
+        return
+    headers = {}
+    key = os.environ.get(cfg.api_key_env)
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    timeout_s = getattr(cfg, "startup_timeout_s", None)
+    timeout_s = default_wait_s if timeout_s is None else float(timeout_s)
+    deadline = time.monotonic() + timeout_s
+    for base in str(cfg.base_url).split("|"):  # replicas: every one must answer, within one deadline
+        left = max(deadline - time.monotonic(), 0.0) if timeout_s > 0 else 0.0
+        served = wait_for_models(base, field=field, model=cfg.model, timeout_s=left, headers=headers)
+        if served and cfg.model not in served:
+            raise ConfigError(f"{field}.model", cfg.model, f"is not served at {base} (it serves {served})",
+                              f"name one of {served} after '#'")

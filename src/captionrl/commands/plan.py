@@ -1,0 +1,78 @@
+"""``captionrl plan``: the GPU memory plan of a preset, before anything loads.
+
+    captionrl plan --config configs/moco-paper.yaml --gpus 8 --gpu-memory 141
+
+Reads the preset as its training command would (every field validated), the accelerate config its launch
+line names (ZeRO stage, offload; ``--accelerate`` to choose another, ``--accelerate none`` for one plain
+process) and the policy's shape (``captionrl.memory_plan``: a local ``config.json`` or the papers' models
+offline), and prints per GPU what the weights, gradients, optimizer states, reference model, momentum,
+activations, vLLM's share and KV cache take, each with its formula. A plan that does not fit exits non-zero
+with the fix (LoRA, offload, a smaller vLLM share, ``vllm_max_model_length``, ...); a training run on CUDA
+makes the same check before it loads anything (``train.memory_plan``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+from captionrl.config import help_field
+from captionrl.errors import ConfigError
+
+
+@dataclass
+class PlanConfig:
+    """Settings of ``captionrl plan``."""
+
+    preset: str = help_field("", "the run's config (a preset such as configs/lineup-paper.yaml)", flags=("--config",))
+    overrides: list[str] = help_field([], "settings of the preset to change, key=value (e.g. --set policy.lora=true --set train.vllm_gpu_memory_utilization=0.2)", flags=("--set",))
+    recipe: str = help_field("auto", "auto (from the config's sections), lineup, rubicap, moco, moco-sft or sft")
+    gpus: int | None = help_field(None, "training GPUs, one process each (null: the accelerate config's num_processes, or 1)")
+    gpu_memory: float = help_field(141.0, "memory of one GPU in GiB (H200: 141, H100: 80)")
+    accelerate: str | None = help_field(None, "accelerate config of the launch (null: the one the preset's launch line names; none: one process without DeepSpeed)")
+    served: list[str] = help_field([], "engines served on the training GPUs, MODEL@SHARE (vllm serve --gpu-memory-utilization SHARE), e.g. Qwen/Qwen2.5-14B-Instruct@0.3")
+    image_size: list[int] | None = help_field(None, "image recipes: the width and height of a training image the plan assumes (null: 1024 1024)")
+    json: bool = help_field(False, "print the plan as one JSON object")
+
+    def __post_init__(self) -> None:
+        if not self.preset:
+            raise ConfigError("config", self.preset, "plan needs the run's config", "captionrl plan --config configs/lineup-paper.yaml")
+        if self.gpus is not None and self.gpus < 1:
+            raise ConfigError("gpus", self.gpus, "must be >= 1", "give the number of training GPUs, e.g. --gpus 8")
+        if self.gpu_memory <= 0:
+            raise ConfigError("gpu_memory", self.gpu_memory, "must be > 0 GiB", "e.g. --gpu-memory 141 (H200) or 80 (H100)")
+        if self.image_size is not None and (len(self.image_size) != 2 or min(self.image_size) < 1):
+            raise ConfigError("image_size", self.image_size, "must be width and height in pixels", "e.g. --image-size 1024 768")
+
+
+CONFIG = PlanConfig
+
+
+def make_plan(cfg: PlanConfig):  # -> MemoryPlan
+    """The plan ``cfg`` asks for (no printing, no refusal): for the command and the tests."""
+    from captionrl.memory_plan import Parallel, plan, read_accelerate_config
+    from captionrl.train.memory_check import load_recipe, named_accelerate_config, parse_served, plan_inputs
+
+    recipe, run_cfg = load_recipe(cfg.preset, cfg.overrides, cfg.recipe)
+    launch = cfg.accelerate if cfg.accelerate is not None else named_accelerate_config(cfg.preset)
+    if launch is None or launch == "none":
+        parallel = Parallel(processes=cfg.gpus or 1, source="no accelerate config" if launch is None else "--accelerate none")
+    else:
+        parallel = read_accelerate_config(launch, cfg.gpus)
+    size = (cfg.image_size[0], cfg.image_size[1]) if cfg.image_size else None
+    label = f"{cfg.preset}" + (f" ({', '.join(cfg.overrides)})" if cfg.overrides else "")
+    return plan(plan_inputs(recipe, run_cfg, parallel=parallel, gpu_gib=cfg.gpu_memory, served=parse_served(cfg.served),
+                            image_size=size, label=label))
+
+
+def run_command(cfg: PlanConfig) -> int:
+    """Print the plan; refuse (non-zero, with the fix) when it does not fit."""
+    result = make_plan(cfg)
+    if cfg.json:
+        print(json.dumps({"label": result.inputs.label, "gpu_gib": result.inputs.gpu_gib, "total_gib": round(result.total, 2),
+                          "fits": result.fits, "rows": [asdict(r) for r in result.rows],
+                          "problems": [{"field": f, "problem": p, "fix": x} for f, p, x in result.problems]}, indent=2))
+    else:
+        print(result.table())
+    result.check()
+    return 0
