@@ -87,6 +87,12 @@ INTERNALS: list[Internal] = [
     Internal("trl.trainer.utils.add_fused_lm_head", None, "train.shared_prefix (the fused head runs the backbone "
              "with the caller's kwargs, so a cache passed in is used; log_probs/entropy over label != -100)",
              source=("backbone_outputs = getattr(self, backbone_attr)(*args, **kwargs)", "labels = labels[:, 1:]")),
+    *_both("_prepare_inputs", "train.shared_prefix.micro_batch_sharing (what a loss pass holds: each rank's "
+           "generation batch shuffled, then cut into steps_per_generation loss passes)",
+           source=("shuffle_sequence_dict(generation_batch)",
+                   "split_tensor_dict(generation_batch, self.args.steps_per_generation)")),
+    *_both("_get_train_sampler", "train.shared_prefix.micro_batch_sharing (the G copies of a prompt are adjacent "
+           "in the sampler's order)", source=("mini_repeat_count=self.num_generations",)),
     # train.callbacks: a resumed run continues the sampler's shuffle sequence
     Internal("trl.trainer.utils.RepeatSampler", None, "train.callbacks.ResumeShuffleCallback (finds the sampler)"),
     Internal("trl.trainer.utils.RepeatSampler", "__iter__", "train.callbacks.ResumeShuffleCallback (replays one "
