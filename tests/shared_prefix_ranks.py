@@ -60,11 +60,14 @@ def build(name: str, rank: int) -> tuple[Any, Any, Any, int, dict[str, Any]]:
     return model, ids, mask, keep, multimodal
 
 
-def wrap(model: Any, accelerator: Any, stage: int | None, rows: int) -> tuple[Any, Any]:
-    """The engine the trainer trains: a DeepSpeed engine at the launch's ZeRO stage, else accelerate's DDP."""
+def wrap(model: Any, stage: int | None, rows: int, vlm: bool) -> tuple[Any, Any]:
+    """The engine the trainer trains: a DeepSpeed engine at the launch's ZeRO stage, else DDP, looking for
+    unused parameters for a vision-language policy as TRL's trainers set it (``ddp_find_unused_parameters``)."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     if stage is None:
-        return accelerator.prepare(model, optimizer)
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model, find_unused_parameters=vlm), optimizer
     import deepspeed
 
     # ZeRO-3 keeps a tensor whole on every rank below its persistence threshold (DeepSpeed's default, 100k
@@ -92,14 +95,14 @@ def full_grads(engine: Any) -> dict[str, torch.Tensor]:
     return {n: p.grad.detach().clone() for n, p in engine.module.named_parameters() if p.grad is not None}
 
 
-def step(engine: Any, optimizer: Any, loss: Any, accelerator: Any) -> dict[str, torch.Tensor]:
+def step(engine: Any, optimizer: Any, loss: Any) -> dict[str, torch.Tensor]:
     """Backward, the full gradients, then a step at learning rate 0 (weights unchanged) that clears them."""
     if hasattr(engine, "zero_optimization_stage"):
         engine.backward(loss)
         grads = full_grads(engine)
         engine.step()
     else:
-        accelerator.backward(loss)
+        loss.backward()
         grads = full_grads(engine)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -110,14 +113,14 @@ def compare(name: str, accelerator: Any, stage: int | None) -> dict[str, Any]:
     from captionrl.train.shared_prefix import shared_prefix_logps, shared_prefix_logps_qwen_vl
 
     model, ids, mask, keep, mm = build(name, accelerator.process_index)
-    engine, optimizer = wrap(model, accelerator, stage, ids.size(0))
+    engine, optimizer = wrap(model, stage, ids.size(0), vlm=name != "text")
     cmask = mask[:, -keep:].float()
     ref_lp, ref_ent, _ = trl_pass(engine, ids, mask, keep, accelerator, **mm)
-    ref_grads = step(engine, optimizer, (ref_lp * cmask).sum(), accelerator)
+    ref_grads = step(engine, optimizer, (ref_lp * cmask).sum())
     shared = shared_prefix_logps if name == "text" else shared_prefix_logps_qwen_vl
     with accelerator.autocast():
         lp, ent, prompts = shared(engine, ids, mask, keep, True, **mm)
-    grads = step(engine, optimizer, (lp * cmask).sum(), accelerator)
+    grads = step(engine, optimizer, (lp * cmask).sum())
     worst, worst_name = 0.0, ""
     for n, g in ref_grads.items():
         rel = float((grads[n] - g).abs().max() / g.abs().max().clamp(min=1e-6)) if n in grads else float("inf")

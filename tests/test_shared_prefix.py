@@ -170,6 +170,46 @@ def test_reentrant_checkpointing_is_refused(tiny_policy):
         model.gradient_checkpointing_disable()
 
 
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_call_without_a_shared_prompt_is_routed_by_its_rows_only_in_one_process(tiny_policy, processes):
+    """Through the trainer patch: a loss pass whose rows share no prompt goes to TRL's pass in one process
+    (nothing to save). With several processes every rank must make the same forward calls (ZeRO-3 gathers
+    weights with a collective per call, DDP broadcasts buffers per call), so the split pass runs anyway:
+    exact, one prompt pass per row."""
+    import contextlib
+    import functools
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+    from trl import RLOOTrainer
+
+    from captionrl.train.shared_prefix import share_prompt_forward
+
+    model, tok = tiny_policy
+    args = SimpleNamespace(gradient_checkpointing=False, num_generations=2, per_device_train_batch_size=3,
+                           steps_per_generation=1)
+    accelerator = SimpleNamespace(num_processes=processes, autocast=contextlib.nullcontext, is_main_process=True,
+                                  distributed_type=DistributedType.NO if processes == 1 else DistributedType.MULTI_CPU)
+    trainer = SimpleNamespace(args=args, model=model, accelerator=accelerator)
+    trainer._get_per_token_logps_and_entropies = functools.partial(RLOOTrainer._get_per_token_logps_and_entropies,
+                                                                   trainer)
+    ids, mask, keep = text_batch(tok, [f"Series {i}: {i}, {i + 1}" for i in range(3)], COMPLETIONS[:3], group=1)
+    cmask = mask[:, -keep:].float()
+    try:
+        assert share_prompt_forward(trainer) is None
+        with torch.no_grad():
+            lp, _, _ = trainer._get_per_token_logps_and_entropies(model, ids, mask, keep)
+            ref_lp, _, _ = trl_pass(model, ids, mask, keep)
+    finally:
+        model.__dict__.pop("generate", None)
+    assert torch.allclose(lp * cmask, ref_lp * cmask, atol=2e-4)
+    state = trainer._captionrl_shared_prefix
+    if processes == 1:
+        assert (state["unshared_calls"], state["rows"], state["fallback_calls"]) == (1, 0, 0), state
+    else:
+        assert (state["unshared_calls"], state["rows"], state["prompts"]) == (0, 3, 3), state
+
+
 def test_reasons_follow_the_verified_setups():
     """On under one process, DDP and DeepSpeed, with non-reentrant checkpointing (transformers' default when no
     kwargs are given); off, with the reason, under FSDP, reentrant checkpointing (TRL forces it for LoRA under
@@ -223,7 +263,7 @@ def test_sharing_note_matches_trls_own_batching():
     expected = float(re.search(r"about ([0-9.]+) distinct prompts", note).group(1))
     assert abs(sum(distinct) / len(distinct) - expected) < 0.1, (sum(distinct) / len(distinct), note)
     whole = micro_batch_sharing(SimpleNamespace(num_generations=g, per_device_train_batch_size=b, steps_per_generation=1))
-    assert "holds 8 rows of about 1 prompts" in whole
+    assert "holds 8 rows of about 1 prompt," in whole
 
 
 def test_only_vision_language_models_outside_the_qwen_vl_family_keep_trls_pass(tiny_vlm):

@@ -5,16 +5,37 @@ runs every row's prompt again: in the LineupRL CPU job most of each row's tokens
 batch is split one token before the completions start:
 
 1. the distinct prompt prefixes (``input_ids[:, :P-1]`` with their attention mask) run once each through
-   the model with a key/value cache;
-2. the cache is indexed out to every row of the batch (``index_select`` on the batch dimension: autograd
-   sums each row's gradient back into its group's single prompt pass);
+   the model, each layer's key/value states recorded into a cache;
+2. each row reads its group's recorded states (``index_select`` on the batch dimension: autograd sums each
+   row's gradient back into its group's single prompt pass);
 3. the last prompt token and the completions (``input_ids[:, P-1:]``) run on that cache through TRL's own
    fused LM head (``fused_lm_head=True``), so temperature, logit scaling and the entropy are TRL's.
 
 Positions are the ones TRL's full pass uses (the cache length plus ``arange``), the attention mask is the
 full row's, and the first completion token's log-prob comes from the last prompt token as before, so the
 per-token log-probs and the parameter gradients equal TRL's up to float rounding (``tests/test_shared_prefix.py``
-checks both on the embedded model). The idea is Prefix Grouper's (verl ``use_prefix_grouper``).
+checks both on the embedded model). The idea is Prefix Grouper's (verl ``use_prefix_grouper``), which packs a
+group into one sequence and splits the attention (prefix self-attention, then each completion over the prefix
+and itself) inside a patched model file, one forward call; here an unmodified transformers model runs two calls
+joined by its own cache argument.
+
+Gradient checkpointing. transformers drops the cache under it: ``GradientCheckpointingLayer`` sets a
+checkpointed layer's ``cache`` to ``None`` (and ``merge_with_config_defaults`` turns ``use_cache`` off),
+because ``DynamicLayer.update`` appends and the layer's replay in the backward pass would append a second
+time. The two caches here (:func:`_cache_layers`) are pure: the prompt pass's records the first states each
+layer gives it and hands back what it is given, the completions pass's returns the recorded states joined to
+the new ones and stores nothing, so a replay computes what the forward did. For the two calls the layers
+get transformers' own ``_can_checkpoint_with_cache`` flag, which exists for caches a replay only reads. The
+recorded states keep their autograd graph under non-reentrant checkpointing (transformers' default since 5.0);
+reentrant checkpointing runs a layer under ``no_grad`` and would cut it, so it keeps TRL's pass.
+
+Distributed runs. Each process computes its own rows' prompts, so the pass needs nothing across ranks: DDP
+and DeepSpeed ZeRO-2/3 see two forward calls before one backward, which they allow (ZeRO-3 gathers a layer's
+weights for each call and again for the backward). ``tests/test_shared_prefix_ranks.py`` checks equal
+log-probs and every reduced, gathered gradient on 2 CPU processes under ZeRO-3 (and, in the long tier,
+ZeRO-2 and DDP), with checkpointing on. Whether a loss pass holds whole groups is TRL's batching
+(:func:`micro_batch_sharing`): rows are grouped by equal prompt within each call, so the pass is exact
+however TRL distributes them; only what it saves changes.
 
 Generation gets the same treatment (:func:`share_generation_prefill`): each distinct prompt is prefilled
 once and its cache indexed out to the G rows, and ``generate`` continues from there.
@@ -26,10 +47,12 @@ prompt tokens *and* pixels (two charts under one instruction have the same place
 prompt part carries only the groups' images, so the vision tower also runs once per group. Generation of
 VLM policies keeps ``generate``'s own prefill.
 
-Where it is not exact or not known to be, the trainer keeps TRL's pass and the reason is recorded:
-vision-language models outside the Qwen-VL family, MoE aux losses, gradient checkpointing (HF drops the
-cache under it), distributed runs (DDP's reducer and ZeRO-3's parameter gathering see two forward calls
-per loss; not yet verified), and batches with no prompt shared by two rows.
+Where it is not exact or not known to be, the trainer keeps TRL's pass and the reason is recorded
+(:func:`shared_prefix_reason`): vision-language models outside the Qwen-VL family, MoE aux losses,
+reentrant checkpointing (TRL forces it for LoRA under ZeRO-3), FSDP, Megatron-LM and XLA runs, and one-row
+loss passes. A single call goes to TRL's pass when no two of its rows share a prompt, or when the model
+turns out not to take the split (a cache layout with sliding-window, linear or shared attention layers, a
+layer that ran without the cache): checked before the result is used, never a wrong log-prob.
 """
 
 from __future__ import annotations
@@ -37,8 +60,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import logging
 from collections.abc import Iterator
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 MULTIMODAL_KEYS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
                    "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
@@ -376,7 +402,8 @@ def micro_batch_sharing(args: Any) -> str:
     spg = int(getattr(args, "steps_per_generation", None) or getattr(args, "gradient_accumulation_steps", 1) or 1)
     rows = b * spg
     if spg == 1 or rows % g:
-        return f"each loss pass holds {b} rows of about {max(1, b // g)} prompts, each prompt computed once"
+        n = max(1, b // g)
+        return f"each loss pass holds {b} rows of about {n} prompt{'s' if n > 1 else ''}, each computed once"
     groups = rows // g
     expected = groups * (1 - comb(rows - g, b) / comb(rows, b))   # distinct groups among b rows drawn from rows
     return (f"TRL shuffles each rank's {rows} generated rows over {spg} loss passes (steps_per_generation), so a "
@@ -405,6 +432,10 @@ def share_prompt_forward(trainer: Any) -> str | None:
     handled = QWEN_VL_KEYS if qwen_vl else ()
     state: dict[str, Any] = {"rows": 0, "prompts": 0, "fallback_calls": 0, "unshared_calls": 0,
                              "sharing": micro_batch_sharing(trainer.args)}
+    # Under ZeRO-3 every forward call gathers each layer's weights with a collective, and DDP broadcasts its
+    # buffers on each call, so every rank must make the same calls: with several processes a call is never
+    # routed by its own rows (the split pass is exact without a shared prompt too; it only saves nothing).
+    local_choice = getattr(trainer.accelerator, "num_processes", 1) == 1
 
     def logps_and_entropies(model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int,
                             batch_size: int | None = None, compute_entropy: bool = False,
@@ -422,11 +453,14 @@ def share_prompt_forward(trainer: Any) -> str | None:
         try:
             with trainer.accelerator.autocast():        # as TRL's pass runs the model
                 logps, entropies, rows, prompts = _shared_chunks(model, input_ids, attention_mask, logits_to_keep,
-                                                                 batch_size, compute_entropy, qwen_vl, multimodal)
+                                                                 batch_size, compute_entropy, qwen_vl, multimodal,
+                                                                 only_if_shared=local_choice)
         except NotShared as why:
             if why.reason == NO_SHARED_PROMPT:
                 state["unshared_calls"] += 1
             else:
+                if "fallback_reason" not in state:
+                    logger.warning(f"shared-prompt forward: TRL's pass for this call and any like it: {why.reason}")
                 state["fallback_calls"] += 1
                 state["fallback_reason"] = why.reason
             return trls()
@@ -437,13 +471,14 @@ def share_prompt_forward(trainer: Any) -> str | None:
     trainer._get_per_token_logps_and_entropies = logps_and_entropies
     # a VLM's generate derives its rope positions from its own prefill: it keeps that prefill
     state["generation"] = ("generate's own prefill (vision-language policy)" if qwen_vl
-                           else share_generation_prefill(trainer.model))
+                           else share_generation_prefill(trainer.model, always=not local_choice))
     trainer._captionrl_shared_prefix = state
     return None
 
 
 def _shared_chunks(model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int, batch_size: int | None,
-                   compute_entropy: bool, qwen_vl: bool, multimodal: dict[str, Any]) -> tuple[Any, Any, int, int]:
+                   compute_entropy: bool, qwen_vl: bool, multimodal: dict[str, Any], only_if_shared: bool,
+                   ) -> tuple[Any, Any, int, int]:
     """The split pass over ``batch_size``-row chunks, as TRL chunks its pass: (log-probs, entropies or None,
     rows, prompt passes). Raises :class:`NotShared` when a chunk cannot take it."""
     import torch
@@ -464,18 +499,20 @@ def _shared_chunks(model: Any, input_ids: Any, attention_mask: Any, logits_to_ke
                 chunk.update(pixel_values=torch.cat(pixels[start:end]), image_grid_thw=torch.cat(grids[start:end]),
                              num_images=list(multimodal["num_images"])[start:end])
             lp, ent, n = shared_prefix_logps_qwen_vl(model, ids, mask, logits_to_keep, compute_entropy,
-                                                     only_if_shared=True, **chunk)
+                                                     only_if_shared=only_if_shared, **chunk)
         else:
-            lp, ent, n = shared_prefix_logps(model, ids, mask, logits_to_keep, compute_entropy, only_if_shared=True)
+            lp, ent, n = shared_prefix_logps(model, ids, mask, logits_to_keep, compute_entropy,
+                                             only_if_shared=only_if_shared)
         logps.append(lp)
         entropies.append(ent)
         prompts += n
     return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, int(input_ids.size(0)), prompts
 
 
-def shared_prefill(model: Any, input_ids: Any, attention_mask: Any) -> tuple[Any, int] | None:
+def shared_prefill(model: Any, input_ids: Any, attention_mask: Any, always: bool = False) -> tuple[Any, int] | None:
     """A key/value cache of every row's prompt but its last token, each distinct prompt computed once and
-    indexed out to its rows; ``None`` when no two rows share a prompt (nothing to save).
+    indexed out to its rows; ``None`` when no two rows share a prompt (nothing to save), unless ``always``
+    (several processes: each must make the same forward calls, see :func:`share_prompt_forward`).
 
     Positions are generation's own (``cumsum`` of the attention mask), so ``generate`` continues on this
     cache exactly as on its own prefill: it runs only the last prompt token and then decodes.
@@ -487,7 +524,7 @@ def shared_prefill(model: Any, input_ids: Any, attention_mask: Any) -> tuple[Any
         return None
     key = torch.cat([input_ids[:, :split], attention_mask[:, :split].to(input_ids.dtype)], dim=1)
     uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
-    if uniq.size(0) == input_ids.size(0):
+    if uniq.size(0) == input_ids.size(0) and not always:
         return None
     mask = uniq[:, split:]
     positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
@@ -499,11 +536,12 @@ def shared_prefill(model: Any, input_ids: Any, attention_mask: Any) -> tuple[Any
     return cache, int(uniq.size(0))
 
 
-def share_generation_prefill(model: Any, state: dict[str, Any] | None = None) -> dict[str, Any]:
+def share_generation_prefill(model: Any, state: dict[str, Any] | None = None, always: bool = False) -> dict[str, Any]:
     """Make ``model.generate`` prefill each distinct prompt once (the G rows of a group share it).
 
     Only plain text calls are changed (``input_ids`` + ``attention_mask``, no cache, no multimodal input);
-    anything else goes to the original ``generate``. ``state`` counts rows and distinct prompts.
+    anything else goes to the original ``generate``. ``state`` counts rows and distinct prompts; ``always``:
+    prefill even when no prompt is shared (see :func:`shared_prefill`).
     """
     state = state if state is not None else {"rows": 0, "prompts": 0}
     original = model.generate
@@ -513,7 +551,7 @@ def share_generation_prefill(model: Any, state: dict[str, Any] | None = None) ->
         plain = not args and ids is not None and mask is not None and not any(
             k in kwargs for k in ("cache", "past_key_values", "inputs_embeds", *MULTIMODAL_KEYS))
         if plain:
-            shared = shared_prefill(model, ids, mask)
+            shared = shared_prefill(model, ids, mask, always)
             if shared is not None:
                 cache, prompts = shared
                 state["rows"] += int(ids.size(0))
