@@ -6,7 +6,9 @@ the weights every rank gathered). Then a resume: checkpoint-2 and the final mode
 command resumes from checkpoint-1; the redone step 2 must reproduce the first run's checkpoint-2 (the
 restored state is the saved state: weights, optimizer, data order, per-rank RNG, and MoCo's momentum).
 Asserted as well: the trainable parameters moved, both ranks produced and scored captions, every rank
-exited 0, and for MoCo that the momentum moved by the float32 EMA of the gathered Policy parameters.
+exited 0, the loss pass computed each group's prompt once (``train/shared_prefix.py``; RubiCap with gradient
+checkpointing on, as its paper preset trains), and for MoCo that the momentum moved by the float32 EMA of the
+gathered Policy parameters.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ RECIPES = {
     "rubicap": ("rubicap-cpu.yaml", QWEN25, [
         f"policy.model={QWEN25}", "policy.dtype=float32", "judge.kind=hf", f"judge.model={QWEN25}",
         "judge.dtype=float32", "data.scene_count=4", "train.num_generations=2",
-        "train.per_device_train_batch_size=2", "train.max_completion_length=6"]),
+        "train.per_device_train_batch_size=2", "train.max_completion_length=6",
+        "train.gradient_checkpointing=true"]),  # as configs/rubicap-paper.yaml trains
     # MoCo Rubric (Qwen3-VL, LoRA, GRPO), the momentum adapter writing and judging the rubrics
     "moco": ("moco-cpu.yaml", QWEN3, [
         f"policy.model={QWEN3}", "data.n=4", "train.num_generations=2", "train.per_device_train_batch_size=2",
@@ -94,6 +97,9 @@ def test_recipe_under_deepspeed(recipe, stage, tmp_path):
     ck1, ck2 = out / "checkpoints" / "checkpoint-1", out / "checkpoints" / "checkpoint-2"
     assert json.loads((ck2 / "trainer_state.json").read_text())["global_step"] == 2
     assert (out / "preflight.md").is_file()  # the preflight ran inside train(), the model on its device
+    # the loss pass computed each group's prompt once under ZeRO (train/shared_prefix.py), never refused a call
+    shared = json.loads((out / "timing.json").read_text())["shared_prompt_forward"]
+    assert isinstance(shared, dict) and 0 < shared["prompts"] < shared["rows"] and shared["fallback_calls"] == 0, shared
     final = weights(out / "model")  # under ZeRO-3 the full state dict gathered from the shards
     if recipe == "moco":  # LoRA: the adapters trained, the momentum followed them by the float32 EMA
         assert moved_fraction(weights(ck1), final) > 0.9

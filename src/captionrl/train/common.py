@@ -80,7 +80,7 @@ class _CaptionRLTrain:
     bf16: bool | None = help_field(None, "bf16 mixed precision; null = on for GPUs, off on CPU")
     gradient_checkpointing: bool | None = help_field(None, "recompute activations to save memory; null = on for GPUs, off on CPU")
     resume: str = help_field("auto", "auto: resume from the last checkpoint in out_dir (the saved config must match); off: refuse to reuse a folder that holds checkpoints")
-    shared_prompt_forward: bool = help_field(True, "loss pass: run each group's prompt once and reuse its key/value cache for the G completions (exact: same log-probs and gradients as TRL's pass; text batches and Qwen-VL policies with their images, whose vision tower then runs once per group; off under gradient checkpointing and in distributed runs, where TRL's pass runs)")
+    shared_prompt_forward: bool = help_field(True, "loss pass: run each group's prompt once and reuse its key/value cache for the G completions (exact: same log-probs and gradients as TRL's pass; text batches and Qwen-VL policies with their images, whose vision tower then runs once per group; with gradient checkpointing (non-reentrant), DDP and DeepSpeed ZeRO-2/3 too; where it cannot run, TRL's pass runs and the run says why)")
     preflight_items: int = help_field(8, "reward preflight: training items on which an honest reference must beat every hacking probe before step 1 (0 = skip)")
     force_preflight: bool = help_field(False, "start training even when a hacking probe beats the honest reference in the reward preflight")
     preflight_margin: float = help_field(0.0, "reward preflight: every probe's mean reward must stay this far below the honest reference's (0: below it at all); a probe closer than this counts as winning")
@@ -332,8 +332,9 @@ def build_trainer(
 
     if train.shared_prompt_forward:  # patched first: the on-policy shortcut wraps whichever pass is in place
         why_not = share_prompt_forward(trainer)
-        if why_not and is_main_process():
-            logger.info(f"shared-prompt forward: off, {why_not}")
+        if is_main_process():
+            logger.info(f"shared-prompt forward: off, {why_not}" if why_not else
+                        f"shared-prompt forward: on, {trainer._captionrl_shared_prefix['sharing']}")
     reason = reuse_on_policy_logprobs(trainer)  # RLOO on-policy: no old-policy pass, as GRPO does
     if reason and is_main_process():
         logger.info(f"old-policy log-probs: not recomputed, {reason}")

@@ -109,6 +109,12 @@ INTERNALS: list[Internal] = [
                      "loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()")),
     Internal("RLOOTrainer", "_compute_loss", "train.unscored (RLOO's loss is a mean over rows; an unscored row's "
              "advantage 0 makes its term exactly 0)", source=("loss = per_sequence_loss.mean()",)),
+    *_both("_prepare_inputs", "train.shared_prefix.micro_batch_sharing (what a loss pass holds: each rank's "
+           "generation batch shuffled, then cut into steps_per_generation loss passes)",
+           source=("shuffle_sequence_dict(generation_batch)",
+                   "split_tensor_dict(generation_batch, self.args.steps_per_generation)")),
+    *_both("_get_train_sampler", "train.shared_prefix.micro_batch_sharing (the G copies of a prompt are adjacent "
+           "in the sampler's order)", source=("mini_repeat_count=self.num_generations",)),
     # train.callbacks: a resumed run continues the sampler's shuffle sequence
     Internal("trl.trainer.utils.RepeatSampler", None, "train.callbacks.ResumeShuffleCallback (finds the sampler)"),
     Internal("trl.trainer.utils.RepeatSampler", "__iter__", "train.callbacks.ResumeShuffleCallback (replays one "
