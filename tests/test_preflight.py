@@ -21,11 +21,13 @@ ROOT = Path(__file__).resolve().parents[1]
 N_ITEMS = 2
 UNGUARDED = ["reward.transcription_penalty=0", "reward.run_penalty=0", "reward.factuality_penalty=0", "reward.factuality_bonus=0",
              "reward.unfinished_penalty=0", "reward.length_penalty=0", "reward.number_penalty=0",
-             "reward.coverage_bonus=0", "reward.wrong_fact_penalty=0", "reward.degenerate_penalty=0"]  # every shaping term off: the bare verifier
+             "reward.coverage_bonus=0", "reward.wrong_fact_penalty=0", "reward.degenerate_penalty=0",
+             "reward.no_fact_penalty=0", "reward.lam=1.0"]  # every shaping term off: the bare verifier
 
 
-NUMBERS_ONLY = ["reward.factuality_bonus=1.0", "reward.coverage_bonus=0", "reward.wrong_fact_penalty=0",
-                "reward.degenerate_penalty=0"]  # the CPU config's reward before issue 32
+NUMBERS_ONLY = ["reward.factuality_bonus=1.0", "reward.factuality_penalty=1.0", "reward.lam=1.0",
+                "reward.coverage_bonus=0", "reward.wrong_fact_penalty=0", "reward.no_fact_penalty=0",
+                "reward.degenerate_penalty=0", "reward.direction_weight=1"]  # the CPU config's reward before issue 32
 
 
 def _setup(backend, overrides):
