@@ -79,8 +79,13 @@ def _effective(recipe: str, argv: list[str]):
 def test_the_gpu_plan_runs_what_the_presets_run(gpus, tmp_path, monkeypatch):
     """The GPU joints (built here without running them): the presets' trainer settings untouched, ZeRO-3 with
     vLLM colocated, the served verifier through the launch script, NCCL between two ranks when two GPUs exist."""
+    from transformers import LlamaConfig
+
     smoke = smoke_script()
-    monkeypatch.setattr("captionrl.embedded.embedded_model_dir", lambda: Path("/models/smollm2-hf"))
+    hf = tmp_path / "smollm2-hf"  # the launch script's memory plan reads the served verifier's config.json
+    LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                num_key_value_heads=3, tie_word_embeddings=True).save_pretrained(hf)  # SmolLM2-135M's shape
+    monkeypatch.setattr("captionrl.embedded.embedded_model_dir", lambda: hf)
     plan = {name: (cmd, env) for name, cmd, env in smoke.joints(False, tmp_path, gpus)}
     assert list(plan) == NAMES
     nccl = plan["nccl"][0]
@@ -101,15 +106,17 @@ def test_the_gpu_plan_runs_what_the_presets_run(gpus, tmp_path, monkeypatch):
                                                            "train.vllm_mode", "train.use_cpu", "train.beta")]
     cmd, env = plan["lineup-served"]
     assert cmd[:2] == ["bash", str(ROOT / "scripts" / "launch" / "lineup-1gpu.sh")]
-    assert env["VERIFIER_MODEL"] == "/models/smollm2-hf" and env["CAPTIONRL_SERVE_CMD"].endswith("vllm serve")
+    assert env["VERIFIER_MODEL"] == str(hf) and env["CAPTIONRL_SERVE_CMD"].endswith("vllm serve")
     # what the launch script would run with these arguments: its own dry run
     proc = subprocess.run([*cmd, "--dry-run"], cwd=ROOT, env={**_env(), **env}, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     serve = next(line for line in lines if line.endswith(" &"))
-    assert "vllm serve /models/smollm2-hf --served-model-name Qwen2.5-14B-Instruct" in serve
-    train = shlex.split(next(line for line in lines if " -m captionrl.cli " in line))
+    assert f"vllm serve {hf} --served-model-name Qwen2.5-14B-Instruct" in serve
+    plan = next(line for line in lines if " -m captionrl.cli plan " in line)  # the memory plan comes first
+    assert f"--served {hf}@0.3" in plan and lines.index(plan) < lines.index(serve)
+    train = shlex.split(next(line for line in lines if " -m captionrl.cli train " in line))
     assert "configs/accelerate/multi-gpu-zero2.yaml" in train
     t = _effective("lineup", train).train
     assert (t.gradient_checkpointing, t.bf16, t.use_vllm, t.vllm_mode) == (True, True, True, "colocate")

@@ -1,9 +1,13 @@
-"""The launch scripts (``scripts/launch/*.sh``, issue 33): one per recipe and scale, each starting every server
-its config names, waiting until each answers, training, and stopping the servers however it ends.
+"""The launch scripts (``scripts/launch/*.sh``, issue 33): one per recipe and scale, each planning the
+training's GPU memory (``captionrl plan``), starting every server its config names, waiting until each answers,
+training, and stopping the servers however it ends.
 
 Every script's ``--dry-run`` is checked against the run's own config: the servers the recipe probes (read here
 from the recipe, not from the script's helper) are the servers the script starts, on their ports, under their
-served names, on GPUs the training does not use. One script runs for real at tiny scale
+served names, on GPUs the training does not use; TRL's vLLM server exactly when the run is in server mode; and
+the memory plan it runs first is the plan of the training it launches (its GPUs, accelerate config, overrides
+and the engines served on its GPUs at their shares), the plan docs/gpu.md gives for that script, with its
+figure. A plan that does not fit stops a script before any server starts. One script runs for real at tiny scale
 (``lineup-1gpu.sh``: a CPU stand-in for ``vllm serve`` serves the embedded SmolLM2 over HTTP as the verifier,
 a tiny Qwen2.5-VL trains 2 steps under DeepSpeed ZeRO-2 on one CPU process with gradient checkpointing on);
 the failure paths (a server that cannot start, SIGTERM during training, a server that dies during training)
@@ -32,6 +36,8 @@ from servers import free_port, requires_llama_cpp
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH = ROOT / "scripts" / "launch"
 SCRIPTS = ("lineup-1gpu", "lineup-node", "rubicap-1gpu", "rubicap-node", "moco-1gpu", "moco-node")
+TRAIN = " -m captionrl.cli train "
+PLAN = " -m captionrl.cli plan "
 
 TINY_LINEUP = ["policy.model=tiny-qwen2.5-vl", "policy.dtype=float32", "data.prepared=null", "data.window=8",
                "data.series=[nile,sunspots]", "data.n_train=4", "data.n_val=1", "data.n_test=1", "reward.k=2",
@@ -44,7 +50,8 @@ TINY_LINEUP = ["policy.model=tiny-qwen2.5-vl", "policy.dtype=float32", "data.pre
 
 def _env(**extra: str) -> dict[str, str]:
     env = {**os.environ, "CAPTIONRL_PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+           "CAPTIONRL_GPU_MEMORY": "141"}  # the plan's card: an H200 here, whatever nvidia-smi says
     for key in ("GEMINI_API_KEY", "OPENAI_API_KEY", "RUBRIC_STORE"):
         env.pop(key, None)
     return {**env, **extra}
@@ -57,22 +64,64 @@ def _dry_run(script: str, *args: str, **env: str) -> tuple[int, str]:
 
 
 def _servers(lines: list[str]) -> list[dict]:
-    """The ``vllm serve`` lines of a dry run: GPUs, weights, served name, port, flags."""
+    """The server lines of a dry run (``vllm serve`` and TRL's ``trl vllm-serve``): GPUs, weights, served
+    name, port, flags, and TRL's max_model_len."""
     out = []
     for line in lines:
         if not line.endswith(" &"):
             continue
         words = shlex.split(line[: line.index(" > ")])
-        assert words[:1] == ["env"] and words[1].startswith("CUDA_VISIBLE_DEVICES=") and words[2:4] == ["vllm", "serve"], line
+        assert words[:1] == ["env"] and words[1].startswith("CUDA_VISIBLE_DEVICES="), line
+        gpus = set(words[1].split("=", 1)[1].split(","))
+        if words[2:4] == ["trl", "vllm-serve"]:  # TRL's server: --model, underscore flags (TRL's parser)
+            flags = words[4:]
+            get = {flags[i]: flags[i + 1] for i in range(len(flags) - 1) if flags[i].startswith("--")}
+            out.append({"kind": "trl", "gpus": gpus, "model": get["--model"], "served": get["--model"],
+                        "port": int(get["--port"]), "max_len": int(get["--max_model_len"]), "flags": flags})
+            continue
+        assert words[2:4] == ["vllm", "serve"], line
         flags = words[5:]
         get = {flags[i]: flags[i + 1] for i in range(len(flags) - 1) if flags[i].startswith("--")}
-        out.append({"gpus": set(words[1].split("=", 1)[1].split(",")), "model": words[4],
-                    "served": get["--served-model-name"], "port": int(get["--port"]), "flags": flags})
+        out.append({"kind": "vllm", "gpus": gpus, "model": words[4], "served": get["--served-model-name"],
+                    "port": int(get["--port"]), "flags": flags})
     return out
 
 
+def _flag(flags: list[str], *names: str, default: str = "1") -> str:
+    return next((flags[i + 1] for i, f in enumerate(flags[:-1]) if f in names), default)
+
+
 def _trains(lines: list[str]) -> list[list[str]]:
-    return [shlex.split(line) for line in lines if " -m captionrl.cli " in line]
+    return [shlex.split(line) for line in lines if TRAIN in line]
+
+
+def _plan(lines: list[str]) -> dict:
+    """The one ``captionrl plan`` line of a dry run (at its index), its flags, and the total the plan printed."""
+    (index,) = [i for i, line in enumerate(lines) if PLAN in line and not line.startswith("#")]
+    words = shlex.split(lines[index])
+    words = words[words.index("plan") + 1:]
+    flags: dict[str, list[str]] = {}
+    for i in range(0, len(words), 2):
+        flags.setdefault(words[i], []).append(words[i + 1])
+    total = next(re.search(r"\*\*total\*\* \| \*\*([\d.]+)\*\* \| of ([\d.]+) GiB \((fits|does NOT fit)\)", line)
+                 for line in lines if "**total**" in line)
+    return {"index": index, "config": flags["--config"][0], "accelerate": flags["--accelerate"][0],
+            "gpus": int(flags["--gpus"][0]), "gpu_memory": float(flags["--gpu-memory"][0]),
+            "set": flags.get("--set", []), "served": flags.get("--served", []),
+            "total": float(total.group(1)), "fits": total.group(3) == "fits"}
+
+
+def _documented_plans() -> dict[str, tuple[dict, float]]:
+    """docs/gpu.md's table of the plan each launch script runs first: script -> (flags, GiB per GPU)."""
+    text = (ROOT / "docs" / "gpu.md").read_text()
+    out = {}
+    for m in re.finditer(r"^\| `(\w+-\w+)\.sh` \| `captionrl plan ([^`]+)` \| ([\d.]+) of 141 \|", text, re.M):
+        words = shlex.split(m.group(2))
+        flags: dict[str, list[str]] = {}
+        for i in range(0, len(words), 2):
+            flags.setdefault(words[i], []).append(words[i + 1])
+        out[m.group(1)] = (flags, float(m.group(3)))
+    return out
 
 
 def _needed(recipe: str, config: str, overrides: list[str]) -> set[tuple[int, str]]:
@@ -90,6 +139,17 @@ def _needed(recipe: str, config: str, overrides: list[str]) -> set[tuple[int, st
         pairs = getattr(module, recipe_cls)(cfg).servers()
     return {(urlparse(b.base_url).port, b.model) for b, _ in pairs
             if b.kind == "openai" and urlparse(b.base_url).hostname in ("127.0.0.1", "localhost")}
+
+
+def _needed_trl(recipe: str, config: str, overrides: list[str]) -> set[tuple[int, int, str]]:
+    """(port, max_model_len, policy) of TRL's vLLM server when the run sends its rollouts to one (server mode)."""
+    from captionrl.cli import COMMANDS
+
+    module = __import__(COMMANDS[("train", recipe)][0], fromlist=["CONFIG"])
+    t = (cfg := load_config(module.CONFIG, ROOT / config, overrides)).train
+    if not (t.use_vllm and t.vllm_mode == "server"):
+        return set()
+    return {(t.vllm_server_port, t.vllm_max_model_length, cfg.policy.model)}
 
 
 def _overrides(train: list[str]) -> list[str]:
@@ -113,13 +173,17 @@ def test_dry_run_starts_every_server_the_config_needs_and_nothing(script, tmp_pa
     trains = _trains(lines)
     # each phase: the servers started before a captionrl command are the ones that command probes
     phases = out.split("\n# stop ")
-    assert len(trains) == (2 if recipe == "rubicap" else 1) == len([p for p in phases if " -m captionrl.cli " in p])
-    for phase, train in zip([p for p in phases if " -m captionrl.cli " in p], trains, strict=True):
+    assert len(trains) == (2 if recipe == "rubicap" else 1) == len([p for p in phases if TRAIN in p])
+    served_on_trainers: list[str] = []
+    for phase, train in zip([p for p in phases if TRAIN in p], trains, strict=True):
         plines = phase.splitlines()
         servers = _servers(plines)
         assert train[train.index("--config") + 1] == config
         overrides = _overrides(train) + (["build_rubrics=true"] if "--build-rubrics" in train else [])
-        assert {(s["port"], s["served"]) for s in servers} == _needed(recipe, config, overrides), phase
+        openai = [s for s in servers if s["kind"] == "vllm"]
+        assert {(s["port"], s["served"]) for s in openai} == _needed(recipe, config, overrides), phase
+        assert {(s["port"], s["max_len"], s["model"]) for s in servers if s["kind"] == "trl"} == _needed_trl(
+            recipe, config, overrides), phase  # TRL's server exactly when the run is in server mode, as configured
         assert all(s["model"].count("/") == 1 for s in servers)  # hub ids (the served names are the config's)
         if servers:
             assert any(line.startswith("# wait until every server") for line in plines)
@@ -128,16 +192,35 @@ def test_dry_run_starts_every_server_the_config_needs_and_nothing(script, tmp_pa
             assert sum(len(s["gpus"]) for s in servers) == len(set().union(*[s["gpus"] for s in servers])), servers
         for s in servers:
             assert not s["gpus"] & gpus or scale == "1gpu", (s, train)  # a node's servers and trainers: disjoint GPUs
-            tp = s["flags"][s["flags"].index("--tensor-parallel-size") + 1] if "--tensor-parallel-size" in s["flags"] else "1"
-            dp = s["flags"][s["flags"].index("--data-parallel-size") + 1] if "--data-parallel-size" in s["flags"] else "1"
+            tp = _flag(s["flags"], "--tensor-parallel-size", "--tensor_parallel_size")
+            dp = _flag(s["flags"], "--data-parallel-size", "--data_parallel_size")
             assert int(tp) * int(dp) == len(s["gpus"]), s  # every GPU a server is given, it uses
+            if s["gpus"] & gpus and "--build-rubrics" not in train:  # served beside the training: the plan's --served
+                served_on_trainers.append(f"{s['model']}@{_flag(s['flags'], '--gpu-memory-utilization', default='0.9')}")
         if "accelerate.commands.launch" in train:
             assert int(train[train.index("--num_processes") + 1]) == len(gpus), train
+    # the memory plan, before anything starts, is the plan of the training the script launches
+    plan = _plan(lines)
+    assert plan["index"] < min(i for i, line in enumerate(lines) if line.endswith(" &") or TRAIN in line)
+    train = trains[-1]
+    assert plan["config"] == config and plan["fits"] and plan["gpu_memory"] == 141
+    if "accelerate.commands.launch" in train:
+        assert plan["accelerate"] == train[train.index("--config_file") + 1]
+        assert plan["gpus"] == int(train[train.index("--num_processes") + 1]) == len(_gpus(train))
+    else:  # one plain process
+        assert (plan["accelerate"], plan["gpus"]) == ("none", 1)
+    assert set(_overrides(train)) - set(plan["set"]) <= {"rubrics.source=store", f"rubrics.store={STORE}"}, plan
+    assert sorted(plan["served"]) == sorted(served_on_trainers), (plan, served_on_trainers)
+    documented, gib = _documented_plans()[script]  # docs/gpu.md's command for this script, and its figure
+    assert (documented["--config"], documented["--accelerate"], documented["--gpus"]) == (
+        [config], [plan["accelerate"]], [str(plan["gpus"])])
+    assert sorted(documented.get("--set", [])) == sorted(plan["set"]) and documented.get("--served", []) == plan["served"]
+    assert plan["total"] == gib, (plan["total"], gib)
     if recipe == "rubicap":  # training reads the store the build wrote: no committee server is probed
         build, train = trains
         assert "--build-rubrics" in build and _gpus(build) == set()  # the build loads no model on a GPU
         store = next(w for w in train if w.startswith("rubrics.store=")).split("=", 1)[1]
-        assert "rubrics.source=store" in train and store == "runs/rubicap-paper/rubrics/rubrics.jsonl"
+        assert "rubrics.source=store" in train and store == STORE
         assert "WARNING: rubrics.writer" in out and "GEMINI_API_KEY" in out  # an API role without its key is named
     if script == "rubicap-1gpu":  # one GPU: the committee members that are APIs, and it says so
         committee = json.loads(next(w for w in trains[0] if w.startswith("rubrics.committee=")).split("=", 1)[1])
@@ -148,6 +231,51 @@ def test_dry_run_starts_every_server_the_config_needs_and_nothing(script, tmp_pa
         assert "configs/accelerate/multi-gpu-zero3.yaml" in trains[1]
     if recipe == "moco":
         assert "policy.model=runs/moco-sft/model" in out  # the note: MoCo starts from the shared SFT checkpoint
+    # the shares and topology of docs/gpu.md's memory plan
+    if script == "lineup-1gpu":
+        assert plan["served"] == ["Qwen/Qwen2.5-14B-Instruct@0.3"]
+        assert "train.vllm_gpu_memory_utilization=0.15" in trains[0] and "eval.enabled=false" in trains[0]
+    if script == "rubicap-1gpu":
+        assert plan["served"] == ["Qwen/Qwen2.5-7B-Instruct@0.25"]
+        assert {"train.vllm_gpu_memory_utilization=0.2", "policy.lora=true"} <= set(trains[1])
+    if script == "moco-1gpu":
+        assert {"policy.lora=true", "train.vllm_mode=colocate"} <= set(trains[0]) and _gpus(trains[0]) == {"0"}
+    if script == "moco-node":  # full-parameter, TRL's server on GPU 0, ZeRO-2 on GPUs 1-7
+        (trl,) = _servers(lines)
+        assert trl["gpus"] == {"0"} and (trl["port"], trl["max_len"]) == (8010, 18432), trl
+        assert trl["model"] == "Qwen/Qwen3-VL-8B-Instruct"  # the policy's weights: the preset's until policy.model is given
+        assert _gpus(trains[0]) == {"1", "2", "3", "4", "5", "6", "7"}
+        assert "configs/accelerate/multi-gpu-zero2.yaml" in trains[0] and not [w for w in trains[0] if "lora" in w]
+        assert "GET http://127.0.0.1:8010/health" in out
+
+
+STORE = "runs/rubicap-paper/rubrics/rubrics.jsonl"
+
+
+def test_a_plan_that_does_not_fit_stops_the_dry_run_before_any_server():
+    """lineup-1gpu.sh's layout on an 80 GB card: the verifier's 0.3 share cannot hold its 14B weights and the
+    whole does not fit; the dry run prints the plan command and its refusal, and nothing after it."""
+    rc, out = _dry_run("lineup-1gpu", CAPTIONRL_GPU_MEMORY="80")
+    assert rc == 2, out
+    assert "captionrl.cli plan --config configs/lineup-paper.yaml" in out and "--gpu-memory 80" in out
+    assert "does NOT fit" in out and "the memory plan refuses this launch" in out and "Fix:" in out
+    assert not [line for line in out.splitlines() if line.endswith(" &") or TRAIN in line or "# wait" in line]
+
+
+def test_memory_plan_warn_goes_on_and_says_so():
+    rc, out = _dry_run("lineup-1gpu", "train.memory_plan=warn", CAPTIONRL_GPU_MEMORY="80")
+    assert rc == 0, out
+    assert "does NOT fit" in out and "going on (train.memory_plan=warn)" in out
+    (train,) = _trains(out.splitlines())
+    assert "train.memory_plan=warn" in train  # the training's own check follows the same setting
+
+
+def test_moco_node_refuses_a_run_that_does_not_use_its_trl_server():
+    """Without vLLM rollouts (or colocated) nothing connects to TRL's server: the script refuses to start it."""
+    rc, out = _dry_run("moco-node", "train.use_vllm=false")
+    assert rc == 2, out
+    assert "starts TRL's vLLM server (train.vllm_server) but the run does not use one" in out and "Fix:" in out
+    assert not [line for line in out.splitlines() if line.endswith(" &") or TRAIN in line]
 
 
 def test_a_server_the_config_needs_and_the_script_does_not_start_is_refused():
@@ -156,7 +284,7 @@ def test_a_server_the_config_needs_and_the_script_does_not_start_is_refused():
     rc, out = _dry_run("lineup-1gpu", "eval.enabled=true")
     assert rc == 2, out
     assert "eval.verifiers.GLM-4-9B" in out and "starts no server there" in out and "Fix:" in out
-    assert " -m captionrl.cli " not in out
+    assert TRAIN not in out
 
 
 def test_rubicap_one_gpu_trains_on_a_given_store_without_building():
@@ -312,3 +440,97 @@ def test_a_server_that_dies_during_training_stops_the_launch(tmp_path, launches)
     out = _finish(proc, 300)
     assert proc.returncode == 1 and "server verifier stopped while captionrl was running" in out, out[-3000:]
     assert not _left(f"--port {port}", str(run))
+
+
+# ---------------------------------------------------------------------- the memory plan and TRL's server, for real
+def test_a_plan_that_does_not_fit_stops_the_launch_before_any_server_starts(tmp_path, launches):
+    """Not a dry run: the plan refuses (an 80 GB card), so no server starts and no training runs."""
+    port, run = free_port(), tmp_path / "run"
+    proc = subprocess.Popen(["bash", str(LAUNCH / "lineup-1gpu.sh"), f"verifier.base_url=http://127.0.0.1:{port}/v1",
+                             f"train.out_dir={run}"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=_standin_env(tmp_path, CAPTIONRL_GPU_MEMORY="80"), start_new_session=True)
+    launches.append(proc)
+    out = _finish(proc, 600)
+    assert proc.returncode == 2, out[-3000:]
+    assert "launch: memory plan: " in out and "does NOT fit" in out and "nothing was started" in out
+    assert "launch: starting" not in out and "launch: running" not in out and not run.exists()
+    assert not _left(f"--port {port}")
+
+
+def _trl_standin(tmp_path: Path, port: int, *flags: str) -> tuple[subprocess.Popen, Path]:
+    log = tmp_path / f"trl-{port}.log"
+    with log.open("w") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "captionrl.testing.trl_standin", "--model", "Qwen/Qwen3-VL-8B-Instruct",
+                                 "--host", "127.0.0.1", "--port", str(port), *flags], stdout=fh, stderr=subprocess.STDOUT,
+                                env=_env(), start_new_session=True)
+    return proc, log
+
+
+def _wait(tmp_path: Path, port: int, proc: subprocess.Popen, log: Path, timeout: float = 60) -> subprocess.CompletedProcess:
+    spec = f"trl=train.vllm_server=http://127.0.0.1:{port}=Qwen/Qwen3-VL-8B-Instruct={proc.pid}={log}"
+    return subprocess.run([sys.executable, str(LAUNCH / "servers.py"), "wait", "--timeout", str(timeout), spec],
+                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.server
+def test_trl_server_readiness_is_what_trls_client_checks(tmp_path):
+    """``servers.py wait`` for TRL's server: it waits while the port is closed (vLLM loading), passes on /health,
+    /v1/models with the policy and /server_info; a server without the development endpoints (a plain vllm serve)
+    and one whose process ends are refused at once, with the log."""
+    started = []
+    try:
+        port = free_port()
+        proc, log = _trl_standin(tmp_path, port, "--standin-delay", "2")
+        started.append(proc)
+        done = _wait(tmp_path, port, proc, log)
+        assert done.returncode == 0, done.stderr
+        assert f"train.vllm_server ready at http://127.0.0.1:{port}" in done.stdout
+        assert "GET /health" in log.read_text() and "GET /server_info" in log.read_text()
+
+        port = free_port()
+        proc, log = _trl_standin(tmp_path, port, "--standin-no-dev-mode")
+        started.append(proc)
+        done = _wait(tmp_path, port, proc, log)
+        assert done.returncode == 2 and "no development endpoints" in done.stderr and "VLLM_SERVER_DEV_MODE" in done.stderr
+
+        port = free_port()
+        proc, log = _trl_standin(tmp_path, port, "--standin-delay", "1", "--standin-fail")
+        started.append(proc)
+        t0 = time.monotonic()
+        done = _wait(tmp_path, port, proc, log, timeout=600)
+        assert done.returncode == 2 and "stopped before it answered" in done.stderr, done.stderr
+        assert "failing as asked" in done.stderr and time.monotonic() - t0 < 120  # the log tail; not the deadline
+    finally:
+        for proc in started:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+@requires_deepspeed
+@pytest.mark.server
+@pytest.mark.timeout(1200)
+def test_moco_node_starts_waits_for_and_stops_trls_server(tmp_path, launches):
+    """moco-node.sh for real with a stand-in for ``trl vllm-serve`` (a CPU cannot run vLLM): the plan passes, the
+    server starts on the config's port with the policy's weights and max_model_len, the script waits until it is
+    ready, starts the training (which a CPU refuses: vLLM rollouts need a GPU), passes its status on and stops
+    the server."""
+    from captionrl.tiny_models import tiny_qwen_vl_dir
+
+    policy = tiny_qwen_vl_dir("qwen3-vl")  # built here, once
+    port, run = free_port(), tmp_path / "run"
+    env = _standin_env(tmp_path, CAPTIONRL_TRL_SERVE_CMD=f"{sys.executable} -m captionrl.testing.trl_standin",
+                       ROLLOUT_ARGS="--standin-delay 2")
+    proc = subprocess.Popen(["bash", str(LAUNCH / "moco-node.sh"), f"policy.model={policy}", f"train.vllm_server_port={port}",
+                             f"train.out_dir={run}", "train.report_to=[]"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    launches.append(proc)
+    out = _finish(proc, 900)
+    assert "launch: memory plan: " in out and "(fits)" in out, out[-3000:]
+    assert f"launch: train.vllm_server ready at http://127.0.0.1:{port} ({policy})" in out, out[-3000:]
+    assert out.index("ready at") < out.index("launch: running") and "vLLM rollouts need a CUDA GPU" in out, out[-3000:]
+    assert proc.returncode == 2 and "exited with status 2" in out and "launch: stopping rollout" in out, out[-3000:]
+    log = (tmp_path / "logs" / "rollout.log").read_text()
+    assert "ignoring GPU-only flags ['--tensor_parallel_size', '1']" in log  # the rest of TRL's line it took
+    assert "GET /health" in log and "GET /v1/models" in log and "GET /server_info" in log  # TRL's client's checks
+    assert not _left(f"--port {port}")

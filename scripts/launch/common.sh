@@ -1,27 +1,47 @@
 # shellcheck shell=bash
-# Shared by scripts/launch/*.sh (sourced, never run): start the servers a run's config names, wait until each
-# answers, train, and stop every process this script started when it ends: normally, on a failure, on Ctrl-C
-# or on SIGTERM. `--dry-run` prints every command and starts nothing.
+# Shared by scripts/launch/*.sh (sourced, never run): plan the training's GPU memory (`captionrl plan`) and
+# refuse a launch that does not fit, start the servers a run's config names, wait until each answers, train,
+# and stop every process this script started when it ends: normally, on a failure, on Ctrl-C or on SIGTERM.
+# `--dry-run` prints every command (the plan's too, and its table) and starts nothing.
 #
 # A launch script, top to bottom:
 #   source "$(dirname "$0")/common.sh"
 #   launch_init "LineupRL, one GPU" "$@"          # --dry-run, --help; every key=value goes to the run
-#   serve verifier verifier 0 Qwen/Qwen2.5-14B-Instruct --gpu-memory-utilization 0.35
+#   LAUNCH="accelerate configs/accelerate/multi-gpu-zero2.yaml 1"
+#   plan_memory "$LAUNCH" configs/lineup-paper.yaml --served Qwen/Qwen2.5-14B-Instruct@0.3 -- eval.enabled=false
+#   serve verifier verifier 0 Qwen/Qwen2.5-14B-Instruct --gpu-memory-utilization 0.3
 #   start_servers lineup configs/lineup-paper.yaml eval.enabled=false   # checks against the config, starts, waits
-#   run_captionrl 0 "accelerate configs/accelerate/multi-gpu-zero2.yaml 1" train lineup --config ...
+#   run_captionrl 0 "$LAUNCH" train lineup --config configs/lineup-paper.yaml eval.enabled=false
 #   stop_servers
+#
+# `plan_memory LAUNCHER CONFIG [captionrl plan flags] -- OVERRIDES` runs `captionrl plan` for the training the
+# script launches: LAUNCHER as run_captionrl's (its accelerate config and process count become --accelerate and
+# --gpus; "python" is --accelerate none --gpus 1), the card's memory (--gpu-memory, below), the script's
+# overrides and every key=value given to the script (--set), and engines served on the training GPUs
+# (--served MODEL@SHARE, given by the script). A plan that does not fit stops the script (status 2) before
+# anything starts; `train.memory_plan=warn` given to the script goes on with a warning, `=off` skips the plan
+# (the training's own check on CUDA follows the same setting).
 #
 # `serve NAME FIELD GPUS MODEL [vLLM flags]` registers one server: NAME is the script's short name, FIELD the
 # config field whose server it is (its port and served model name are read from the config, never typed
 # twice). NAME also names its overrides: <NAME>_MODEL (the weights), <NAME>_GPUS, <NAME>_ARGS (extra vLLM
 # flags), e.g. VERIFIER_MODEL, GLM_GPUS, JUDGE_ARGS ("-" in NAME is "_").
+# `serve_trl NAME GPUS [trl vllm-serve flags]` registers TRL's vLLM server for a run in train.vllm_mode=server:
+# `trl vllm-serve --model <policy.model> --host H --port P --max_model_len N --tensor_parallel_size <GPUs>`,
+# every value read from the config (train.vllm_server_host/_port, train.vllm_max_model_length, policy.model);
+# it is ready when it passes the checks TRL's client makes (GET /health, /v1/models, /server_info).
+# Overrides <NAME>_GPUS, <NAME>_ARGS.
 #
 # Environment (all optional):
+#   CAPTIONRL_GPU_MEMORY     GiB of one GPU for the memory plan (default: the smallest memory.total nvidia-smi
+#                            lists, else 141, an H200; 80 plans an H100)
 #   CAPTIONRL_SERVE_CMD      the server command (default: vllm serve); it gets MODEL --served-model-name NAME
 #                            --host HOST --port PORT and the vLLM flags. The CPU test uses
 #                            "python -m captionrl.testing.vllm_standin" (llama.cpp behind vLLM's command line).
-#   CAPTIONRL_SERVE_MODEL    serve this model in every server instead of the scripts' hub ids (the served names
-#                            stay the config's)
+#   CAPTIONRL_TRL_SERVE_CMD  TRL's server command (default: trl vllm-serve); the CPU test uses
+#                            "python -m captionrl.testing.trl_standin"
+#   CAPTIONRL_SERVE_MODEL    serve this model in every `serve` server instead of the scripts' hub ids (the served
+#                            names stay the config's; the memory plan still plans the scripts' models)
 #   CAPTIONRL_PYTHON         the Python that runs captionrl and accelerate (default: .venv/bin/python, else python3)
 #   CAPTIONRL_ACCELERATE_CONFIG, CAPTIONRL_NUM_PROCESSES, CAPTIONRL_MAIN_PROCESS_PORT
 #                            replace the script's accelerate config file and process count; the rendezvous port
@@ -37,7 +57,7 @@ LAUNCH_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 LAUNCH_NAME="$(basename "$0" .sh)"
 DRY_RUN=0
 RUN_ARGS=()        # key=value overrides given to the script: passed to every captionrl command it runs
-SERVER_NAMES=() SERVER_FIELDS=() SERVER_GPUS=() SERVER_MODELS=() SERVER_FLAGS=()
+SERVER_NAMES=() SERVER_FIELDS=() SERVER_GPUS=() SERVER_MODELS=() SERVER_FLAGS=() SERVER_KINDS=()
 STARTED_PIDS=() STARTED_NAMES=()
 TRAIN_PID=""
 
@@ -77,6 +97,7 @@ launch_init() {  # launch_init TITLE "$@"
   fi
   export PYTHONPATH="$LAUNCH_ROOT/src${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's captionrl
   read -r -a SERVE_CMD <<< "${CAPTIONRL_SERVE_CMD:-vllm serve}"
+  read -r -a TRL_SERVE_CMD <<< "${CAPTIONRL_TRL_SERVE_CMD:-trl vllm-serve}"
   READY_TIMEOUT=${CAPTIONRL_READY_TIMEOUT:-1800}
   STOP_GRACE=${CAPTIONRL_STOP_GRACE:-30}
   LOG_DIR=${CAPTIONRL_LAUNCH_LOGS:-runs/launch/$LAUNCH_NAME-$(date +%Y%m%d-%H%M%S)}
@@ -109,20 +130,111 @@ moco_policy_note() {  # MoCo starts from the shared SFT checkpoint; say so when 
 
 upper() { local s=${1//-/_}; echo "${s^^}"; }
 
+model_of() {  # model_of NAME DEFAULT: the weights `serve NAME ...` loads (<NAME>_MODEL or DEFAULT), for the plan
+  local var
+  var="$(upper "$1")_MODEL"
+  echo "${!var:-$2}"
+}
+
 serve() {  # serve NAME FIELD GPUS MODEL [vLLM flags...]
   local name=$1 field=$2 gpus=$3 model=$4
   shift 4
   local key
   key=$(upper "$name")
-  local model_var="${key}_MODEL" gpus_var="${key}_GPUS" args_var="${key}_ARGS"
+  local gpus_var="${key}_GPUS" args_var="${key}_ARGS"
   SERVER_NAMES+=("$name")
   SERVER_FIELDS+=("$field")
+  SERVER_KINDS+=(openai)
   SERVER_GPUS+=("${!gpus_var:-$gpus}")
-  SERVER_MODELS+=("${CAPTIONRL_SERVE_MODEL:-${!model_var:-$model}}")
+  SERVER_MODELS+=("${CAPTIONRL_SERVE_MODEL:-$(model_of "$name" "$model")}")
+  SERVER_FLAGS+=("$* ${!args_var:-}")
+}
+
+serve_trl() {  # serve_trl NAME GPUS [trl vllm-serve flags...]: TRL's vLLM server (train.vllm_mode=server)
+  local name=$1 gpus=$2
+  shift 2
+  local key
+  key=$(upper "$name")
+  local gpus_var="${key}_GPUS" args_var="${key}_ARGS"
+  SERVER_NAMES+=("$name")
+  SERVER_FIELDS+=(train.vllm_server)
+  SERVER_KINDS+=(trl)
+  SERVER_GPUS+=("${!gpus_var:-$gpus}")
+  SERVER_MODELS+=("")  # policy.model, read from the config by the plan
   SERVER_FLAGS+=("$* ${!args_var:-}")
 }
 
 gpu_count() { local IFS=,; local a; read -r -a a <<< "$1"; echo "${#a[@]}"; }
+
+gpu_memory() {  # GiB of one GPU for the plan: CAPTIONRL_GPU_MEMORY, else the smallest card nvidia-smi lists, else 141
+  if [ -n "${CAPTIONRL_GPU_MEMORY:-}" ]; then
+    echo "$CAPTIONRL_GPU_MEMORY CAPTIONRL_GPU_MEMORY"
+    return 0
+  fi
+  local mib=""
+  if command -v nvidia-smi > /dev/null; then
+    mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2> /dev/null | sort -n | head -n 1 | tr -d ' ') || mib=""
+  fi
+  if [[ "$mib" =~ ^[0-9]+$ ]] && [ "$mib" -gt 0 ]; then
+    echo "$(awk -v m="$mib" 'BEGIN { printf "%.1f", int(m / 1024 * 10) / 10 }') nvidia-smi"
+  else
+    echo "141 default"
+  fi
+}
+
+memory_plan_mode() {  # train.memory_plan as given to the script (the last one wins), else refuse
+  local a mode=refuse
+  for a in "${RUN_ARGS[@]}"; do [[ "$a" == train.memory_plan=* ]] && mode=${a#train.memory_plan=}; done
+  echo "$mode"
+}
+
+# plan_memory LAUNCHER CONFIG [captionrl plan flags...] -- OVERRIDES...: the GPU memory plan of the training this
+# script launches (see the header); refuses the launch when it does not fit
+plan_memory() {
+  local launcher=$1 config=$2
+  shift 2
+  local flags=()
+  while [ "$#" -gt 0 ] && [ "$1" != -- ]; do flags+=("$1"); shift; done
+  [ "$#" -gt 0 ] && shift
+  local how mem source mode
+  read -r -a how <<< "$launcher"
+  read -r mem source <<< "$(gpu_memory)"
+  mode=$(memory_plan_mode)
+  local cmd=("$PY" -m captionrl.cli plan --config "$config")
+  if [ "${how[0]}" = accelerate ]; then
+    cmd+=(--accelerate "${CAPTIONRL_ACCELERATE_CONFIG:-${how[1]}}" --gpus "${CAPTIONRL_NUM_PROCESSES:-${how[2]}}")
+  else
+    cmd+=(--accelerate none --gpus 1)
+  fi
+  cmd+=(--gpu-memory "$mem")
+  local o
+  for o in "$@" "${RUN_ARGS[@]}"; do cmd+=(--set "$o"); done
+  cmd+=("${flags[@]}")
+  if [ "$mode" = off ]; then
+    note "memory plan skipped (train.memory_plan=off): $(show "${cmd[@]}")"
+    return 0
+  fi
+  [ "$source" = default ] && note "GPU memory for the plan: 141 GiB (an H200: no nvidia-smi answered here; CAPTIONRL_GPU_MEMORY=80 plans an H100)"
+  local out rc=0
+  if [ "$DRY_RUN" = 1 ]; then
+    show "${cmd[@]}"
+  else
+    say "memory plan: $(show "${cmd[@]}")"
+  fi
+  out=$("${cmd[@]}" 2>&1) || rc=$?
+  if [ "$DRY_RUN" = 1 ]; then
+    sed 's/^/# /' <<< "$out"
+  else
+    echo "$out" >&2
+  fi
+  [ "$rc" = 0 ] && return 0
+  if [ "$mode" = warn ]; then
+    note "WARNING: the memory plan refuses this launch (above); going on (train.memory_plan=warn)"
+    return 0
+  fi
+  die "the memory plan refuses this launch (above): nothing was started" \
+    "follow the plan's fix (a smaller vLLM share: <NAME>_MEMORY, TRAIN_VLLM_MEMORY; more GPUs; LoRA), check CAPTIONRL_GPU_MEMORY ($mem GiB), or give train.memory_plan=warn to launch anyway"
+}
 
 show() {  # print a command as one copy-pasteable line (words with shell characters in single quotes)
   local out=() w q="'"
@@ -132,7 +244,7 @@ show() {  # print a command as one copy-pasteable line (words with shell charact
   echo "${out[*]}"
 }
 
-start_servers() {  # start_servers RECIPE CONFIG [overrides...]: check the plan, start every server, wait
+start_servers() {  # start_servers RECIPE CONFIG [overrides...]: check the servers against the config, start, wait
   local recipe=$1 config=$2
   shift 2
   local plan_args=(plan "$recipe" "$config")
@@ -147,26 +259,52 @@ start_servers() {  # start_servers RECIPE CONFIG [overrides...]: check the plan,
   grep '^# WARNING' <<< "$plan" || true
   local waits=() i
   for i in "${!SERVER_FIELDS[@]}"; do
-    local name=${SERVER_NAMES[$i]} field=${SERVER_FIELDS[$i]} line host port served
-    line=$(awk -v f="$field" '$1 == "serve" && $2 == f' <<< "$plan")
-    read -r _ _ host port served <<< "$line"
+    local name=${SERVER_NAMES[$i]} field=${SERVER_FIELDS[$i]} kind=${SERVER_KINDS[$i]} line host port served cmd
     local flags
     read -r -a flags <<< "${SERVER_FLAGS[$i]}"
-    local cmd=(env "CUDA_VISIBLE_DEVICES=${SERVER_GPUS[$i]}" "${SERVE_CMD[@]}" "${SERVER_MODELS[$i]}"
-               --served-model-name "$served" --host "$host" --port "$port" "${flags[@]}")
+    if [ "$kind" = trl ]; then
+      local max_len probe
+      line=$(awk -v f="$field" '$1 == "trl" && $2 == f' <<< "$plan")
+      read -r _ _ host port max_len served <<< "$line"
+      [ "$DRY_RUN" = 1 ] || command -v "${TRL_SERVE_CMD[0]}" > /dev/null \
+        || die "${TRL_SERVE_CMD[0]} is not on PATH" "install the gpu extra (scripts/setup.sh --gpu: TRL and vLLM) and activate its environment, or set CAPTIONRL_TRL_SERVE_CMD"
+      cmd=(env "CUDA_VISIBLE_DEVICES=${SERVER_GPUS[$i]}" "${TRL_SERVE_CMD[@]}" --model "$served" --host "$host" --port "$port")
+      [ "$max_len" != - ] && cmd+=(--max_model_len "$max_len")
+      cmd+=(--tensor_parallel_size "$(gpu_count "${SERVER_GPUS[$i]}")" "${flags[@]}")
+      probe=$host
+      case "$host" in 0.0.0.0|::|"") probe=127.0.0.1 ;; esac  # a wildcard bind answers on loopback
+      waits+=("trl=$field=http://$probe:$port=$served")
+    else
+      line=$(awk -v f="$field" '$1 == "serve" && $2 == f' <<< "$plan")
+      read -r _ _ host port served <<< "$line"
+      cmd=(env "CUDA_VISIBLE_DEVICES=${SERVER_GPUS[$i]}" "${SERVE_CMD[@]}" "${SERVER_MODELS[$i]}"
+           --served-model-name "$served" --host "$host" --port "$port" "${flags[@]}")
+      waits+=("openai=$field=http://$host:$port/v1=$served")
+    fi
     local log="$LOG_DIR/$name.log"
     if [ "$DRY_RUN" = 1 ]; then
       echo "$(show "${cmd[@]}") > $(show "$log") 2>&1 &"
       continue
     fi
-    say "starting $name ($field: ${SERVER_MODELS[$i]} as $served on $host:$port, GPUs ${SERVER_GPUS[$i]}); log $log"
+    local what=$served
+    [ "$kind" = trl ] || what="${SERVER_MODELS[$i]} as $served"
+    say "starting $name ($field: $what on $host:$port, GPUs ${SERVER_GPUS[$i]}); log $log"
     setsid "${cmd[@]}" > "$log" 2>&1 < /dev/null &
     STARTED_PIDS+=("$!")
     STARTED_NAMES+=("$name")
-    waits+=("$field=http://$host:$port/v1=$served=$!=$log")
+    waits[-1]+="=$!=$log"
   done
   if [ "$DRY_RUN" = 1 ]; then
-    echo "# wait until every server above answers GET /v1/models with its name (deadline ${READY_TIMEOUT} s together)"
+    local w how="" url
+    for w in "${waits[@]}"; do
+      IFS== read -r kind field url served <<< "$w"
+      if [ "$kind" = trl ]; then
+        how+="; $field: GET $url/health answers 200, then /v1/models lists $served and /server_info answers (TRL's client's checks)"
+      else
+        how+="; $field: GET $url/models lists $served"
+      fi
+    done
+    [ -n "$how" ] && echo "# wait until every server above answers (deadline ${READY_TIMEOUT} s together)${how}"
     return 0
   fi
   [ "${#waits[@]}" -gt 0 ] || return 0
@@ -241,7 +379,7 @@ stop_servers() {  # stop every server started so far (the next phase starts its 
     stop_group "${STARTED_PIDS[$i]}" "${STARTED_NAMES[$i]}"
   done
   STARTED_PIDS=() STARTED_NAMES=()
-  SERVER_NAMES=() SERVER_FIELDS=() SERVER_GPUS=() SERVER_MODELS=() SERVER_FLAGS=()
+  SERVER_NAMES=() SERVER_FIELDS=() SERVER_GPUS=() SERVER_MODELS=() SERVER_FLAGS=() SERVER_KINDS=()
 }
 
 cleanup() {  # the EXIT trap: whatever happened, leave no process of ours behind

@@ -13,10 +13,22 @@ ones they started answer.
     are APIs and prints that override as ``override KEY=VALUE`` for the script to pass on. A mismatch exits 2
     with the field and the fix; a missing API key too, except under ``--dry-run`` (a warning then).
 
-``wait --timeout S FIELD=URL=MODEL=PID=LOG...``
-    Waits until every server answers ``GET /models`` with its model (``captionrl.backends.startup``, the
-    same wait as the training's own probe), or its process ends, or the deadline passes; then exits 2 with
-    the server's log tail.
+    TRL's vLLM server (``train.vllm_mode: server``) is the field ``train.vllm_server``: a run that sends its
+    rollouts to this machine needs the script to start it, a script that starts it needs a run in server mode,
+    and its port may be no verifier's or judge's (``train.gpu_checks.check_vllm_port``). Its line is ``trl
+    train.vllm_server HOST PORT MAX_MODEL_LEN MODEL``: the address TRL's client connects to
+    (``train.vllm_server_host``/``_port`` or ``_base_url``), ``train.vllm_max_model_length`` (``-`` when unset)
+    and the policy's weights (``policy.model``: the server must load the model being trained).
+
+``wait --timeout S KIND=FIELD=URL=MODEL=PID=LOG...``
+    Waits until every server is ready, or its process ends, or the deadline passes; then exits 2 with the
+    server's log tail. KIND ``openai``: it answers ``GET /models`` with its model (``captionrl.backends.startup``,
+    the same wait as the training's own probe). KIND ``trl`` (``trl vllm-serve``; in TRL 1.16 that is ``vllm
+    serve`` with TRL's flags and ``VLLM_SERVER_DEV_MODE=1``, ``trl/scripts/vllm_serve.py``): the checks TRL's
+    ``VLLMClient`` makes when the trainer connects (``trl/generation/vllm_client.py``): ``GET /health`` answers
+    200 (``check_server``), ``GET /v1/models`` lists the policy, and ``GET /server_info`` is there (the
+    development endpoints TRL syncs the weights through: a plain ``vllm serve`` lacks them and fails only at
+    the first weight sync).
 """
 
 from __future__ import annotations
@@ -31,6 +43,8 @@ from typing import Any
 from urllib.parse import urlparse
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "0.0.0.0", "::1", ""}
+TRL_FIELD = "train.vllm_server"
+"""The field name a script gives TRL's vLLM server (``serve_trl`` in ``common.sh``): train.vllm_server_*."""
 
 
 def fail(problem: str, fix: str) -> None:
@@ -69,6 +83,37 @@ def probed(recipe: str, cfg: Any) -> list[tuple[Any, str]]:
     return MocoRecipe(cfg).servers()
 
 
+def vllm_address(train: Any) -> tuple[str, int]:
+    from captionrl.train.gpu_checks import vllm_server_address
+
+    return vllm_server_address(train)
+
+
+def trl_server(cfg: Any, needed: list[tuple[Any, str]]) -> tuple[str, int, int | None, str] | None:
+    """(host, port, max_model_len, model) of the TRL vLLM server on this machine the run sends its rollouts
+    to, or None (colocated rollouts, no vLLM, or a server elsewhere). Its port may be no verifier's or judge's."""
+    from captionrl.train.gpu_checks import check_vllm_port
+
+    t = cfg.train
+    if not (getattr(t, "use_vllm", False) and getattr(t, "vllm_mode", "colocate") == "server"):
+        return None
+    check_vllm_port(t, needed)
+    host, port = vllm_address(t)
+    if host not in LOCAL_HOSTS:
+        return None
+    return host, port, t.vllm_max_model_length, policy_weights(cfg.policy.model)
+
+
+def policy_weights(model: str) -> str:
+    """What ``trl vllm-serve --model`` loads for ``policy.model``: a folder or hub id as given; the project's
+    named models (embedded, tiny-*, a .gguf) as the folder the training loads."""
+    if Path(model).expanduser().is_dir() or (model.count("/") == 1 and not Path(model).exists()):
+        return model
+    from captionrl.backends.hf import resolve_model_path
+
+    return resolve_model_path(model)[0]
+
+
 def plan(args: argparse.Namespace) -> None:
     from captionrl.errors import CaptionRLError
 
@@ -84,9 +129,20 @@ def plan(args: argparse.Namespace) -> None:
             cfg = load(args.recipe, args.config, overrides)
             print(f"override {overrides[-1]}")
         needed = probed(args.recipe, cfg)
+        trl = trl_server(cfg, needed)
     except CaptionRLError as exc:
         fail(f"the run's config is refused: {' '.join(str(exc).splitlines())}", "fix the config or the overrides")
     serve = list(dict.fromkeys(args.serve))
+    if TRL_FIELD in serve and trl is None:
+        t = cfg.train
+        fail(f"the script starts TRL's vLLM server ({TRL_FIELD}) but the run does not use one (train.use_vllm="
+             f"{str(t.use_vllm).lower()}, train.vllm_mode={t.vllm_mode}, at {':'.join(map(str, vllm_address(t)))})",
+             "drop it from the script, or set train.vllm_mode=server (and the server's address to this machine)")
+    if trl is not None and TRL_FIELD not in serve:
+        host, port = trl[0], trl[1]
+        fail(f"the run sends its rollouts to TRL's vLLM server at http://{host}:{port} (train.vllm_mode=server) and this "
+             "script starts none", "start it in the script (serve_trl NAME GPUS), or set train.vllm_mode=colocate")
+    serve = [f for f in serve if f != TRL_FIELD]
     local: dict[str, tuple[str, int, str]] = {}
     by_port: dict[tuple[str, int], list[str]] = {}
     for backend, field in needed:
@@ -128,6 +184,9 @@ def plan(args: argparse.Namespace) -> None:
     for field in serve:
         host, port, model = local[field]
         print(f"serve {field} {host} {port} {model}")
+    if trl is not None:
+        host, port, max_len, model = trl
+        print(f"trl {TRL_FIELD} {host} {port} {max_len if max_len else '-'} {model}")
     if args.recipe == "rubicap":
         print(f"store {cfg.store_path()}")
 
@@ -154,6 +213,52 @@ def _tail(path: str, lines: int = 30) -> str:
         return "(no log)"
 
 
+def wait_for_trl(url: str, *, model: str, timeout_s: float, alive: Any) -> None:
+    """Wait until TRL's vLLM server at ``url`` passes the checks ``VLLMClient`` makes (module doc): ``GET
+    /health`` 200, polled with backoff while the port refuses connections or answers 502/503/504 (vLLM listens
+    only once the model is loaded), then ``/v1/models`` lists ``model`` and ``/server_info`` is there."""
+    import httpx
+
+    from captionrl.backends.startup import STARTING_STATUSES
+    from captionrl.errors import ConfigError
+
+    field = f"{TRL_FIELD} ({url})"
+    deadline = time.monotonic() + timeout_s
+    delay = 0.5
+    while True:
+        try:
+            resp = httpx.get(url + "/health", timeout=5.0)
+            if resp.status_code == 200:
+                break
+            if resp.status_code not in STARTING_STATUSES:
+                raise ConfigError(field, url, f"GET /health answered HTTP {resp.status_code}: not TRL's vLLM server",
+                                  "check that nothing else listens on train.vllm_server_port")
+            last = f"GET /health returned HTTP {resp.status_code}"
+        except httpx.HTTPError as exc:
+            last = f"{type(exc).__name__}: {exc}"
+        gone = alive()
+        if gone is not None:
+            raise ConfigError(field, url, f"the server stopped before it answered ({gone}; last: {last})",
+                              "read the server's log for why (out of memory, a wrong flag, a model it cannot load)")
+        if time.monotonic() + delay > deadline:
+            raise ConfigError(field, url, f"the server does not answer GET /health within {timeout_s:.0f} s ({last})",
+                              "read its log; a model that needs longer to load: raise CAPTIONRL_READY_TIMEOUT")
+        time.sleep(delay)
+        delay = min(delay * 2, 10.0)
+    try:
+        served = [m.get("id") for m in httpx.get(url + "/v1/models", timeout=10.0).json().get("data", [])]
+        info = httpx.get(url + "/server_info", params={"config_format": "json"}, timeout=10.0).status_code
+    except (httpx.HTTPError, ValueError, AttributeError) as exc:
+        raise ConfigError(field, url, f"answers /health but not /v1/models or /server_info ({exc})",
+                          "start it with trl vllm-serve (vLLM's server with TRL's flags)") from None
+    if model not in served:
+        raise ConfigError(field, url, f"serves {served}, not the policy {model}",
+                          "start it with the policy's weights: trl vllm-serve --model <policy.model>")
+    if info == 404:
+        raise ConfigError(field, url, "has no development endpoints (/server_info: 404), which TRL syncs the weights through",
+                          "start it with trl vllm-serve, which sets VLLM_SERVER_DEV_MODE=1 (or set it for vllm serve)")
+
+
 def wait(args: argparse.Namespace) -> None:
     from captionrl.backends.startup import wait_for_models
     from captionrl.errors import ConfigError
@@ -161,10 +266,15 @@ def wait(args: argparse.Namespace) -> None:
     t0 = time.monotonic()
     deadline = t0 + args.timeout
     for spec in args.servers:
-        field, url, model, pid, log = spec.split("=", 4)
+        kind, field, url, model, pid, log = spec.split("=", 5)
+        alive = lambda pid=int(pid): _ended(pid)  # noqa: E731
+        left = max(deadline - time.monotonic(), 0.0)
         try:
-            served = wait_for_models(url, field=field, model=model, timeout_s=max(deadline - time.monotonic(), 0.0),
-                                     alive=lambda pid=int(pid): _ended(pid))
+            if kind == "trl":
+                wait_for_trl(url, model=model, timeout_s=left, alive=alive)
+                served = [model]
+            else:
+                served = wait_for_models(url, field=field, model=model, timeout_s=left, alive=alive)
         except ConfigError as exc:
             print(f"launch: {field} ({model} at {url}) is not ready: {' '.join(str(exc).splitlines())}\n"
                   f"launch: last lines of its log {log}:\n{_tail(log)}", file=sys.stderr)
@@ -187,7 +297,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="RubiCap: keep only the committee members that are APIs (printed as an override line)")
     w = sub.add_parser("wait", help="wait until started servers answer")
     w.add_argument("--timeout", type=float, required=True, help="seconds for all of them together")
-    w.add_argument("servers", nargs="+", help="FIELD=URL=MODEL=PID=LOG")
+    w.add_argument("servers", nargs="+", help="KIND=FIELD=URL=MODEL=PID=LOG (KIND: openai or trl)")
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)  # plan: the run's key=value overrides follow "--"
     args = ap.parse_args(argv[:cut])
