@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -67,10 +68,27 @@ def test_training_waits_longer_than_one_shot_commands_by_default(monkeypatch):
     from captionrl.backends import backend_from_spec
     from captionrl.train.common import probe_servers
 
-    probe_servers([(_cfg(1), "verifier")])
-    backend_from_spec("openai:http://127.0.0.1:1/v1#m")
-    probe_servers([(_cfg(1, startup_timeout_s=42), "verifier")])
+    with socket.socket() as held:  # a port something holds: a server may be starting there
+        held.bind(("127.0.0.1", 0))
+        port = held.getsockname()[1]
+        probe_servers([(_cfg(port), "verifier")])
+        backend_from_spec(f"openai:http://127.0.0.1:{port}/v1#m")
+        probe_servers([(_cfg(port, startup_timeout_s=42), "verifier")])
     assert [round(s) for s in seen] == [600, 5, 42]
+
+
+def test_a_local_port_nothing_holds_fails_at_once_naming_the_wait_setting():
+    """A mistyped local port made training wait its full 600 s before the error (CI, 2026-12-03); a port
+    nobody holds cannot be a server that is starting (vLLM binds before it loads)."""
+    port = free_port()
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError) as err:
+        from captionrl.train.common import probe_servers
+
+        probe_servers([(_cfg(port), "verifier")])
+    assert time.monotonic() - t0 < 3.0
+    e = err.value
+    assert e.field == "verifier.base_url" and f"port {port}" in e.problem and "verifier.startup_timeout_s" in e.fix
 
 
 def test_negative_wait_is_refused_with_a_fix():

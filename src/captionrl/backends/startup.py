@@ -20,15 +20,23 @@ and ten minutes covers loading a 72B model over tensor parallelism from local di
 measured it here), while being small next to the hours a run takes. One-shot commands (``eval``, ``caption``,
 ``rubrics build``) wait ``COMMAND_WAIT_S`` (5 s, the old probe's own timeout): their servers are normally up
 long before, and a mistyped port should fail within seconds.
+
+One exception to the training default: a server named on this machine (127.0.0.1, localhost, ::1) whose port
+nothing holds is not starting (vLLM binds its port first, see above), so with ``startup_timeout_s`` unset the
+probe fails at once instead of waiting ten minutes on a mistyped port (``port_is_free``). A training started
+in the same breath as its server, before the server bound its port, sets ``startup_timeout_s`` (the launch
+scripts in ``scripts/launch`` wait for their servers themselves before they start the training).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -45,6 +53,7 @@ STARTING_STATUSES = frozenset({502, 503, 504})
 ATTEMPT_TIMEOUT_S = 5.0
 """Seconds one ``GET /models`` may take before it counts as a timeout (and, while waiting, is retried)."""
 REPORT_EVERY_S = 30.0
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
 class ServerStarting(Exception):
@@ -110,6 +119,23 @@ def wait_for_models(base: str, *, field: str, model: str, timeout_s: float, head
         delay = min(delay * 2, 10.0)
 
 
+def port_is_free(base: str) -> bool:
+    """True when ``base`` names this machine and nothing holds its port (we can bind it ourselves): no server
+    is there or starting there. False for other hosts and for any port something holds."""
+    parts = urlsplit(base)
+    host = parts.hostname or ""
+    if host not in LOCAL_HOSTS:
+        return False
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    family = socket.AF_INET6 if host == "::1" else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("::1" if host == "::1" else "127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def probe_server(cfg: Any, field: str = "verifier", default_wait_s: float = COMMAND_WAIT_S) -> None:
     """Fail fast with a named error, before any model loads, when an OpenAI-compatible server does not
     answer ``GET /models`` or does not serve ``cfg.model``; otherwise every later judgment would be
@@ -124,10 +150,21 @@ def probe_server(cfg: Any, field: str = "verifier", default_wait_s: float = COMM
         headers["Authorization"] = f"Bearer {key}"
     timeout_s = getattr(cfg, "startup_timeout_s", None)
     timeout_s = default_wait_s if timeout_s is None else float(timeout_s)
+    unset = getattr(cfg, "startup_timeout_s", None) is None
     deadline = time.monotonic() + timeout_s
     for base in str(cfg.base_url).split("|"):  # replicas: every one must answer, within one deadline
         left = max(deadline - time.monotonic(), 0.0) if timeout_s > 0 else 0.0
-        served = wait_for_models(base, field=field, model=cfg.model, timeout_s=left, headers=headers)
+        if unset and port_is_free(base):  # nothing on this machine holds the port: a wrong URL, not a start
+            try:
+                served = wait_for_models(base, field=field, model=cfg.model, timeout_s=0.0, headers=headers)
+            except ConfigError as exc:
+                raise ConfigError(exc.field, base, f"nothing on this machine listens on or holds port "
+                                  f"{urlsplit(base).port} ({exc.problem})",
+                                  f"start the server first or fix the URL; a server started alongside this "
+                                  f"command that has not bound its port yet: set {field}.startup_timeout_s "
+                                  f"(e.g. 600) and it is waited for") from None
+        else:
+            served = wait_for_models(base, field=field, model=cfg.model, timeout_s=left, headers=headers)
         if served and cfg.model not in served:
             raise ConfigError(f"{field}.model", cfg.model, f"is not served at {base} (it serves {served})",
                               f"name one of {served} after '#'")
