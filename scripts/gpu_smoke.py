@@ -12,12 +12,13 @@ It refuses to run without a CUDA device: one line says so and it exits 2 (a CPU 
   ZeRO-2 in one process with the verifier's letter scoring over HTTP, selects a checkpoint, stops the server;
 - ``rubicap-zero3``: ``configs/rubicap-paper.yaml`` (GRPO with its KL term, bf16, gradient checkpointing, vLLM
   colocated) under DeepSpeed ZeRO-3, on two ranks over NCCL when two GPUs are present;
-- ``moco``: ``configs/moco-paper.yaml`` (LoRA, GRPO, bf16, gradient checkpointing, vLLM colocated, the
-  momentum's float32 EMA) under DeepSpeed ZeRO-2, two ranks when two GPUs are present;
+- ``moco``: ``configs/moco-paper.yaml`` in ``scripts/launch/moco-1gpu.sh``'s topology (LoRA, vLLM colocated:
+  ``TOPOLOGY``), GRPO, bf16, gradient checkpointing, the momentum's float32 EMA, under DeepSpeed ZeRO-2, two
+  ranks when two GPUs are present;
 - ``gpu-verifier``: ``bench/gpu_verifier.py`` (a Qwen2.5-14B-shaped verifier, random weights, bf16).
 
-Only sizes, models, data and the reward's tolerance for a random model's replies are changed (``TINY``,
-``REWARDS``); ``train.*`` settings stay the presets' (``test_gpu_smoke.py`` checks that no joint turns
+Only sizes, models, data, the reward's tolerance for a random model's replies and MoCo's one-GPU topology are
+changed (``TINY``, ``REWARDS``, ``TOPOLOGY``); other ``train.*`` settings stay the presets' (``test_gpu_smoke.py`` checks that no joint turns
 gradient checkpointing, bf16 or vLLM off). The report (``report.md``, ``report.json`` in ``--out``) and the
 printed table give pass/fail/skip and seconds per joint, the date and the device.
 
@@ -66,6 +67,12 @@ REWARDS: dict[str, list[str]] = {
     "moco": ["rubric.fallback=facts", "reward.max_fallback_frac=1.0", "judge.mode=likelihood", "judge.decision=soft"],
 }
 """A random model writes no JSON: the judge scores by likelihood, and MoCo falls back to fact rubrics."""
+TOPOLOGY: dict[str, list[str]] = {
+    "moco": ["policy.lora=true", "train.vllm_mode=colocate"],
+}
+"""Per preset, the one- or two-GPU topology its launch script runs (``scripts/launch/moco-1gpu.sh``): the MoCo
+preset's own full-parameter topology serves the rollouts from a GPU of their own (``trl vllm-serve``,
+``moco-node.sh``), which a smoke on one GPU does not have."""
 CPU_TRAIN = ["train.use_cpu=true", "train.bf16=false", "train.use_vllm=false", "train.threads=1"]
 """The only settings the CPU rehearsal changes (a CPU has no bf16 kernels to speak of and no vLLM)."""
 
@@ -192,7 +199,8 @@ def accelerate_cmd(py: str, config: str, nproc: int) -> list[str]:
 
 def recipe_args(recipe: str, rehearsal: bool, out: Path) -> list[str]:
     """``--config`` and overrides of one recipe joint: the preset, at tiny scale, with the preset's trainer."""
-    return ["--config", str(ROOT / "configs" / f"{recipe}-paper.yaml"), *TINY[recipe], *REWARDS[recipe], *STEPS,
+    return ["--config", str(ROOT / "configs" / f"{recipe}-paper.yaml"), *TINY[recipe], *REWARDS[recipe],
+            *TOPOLOGY.get(recipe, []), *STEPS,
             *(CPU_TRAIN if rehearsal else []), f"train.out_dir={out / recipe}"]
 
 

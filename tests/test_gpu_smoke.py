@@ -102,8 +102,14 @@ def test_the_gpu_plan_runs_what_the_presets_run(gpus, tmp_path, monkeypatch):
         cfg = _effective(recipe, cmd)
         t = cfg.train
         assert (t.gradient_checkpointing, t.bf16, t.use_vllm, t.vllm_mode) == (True, True, True, "colocate") and not t.use_cpu
+        topology = smoke.TOPOLOGY.get(recipe, [])
         assert not [w for w in cmd if w.split("=")[0] in ("train.gradient_checkpointing", "train.bf16", "train.use_vllm",
-                                                           "train.vllm_mode", "train.use_cpu", "train.beta")]
+                                                           "train.vllm_mode", "train.use_cpu", "train.beta")
+                    and w not in topology]
+    # MoCo's topology is the one its one-GPU launch script runs (the preset's own needs a GPU for TRL's server)
+    script = (ROOT / "scripts" / "launch" / "moco-1gpu.sh").read_text()
+    assert f"TRAIN_ARGS=({' '.join(smoke.TOPOLOGY['moco'])})" in script
+    assert _effective("moco", plan["moco"][0]).policy.lora
     cmd, env = plan["lineup-served"]
     assert cmd[:2] == ["bash", str(ROOT / "scripts" / "launch" / "lineup-1gpu.sh")]
     assert env["VERIFIER_MODEL"] == str(hf) and env["CAPTIONRL_SERVE_CMD"].endswith("vllm serve")
@@ -114,8 +120,8 @@ def test_the_gpu_plan_runs_what_the_presets_run(gpus, tmp_path, monkeypatch):
     lines = proc.stdout.splitlines()
     serve = next(line for line in lines if line.endswith(" &"))
     assert f"vllm serve {hf} --served-model-name Qwen2.5-14B-Instruct" in serve
-    plan = next(line for line in lines if " -m captionrl.cli plan " in line)  # the memory plan comes first
-    assert f"--served {hf}@0.3" in plan and lines.index(plan) < lines.index(serve)
+    planned = next(line for line in lines if " -m captionrl.cli plan " in line)  # the memory plan comes first
+    assert f"--served {hf}@0.3" in planned and lines.index(planned) < lines.index(serve)
     train = shlex.split(next(line for line in lines if " -m captionrl.cli train " in line))
     assert "configs/accelerate/multi-gpu-zero2.yaml" in train
     t = _effective("lineup", train).train

@@ -395,13 +395,15 @@ def test_a_server_that_cannot_start_stops_the_launch_before_training(tmp_path, l
 @pytest.mark.server
 @pytest.mark.timeout(1200)
 def test_a_training_that_fails_stops_the_servers_and_passes_its_status_on(tmp_path, launches):
-    """The policy folder does not exist: the config loads (the plan passes, the server starts and answers),
-    then the training stops before any model loads; the script exits with its status and stops the server."""
+    """vLLM rollouts asked for on a CPU: the memory plan passes (it plans the share), the server starts and
+    answers, then the training refuses before any model loads; the script exits with the training's status
+    (accelerate's) and stops the server. (A missing policy folder no longer gets this far: the plan refuses it.)"""
     port, run = free_port(), tmp_path / "run"
-    proc = _start(launches, tmp_path, port, run, f"policy.model={tmp_path / 'no-such-model'}")
+    proc = _start(launches, tmp_path, port, run, "train.use_vllm=true")
     out = _finish(proc, 900)
-    assert "ready at" in out and "launch: running" in out, out[-3000:]
-    assert proc.returncode != 0 and "exited with status" in out and "launch: stopping verifier" in out, out[-3000:]
+    assert "ready at" in out and "launch: running" in out and "vLLM rollouts need a CUDA GPU" in out, out[-3000:]
+    assert proc.returncode != 0 and f"exited with status {proc.returncode}" in out, out[-3000:]
+    assert "launch: stopping verifier" in out, out[-3000:]
     assert not _left(f"--port {port}", str(run))
 
 
@@ -529,7 +531,8 @@ def test_moco_node_starts_waits_for_and_stops_trls_server(tmp_path, launches):
     assert "launch: memory plan: " in out and "(fits)" in out, out[-3000:]
     assert f"launch: train.vllm_server ready at http://127.0.0.1:{port} ({policy})" in out, out[-3000:]
     assert out.index("ready at") < out.index("launch: running") and "vLLM rollouts need a CUDA GPU" in out, out[-3000:]
-    assert proc.returncode == 2 and "exited with status 2" in out and "launch: stopping rollout" in out, out[-3000:]
+    # the training's refusal (status 2) reaches the script through accelerate, which exits 1 for a failed rank
+    assert proc.returncode == 1 and "exited with status 1" in out and "launch: stopping rollout" in out, out[-3000:]
     log = (tmp_path / "logs" / "rollout.log").read_text()
     assert "ignoring GPU-only flags ['--tensor_parallel_size', '1']" in log  # the rest of TRL's line it took
     assert "GET /health" in log and "GET /v1/models" in log and "GET /server_info" in log  # TRL's client's checks
