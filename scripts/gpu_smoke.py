@@ -57,7 +57,7 @@ TINY: dict[str, list[str]] = {
                "data.n_train=4", "data.n_val=1", "data.n_test=1", "reward.k=2"],
     "rubicap": ["policy.model=tiny-qwen2.5-vl", "data.source=scenes", "data.scene_count=4",
                 "data.n=null", "rubrics.source=facts"],
-    "moco": ["policy.model=tiny-qwen3-vl", "data.source=scenes", "data.n=4",
+    "moco": ["policy.model=tiny-qwen3-vl", "data.source=scenes", "data.n=4", "data.mix=[]",
              "rubric.n_candidates=2", "rubric.max_new_tokens=16"],
 }
 """Per preset: the tiny model of the paper's family and offline data in place of the paper's."""
