@@ -89,6 +89,21 @@ def test_the_verdict_weighs_intervals_and_says_not_better_when_nothing_moved():
     assert v.outcome == "worse" and "red +0.400" in v.line()
 
 
+def test_a_run_degenerate_in_two_ways_at_once_is_degenerated():
+    """Half the captions too short, the other half one template (neither share alone at the bar): degenerated.
+    Two fifths of each on different captions is not (the bar is half of the captions, each counted once)."""
+    ids = [str(i) for i in range(20)]
+    base = {"direction_right": dict.fromkeys(ids, 0.0), "key_facts": dict.fromkeys(ids, 1.0),
+            "degenerate": dict.fromkeys(ids, 0.0), "same_sentence": dict.fromkeys(ids, 0.0),
+            "red": dict.fromkeys(ids, 0.2)}
+    two_ways = {**base, "degenerate": {i: float(k < 5) for k, i in enumerate(ids)},
+                "same_sentence": {i: float(5 <= k < 10) for k, i in enumerate(ids)}}
+    v = verdict(two_ways, base)
+    assert v.outcome == "worse" and v.degenerated and "50% of the captions" in v.line(), v.line()
+    overlapping = {**two_ways, "same_sentence": {i: float(k < 9) for k, i in enumerate(ids)}}  # mostly the same ones
+    assert not verdict(overlapping, base).degenerated
+
+
 def test_same_sentence_flags_a_template_said_whatever_the_window():
     caps = {"a": "It starts at 3.5 and rises.", "b": "It starts at 9.25 and rises.", "c": "It falls steadily.",
             "d": "It starts at 1 and rises."}
