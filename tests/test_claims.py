@@ -45,3 +45,20 @@ def test_bonus_pays_supported_claims_and_no_probe_collects_it():
     assert term.penalty(dump) == 0.0 and term.penalty(praise) == 0.0  # no checked claim: nothing to collect
     with pytest.raises(ConfigError, match=r"reward\.factuality_bonus"):
         ShapingConfig(factuality_bonus=-0.1)
+
+
+def test_past_tense_start_and_end_are_read_and_checked():
+    """A trained captioner (bf16 seed 3, 2026-12-03) wrote "The series started at 359.80, and it ended at
+    361.70, indicating a decline": the present-tense rules read no start or end, so wrong values went unchecked
+    beside a direction that happened to be right."""
+    import numpy as np
+
+    from captionrl.judges.key_facts import key_facts
+
+    falls = np.linspace(361.7, 359.8, 16)
+    right = key_facts("The series started at 361.70, and it ended at 359.80, indicating a decline.", falls)
+    assert set(right.facts) == {"start value", "end value", "direction"} and right.wrong_facts == 0
+    wrong = key_facts("The series started at 355.50, and it ended at 355.80, indicating a decline.", falls)
+    assert set(wrong.wrong) == {"start value", "end value"} and wrong.facts == ("direction",)
+    began = key_facts("It began with 361.70 and finished at 359.80, falling overall.", falls)
+    assert {"start value", "end value", "direction"} <= set(began.facts)

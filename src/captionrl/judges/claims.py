@@ -66,9 +66,9 @@ _RANGE = re.compile(rf"(?:from|between|over)\s+{_STEP}\s*(\d+)\s*(?:to|and|until
                     re.I)
 _RANGE2 = re.compile(rf"{_STEP}\s*(\d+)\s*(?:-|–|to)\s*(\d+)", re.I)
 _POINT = re.compile(rf"(?:at|around|near|by|on|in)?\s*{_STEP}\s*(\d+)", re.I)
-_STARTS = re.compile(rf"\b(?:starts?|begins?|opens?|starting|beginning)\b[^.;]*?\b(?:at|from|with|of|around)\s+({_NUM})"
+_STARTS = re.compile(rf"\b(?:starts?|started|begins?|began|opens?|opened|starting|beginning)\b[^.;]*?\b(?:at|from|with|of|around)\s+({_NUM})"
                      rf"|\b(?:first|initial|opening|starting)\s+(?:value|point|reading)\s+(?:is|was|of|at|:|=)\s*({_NUM})", re.I)
-_ENDS = re.compile(rf"\b(?:ends?|finish(?:es)?|closes?|ending|finishing)\b[^.;]*?\b(?:at|with|on|of|around)\s+({_NUM})"
+_ENDS = re.compile(rf"\b(?:ends?|ended|finish(?:es|ed)?|closes?|closed|ending|finishing)\b[^.;]*?\b(?:at|with|on|of|around)\s+({_NUM})"
                    rf"|\b(?:last|final|closing|ending)\s+(?:value|point|reading)\s+(?:is|was|of|at|:|=)\s*({_NUM})", re.I)
 _LENGTH = re.compile(r"\b(\d+)\s+(?:points|values|steps|observations|time steps)\b", re.I)
 _STAT_WORDS = {
@@ -83,8 +83,8 @@ _TREND = {
     "flat": r"\b(?:flat|stable|steady|unchanged|constant)\b",
 }
 _SPLIT = re.compile(r"(?<=[.;!?])\s+|,\s+(?:and|but|while|whereas|then|before|after)\s+"
-                    r"|\s+(?:and then|while|before|after)\s+|,?\s+and\s+(?=(?:the|it|its|ends?|finish(?:es)?|closes?|then)\b)"
-                    r"|,\s+(?=(?:ends?|ending|finish(?:es)?|closes?)\s+(?:at|with|on|around)\b)", re.I)
+                    r"|\s+(?:and then|while|before|after)\s+|,?\s+and\s+(?=(?:the|it|its|ends?|ended|finish(?:es|ed)?|closes?|closed|then)\b)"
+                    r"|,\s+(?=(?:ends?|ended|ending|finish(?:es|ed)?|closes?|closed)\s+(?:at|with|on|around)\b)", re.I)
 # (the last: "starts at 25.92, ends at 28.11, and ...", the main job's answer, holds two values)
 
 
