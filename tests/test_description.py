@@ -77,13 +77,13 @@ def test_a_degenerate_output_fails_the_checks_and_the_verdict(name):
 
 def test_the_verdict_weighs_intervals_and_says_not_better_when_nothing_moved():
     ids = [str(i) for i in range(20)]
-    base = {"direction_right": dict.fromkeys(ids, 0.0), "key_facts": dict.fromkeys(ids, 2.0),
+    base = {"direction_skill": dict.fromkeys(ids, 0.0), "other_facts": dict.fromkeys(ids, 2.0),
             "degenerate": dict.fromkeys(ids, 0.0), "same_sentence": dict.fromkeys(ids, 0.0),
             "red": dict.fromkeys(ids, 0.2)}
     assert verdict(base, base).outcome == "not better"
-    better = {**base, "direction_right": {i: float(k % 2) for k, i in enumerate(ids)}}  # half of them right now
+    better = {**base, "direction_skill": {i: float(k % 2) for k, i in enumerate(ids)}}  # half of them right now
     v = verdict(better, base)
-    assert v.outcome == "better" and "direction_right +0.500" in v.line()
+    assert v.outcome == "better" and "direction_skill +0.500" in v.line()
     redder = {**better, "red": dict.fromkeys(ids, 0.6)}  # right more often, but contradicting the series more
     v = verdict(redder, base)
     assert v.outcome == "worse" and "red +0.400" in v.line()
@@ -123,6 +123,30 @@ def test_the_describer_is_terse_not_a_template_and_a_constant_direction_is():
     got = description_checks(rising, WINDOWS)
     assert 0 < np.mean(list(got["direction_right"].values())) < 1  # some windows fall
     assert np.mean(list(got["same_sentence"].values())) == 1.0
+
+
+def test_one_direction_said_of_every_window_is_no_skill_whatever_the_wording():
+    """A trained seed (2026-12-03, an experiment) said "increases" of every window in varied sentences:
+    direction_right rose by 0.55 on held-out windows that mostly rise, and the verdict called it better.
+    direction_skill is 0 for it, positive for the honest describer, and the verdict is not fooled."""
+    ids = list(WINDOWS)
+    wordings = ["Overall, the series is increasing.", "The value keeps increasing over time.",
+                "The series increases over the window.", "Looking at the values, the series rises."]
+    rising = {i: wordings[k % 4] for k, i in enumerate(ids)}
+    silent = {i: "This is a series of monthly values." for i in ids}
+    honest = {i: describe_series(v) for i, v in WINDOWS.items()}
+    got = {name: description_checks(caps, WINDOWS) for name, caps in
+           (("rising", rising), ("silent", silent), ("honest", honest))}
+    mean = {name: {k: float(np.mean(list(v.values()))) for k, v in checks.items()} for name, checks in got.items()}
+    assert 0 < mean["rising"]["direction_right"] < 1 and mean["rising"]["direction_stated"] == 1.0
+    assert abs(mean["rising"]["direction_skill"]) < 1e-9 and mean["silent"]["direction_skill"] == 0.0
+    assert mean["honest"]["direction_skill"] > 0.3
+    assert not any(got["rising"]["same_sentence"].values())  # varied wording: no template to flag
+    for checks in got.values():
+        checks["red"] = dict.fromkeys(ids, 0.0)
+    v = verdict(got["rising"], got["silent"])
+    assert v.outcome != "better", v.line()
+    assert verdict(got["honest"], got["silent"]).outcome == "better"
 
 
 def _fixed_reward(spec: RewardSpec, score: float = 0.9) -> RewardFunction:

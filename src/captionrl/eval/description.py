@@ -7,10 +7,15 @@ because one correct value is a share of 1.0 of its claims. These checks read des
 
 - ``direction_stated`` / ``direction_right``: the caption says whether the series rises, falls or stays flat
   (a hedge such as "rises or falls" is no statement), and the series agrees;
+- ``direction_skill``: ``direction_right`` less the share of the held-out windows whose direction is the one
+  stated (0 when none is stated): what a right direction is worth beyond guessing. A captioner that says
+  "rising" of every window is right on the 57% of windows that rise, and has a skill of 0: it says nothing
+  about the window in hand (a trained seed did this with varied wording, 2026-12-03);
 - ``extrema_named`` / ``extrema_right``: peaks and troughs named with their position, and how many are right;
 - ``key_facts`` / ``wrong_facts``: distinct correct key facts (direction, start, end, max and its position,
   min and its position, a turning point, volatility), each counted once however often restated / distinct
-  facts the series contradicts (a hedge is one);
+  facts the series contradicts (a hedge is one); ``other_facts``: the correct key facts besides the direction
+  (which ``direction_skill`` judges);
 - ``degenerate``: under 5 words, no words at all (a bare number), or the instruction echoed;
 - ``same_sentence``: the share of captions that are one template sentence with the numbers changed, said
   whatever the window (the same text once numbers are masked as at least a quarter of the other captions,
@@ -35,8 +40,8 @@ from captionrl.eval.stats import mean_interval
 
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
-PER_ITEM = ("direction_stated", "direction_right", "extrema_named", "extrema_right", "key_facts", "wrong_facts",
-            "degenerate", "same_sentence")
+PER_ITEM = ("direction_stated", "direction_right", "direction_skill", "extrema_named", "extrema_right", "key_facts",
+            "other_facts", "wrong_facts", "degenerate", "same_sentence")
 """The per-caption description checks (each a number per held-out window)."""
 
 
@@ -56,15 +61,20 @@ def same_sentence_flags(captions: Mapping[str, str], wrong: Mapping[str, bool] |
 def description_checks(captions: Mapping[str, str], series: Mapping[str, Any], *, instruction: str | None = None,
                        tolerance: float = 0.35) -> dict[str, dict[str, float]]:
     """Per check of ``PER_ITEM``, item id -> value, for the captions whose item has a series."""
+    from captionrl.domains.describe import overall_direction
     from captionrl.judges.key_facts import key_facts
 
     ids = [i for i in captions if i in series]
     out: dict[str, dict[str, float]] = {k: {} for k in PER_ITEM}
     wrong: dict[str, bool] = {}
+    truth = Counter(overall_direction(np.asarray(series[i], dtype=float)) for i in ids)
     for i in ids:
         kf = key_facts(captions[i], np.asarray(series[i], dtype=float), instruction=instruction, tolerance=tolerance)
         out["direction_stated"][i] = float(kf.direction_stated)
         out["direction_right"][i] = float(bool(kf.direction_correct))
+        guess = truth[kf.direction] / len(ids) if kf.direction else 0.0  # right this often by saying it of every window
+        out["direction_skill"][i] = float(bool(kf.direction_correct)) - guess
+        out["other_facts"][i] = float(kf.correct_facts - ("direction" in kf.facts))
         out["extrema_named"][i] = float(len(kf.extrema))
         out["extrema_right"][i] = float(sum(bool(e.correct) for e in kf.extrema))
         out["key_facts"][i] = float(kf.correct_facts)
@@ -127,10 +137,11 @@ class Verdict:
                                  "higher_is_better": c.higher_is_better} for c in self.comparisons]}
 
 
-DECIDING = (("direction_right", True), ("key_facts", True), ("red", False), ("bottleneck_mse", False))
-"""The checks a verdict weighs, and which way is better. Describing more (direction, key facts) makes a run
-better; contradicting the series more, or carrying less of it (the caption-only reconstruction), makes it
-worse."""
+DECIDING = (("direction_skill", True), ("other_facts", True), ("red", False), ("bottleneck_mse", False))
+"""The checks a verdict weighs, and which way is better. Describing more (a direction beyond guessing, other
+key facts) makes a run better; contradicting the series more, or carrying less of it (the caption-only
+reconstruction), makes it worse. A direction said of every window is no skill, so neither it nor the direction
+fact it earns on the windows it fits can make a run better."""
 
 DEGENERATE_SHARE = 0.5
 """A run whose captions are degenerate (or one template sentence) this often has degenerated."""
@@ -151,7 +162,7 @@ def verdict(trained: Mapping[str, Mapping[str, float]], initial: Mapping[str, Ma
 
     worse: the trained captions degenerated (``DEGENERATE_SHARE`` of them under 5 words, without words, the
     instruction echoed, or one template sentence: each caption counted once), or a deciding check's interval lies on its bad side;
-    better: not worse, and direction right or key facts has its interval on the good side; else not better."""
+    better: not worse, and direction skill or other facts has its interval on the good side; else not better."""
     reasons: list[str] = []
     flags_deg, flags_same = trained.get("degenerate", {}), trained.get("same_sentence", {})
     deg = float(np.mean(list(flags_deg.values()) or [0.0]))
@@ -169,14 +180,14 @@ def verdict(trained: Mapping[str, Mapping[str, float]], initial: Mapping[str, Ma
                    and (c := compare(trained[check], initial[check], check, up)) is not None]
     worse = [c for c in comparisons if c.worse]
     better = [c for c in comparisons if c.better]
-    describes_more = [c for c in better if c.check in ("direction_right", "key_facts")]
+    describes_more = [c for c in better if c.check in ("direction_skill", "other_facts")]
     if degenerated or worse:
         outcome = "worse"
     elif describes_more:
         outcome = "better"
     else:
         outcome = "not better"
-        reasons.append("neither direction_right nor key_facts improved beyond its interval")
+        reasons.append("neither direction_skill nor other_facts improved beyond its interval")
     if worse:
         reasons.append("worse on " + ", ".join(c.text() for c in worse))
     if better:

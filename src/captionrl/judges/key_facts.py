@@ -61,6 +61,7 @@ class KeyFacts:
     degenerate: str | None           # None, or one of DEGENERATE
     direction_stated: bool           # an overall direction is asserted (a hedge is not one)
     direction_correct: bool | None   # None when no direction is stated
+    direction: str | None            # the direction stated (up | down | flat; the first one), None when none
     hedge: bool                      # "rises or falls" and the like
     extrema: tuple[Extremum, ...]
     correct_facts: int               # distinct key facts stated and supported
@@ -170,6 +171,7 @@ def key_facts(caption: str, series: Any, *, instruction: str | None = None, tole
     trends = [c for c in checked if c.kind == "trend" and c.colour in ("green", "red")]
     return KeyFacts(words=n_words, degenerate=degenerate, direction_stated=bool(trends),
                     direction_correct=all(c.colour == "green" for c in trends) if trends else None,
+                    direction=trends[0].direction if trends else None,
                     hedge=any(c.kind == "hedge" for c in checked), extrema=tuple(extrema),
                     correct_facts=len(correct), wrong_facts=len(wrong), facts=correct, wrong=wrong)
 

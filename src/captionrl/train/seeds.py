@@ -27,7 +27,7 @@ from captionrl.records import write_json
 
 logger = logging.getLogger(__name__)
 
-CHECKS = ("direction_right", "direction_stated", "key_facts", "extrema_right", "degenerate", "same_sentence", "red",
+CHECKS = ("direction_skill", "direction_right", "direction_stated", "other_facts", "key_facts", "extrema_right", "degenerate", "same_sentence", "red",
           "green", "red_of_checkable", "green_of_checkable", "c2s[claims]", "c2s_eval_mean", "bottleneck_mse",
           "transcription", "ends_with_stop", "clipped_ratio", "length_chars", "c2s[train]")
 """Final-check columns aggregated over seeds (``c2s[train]``, the reward's own verifier, last)."""
