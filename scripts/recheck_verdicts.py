@@ -1,0 +1,73 @@
+"""Recheck finished LineupRL runs with today's description checks: their held-out captions (``eval/records.jsonl``)
+are read again by ``eval.description`` against their windows, and the verdict is recomputed.
+
+Why: the checks improve (a claim phrasing read, a way of guessing priced) while the runs they judge took
+minutes to hours; a run's own ``final_checks.json`` keeps the verdict of its day. This prints, per run, the
+verdict then and now, and the trained-minus-initial means of the direction and key-fact checks, as a
+Markdown table (the embedded corpus and the run's own window length and instruction; ``red`` and
+``bottleneck_mse`` are the run's own, since they do not change with the description checks).
+
+    .venv/bin/python scripts/recheck_verdicts.py runs/seeds/seed-0 runs/seeds/seed-1 ... > rechecked.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+COLUMNS = ("direction_right", "direction_skill", "key_facts", "other_facts")
+
+
+def recheck(run: Path) -> dict:
+    """The run's verdict then and now, and the trained-minus-initial means of ``COLUMNS``."""
+    from captionrl.domains.datasets import split_windows
+    from captionrl.eval.description import description_checks, verdict
+
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    data = config["data"]
+    if data.get("corpus") != "embedded" or data.get("prepared"):
+        raise SystemExit(f"{run}: data.corpus={data.get('corpus')!r}, data.prepared={data.get('prepared')!r}: "
+                         "this script rebuilds the embedded corpus's windows only")
+    windows = {w.id: np.asarray(w.values, dtype=float)
+               for w in split_windows("embedded", int(data["window"]), stride=data.get("stride"))["test"]}
+    records = [json.loads(line) for line in (run / "eval" / "records.jsonl").read_text().splitlines() if line]
+    final = json.loads((run / "eval" / "final_checks.json").read_text())
+    systems = {}
+    for system in ("trained", "initial"):
+        captions = {r["item_id"]: r["caption"] for r in records if r["system"] == system and not r.get("control")}
+        unknown = [i for i in captions if i not in windows]
+        if unknown:
+            raise SystemExit(f"{run}: held-out items {unknown[:3]} are not windows of the embedded corpus")
+        checks = description_checks(captions, {i: windows[i] for i in captions}, instruction=data.get("instruction"))
+        for kept in ("red", "bottleneck_mse"):
+            if kept in final["per_item"][system]:
+                checks[kept] = final["per_item"][system][kept]
+        systems[system] = checks
+    now = verdict(systems["trained"], systems["initial"])
+    diffs = {c: float(np.mean(list(systems["trained"][c].values())) - np.mean(list(systems["initial"][c].values())))
+             for c in COLUMNS}
+    return {"run": str(run), "then": final["verdict"]["outcome"], "now": now.outcome, "line": now.line(), **diffs}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+", type=Path, help="run folders (train.out_dir of each seed)")
+    args = ap.parse_args(argv)
+    rows = [recheck(run) for run in args.runs]
+    print("| run | verdict then | verdict now | " + " | ".join(f"{c} (trained - initial)" for c in COLUMNS) + " |")
+    print("|---|---|---|" + "---|" * len(COLUMNS))
+    for r in rows:
+        print(f"| {r['run']} | {r['then']} | {r['now']} | " + " | ".join(f"{r[c]:+.3f}" for c in COLUMNS) + " |")
+    print()
+    for r in rows:
+        print(f"- {r['run']}: {r['line']}")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    main()
