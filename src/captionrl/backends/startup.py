@@ -23,7 +23,7 @@ long before, and a mistyped port should fail within seconds.
 
 One exception to the training default: a server named on this machine (127.0.0.1, localhost, ::1) whose port
 nothing holds is not starting (vLLM binds its port first, see above), so with ``startup_timeout_s`` unset the
-probe fails at once instead of waiting ten minutes on a mistyped port (``port_is_free``). A training started
+probe fails at once instead of waiting ten minutes on a mistyped port (``free_local_port``). A training started
 in the same breath as its server, before the server bound its port, sets ``startup_timeout_s`` (the launch
 scripts in ``scripts/launch`` wait for their servers themselves before they start the training).
 """
@@ -119,21 +119,21 @@ def wait_for_models(base: str, *, field: str, model: str, timeout_s: float, head
         delay = min(delay * 2, 10.0)
 
 
-def port_is_free(base: str) -> bool:
-    """True when ``base`` names this machine and nothing holds its port (we can bind it ourselves): no server
-    is there or starting there. False for other hosts and for any port something holds."""
+def free_local_port(base: str) -> int | None:
+    """The port of ``base`` when ``base`` names this machine and nothing holds that port (we can bind it
+    ourselves): no server is there or starting there. ``None`` for other hosts and for a port something holds."""
     parts = urlsplit(base)
     host = parts.hostname or ""
     if host not in LOCAL_HOSTS:
-        return False
+        return None
     port = parts.port or (443 if parts.scheme == "https" else 80)
     family = socket.AF_INET6 if host == "::1" else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         try:
             sock.bind(("::1" if host == "::1" else "127.0.0.1", port))
         except OSError:
-            return False
-    return True
+            return None
+    return port
 
 
 def probe_server(cfg: Any, field: str = "verifier", default_wait_s: float = COMMAND_WAIT_S) -> None:
@@ -148,23 +148,23 @@ def probe_server(cfg: Any, field: str = "verifier", default_wait_s: float = COMM
     key = os.environ.get(cfg.api_key_env)
     if key:
         headers["Authorization"] = f"Bearer {key}"
-    timeout_s = getattr(cfg, "startup_timeout_s", None)
-    timeout_s = default_wait_s if timeout_s is None else float(timeout_s)
-    unset = getattr(cfg, "startup_timeout_s", None) is None
+    configured = getattr(cfg, "startup_timeout_s", None)
+    timeout_s = default_wait_s if configured is None else float(configured)
     deadline = time.monotonic() + timeout_s
     for base in str(cfg.base_url).split("|"):  # replicas: every one must answer, within one deadline
-        left = max(deadline - time.monotonic(), 0.0) if timeout_s > 0 else 0.0
-        if unset and port_is_free(base):  # nothing on this machine holds the port: a wrong URL, not a start
-            try:
-                served = wait_for_models(base, field=field, model=cfg.model, timeout_s=0.0, headers=headers)
-            except ConfigError as exc:
-                raise ConfigError(exc.field, base, f"nothing on this machine listens on or holds port "
-                                  f"{urlsplit(base).port} ({exc.problem})",
-                                  f"start the server first or fix the URL; a server started alongside this "
-                                  f"command that has not bound its port yet: set {field}.startup_timeout_s "
-                                  f"(e.g. 600) and it is waited for") from None
-        else:
+        # nothing on this machine holds the port: a wrong URL, not a server starting (one probe, unless configured)
+        free_port = free_local_port(base) if configured is None else None
+        left = max(deadline - time.monotonic(), 0.0) if timeout_s > 0 and free_port is None else 0.0
+        try:
             served = wait_for_models(base, field=field, model=cfg.model, timeout_s=left, headers=headers)
+        except ConfigError as exc:
+            if free_port is None:
+                raise
+            raise ConfigError(exc.field, base, f"nothing on this machine listens on or holds port {free_port} "
+                              f"({exc.problem})",
+                              f"start the server first or fix the URL; a server started alongside this command "
+                              f"that has not bound its port yet: set {field}.startup_timeout_s (e.g. 600) and it "
+                              f"is waited for") from None
         if served and cfg.model not in served:
             raise ConfigError(f"{field}.model", cfg.model, f"is not served at {base} (it serves {served})",
                               f"name one of {served} after '#'")
