@@ -64,12 +64,13 @@ def description_checks(captions: Mapping[str, str], series: Mapping[str, Any], *
     from captionrl.domains.describe import overall_direction
     from captionrl.judges.key_facts import key_facts
 
-    ids = [i for i in captions if i in series]
+    values = {i: np.asarray(series[i], dtype=float) for i in captions if i in series}
+    ids = list(values)
     out: dict[str, dict[str, float]] = {k: {} for k in PER_ITEM}
     wrong: dict[str, bool] = {}
-    truth = Counter(overall_direction(np.asarray(series[i], dtype=float)) for i in ids)
+    truth = Counter(overall_direction(v) for v in values.values())
     for i in ids:
-        kf = key_facts(captions[i], np.asarray(series[i], dtype=float), instruction=instruction, tolerance=tolerance)
+        kf = key_facts(captions[i], values[i], instruction=instruction, tolerance=tolerance)
         out["direction_stated"][i] = float(kf.direction_stated)
         out["direction_right"][i] = float(bool(kf.direction_correct))
         guess = truth[kf.direction] / len(ids) if kf.direction else 0.0  # right this often by saying it of every window
@@ -161,7 +162,8 @@ def verdict(trained: Mapping[str, Mapping[str, float]], initial: Mapping[str, Ma
     """Trained vs initial on per-item checks (``PER_ITEM`` plus ``red`` and, when measured, ``bottleneck_mse``).
 
     worse: the trained captions degenerated (``DEGENERATE_SHARE`` of them under 5 words, without words, the
-    instruction echoed, or one template sentence: each caption counted once), or a deciding check's interval lies on its bad side;
+    instruction echoed, or one template sentence: each caption counted once), or a deciding check's interval
+    lies on its bad side;
     better: not worse, and direction skill or other facts has its interval on the good side; else not better."""
     reasons: list[str] = []
     flags_deg, flags_same = trained.get("degenerate", {}), trained.get("same_sentence", {})
