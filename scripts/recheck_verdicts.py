@@ -4,8 +4,9 @@ are read again by ``eval.description`` against their windows, and the verdict is
 Why: the checks improve (a claim phrasing read, a way of guessing priced) while the runs they judge took
 minutes to hours; a run's own ``final_checks.json`` keeps the verdict of its day. This prints, per run, the
 verdict then and now, and the trained-minus-initial means of the direction and key-fact checks, as a
-Markdown table (the embedded corpus and the run's own window length and instruction; ``red`` and
-``bottleneck_mse`` are the run's own, since they do not change with the description checks).
+Markdown table (the embedded corpus and the run's own window length; ``red`` and
+``bottleneck_mse`` are the run's own, since they do not change with the description checks; the instruction
+and the claim tolerance are those its final checks used).
 
     .venv/bin/python scripts/recheck_verdicts.py runs/seeds/seed-0 runs/seeds/seed-1 ... > rechecked.md
 """
@@ -37,13 +38,15 @@ def recheck(run: Path) -> dict:
                for w in split_windows("embedded", int(data["window"]), stride=data.get("stride"))["test"]}
     records = [json.loads(line) for line in (run / "eval" / "records.jsonl").read_text().splitlines() if line]
     final = json.loads((run / "eval" / "final_checks.json").read_text())
+    settings = final.get("config", {})  # the run's own instruction and claim tolerance, as its final checks used
     systems = {}
     for system in ("trained", "initial"):
         captions = {r["item_id"]: r["caption"] for r in records if r["system"] == system and not r.get("control")}
         unknown = [i for i in captions if i not in windows]
         if unknown:
             raise SystemExit(f"{run}: held-out items {unknown[:3]} are not windows of the embedded corpus")
-        checks = description_checks(captions, {i: windows[i] for i in captions}, instruction=data.get("instruction"))
+        checks = description_checks(captions, {i: windows[i] for i in captions},
+                                    instruction=settings.get("instruction"), tolerance=settings.get("tolerance", 0.35))
         for kept in ("red", "bottleneck_mse"):
             if kept in final["per_item"][system]:
                 checks[kept] = final["per_item"][system][kept]

@@ -31,12 +31,14 @@ def _run(tmp_path: Path, name: str, trained: dict[str, str], initial: dict[str, 
     run = tmp_path / name
     (run / "eval").mkdir(parents=True)
     (run / "config.yaml").write_text(yaml.safe_dump({"data": {"corpus": "embedded", "window": 16, "stride": None,
-                                                              "prepared": None, "instruction": "Describe it."}}))
+                                                              "prepared": None}}))
     records = [{"system": s, "item_id": i, "caption": c, "control": False}
                for s, caps in (("trained", trained), ("initial", initial)) for i, c in caps.items()]
     (run / "eval" / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     red = {s: dict.fromkeys(trained, 0.0) for s in ("trained", "initial")}
-    (run / "eval" / "final_checks.json").write_text(json.dumps({"verdict": {"outcome": old}, "per_item": red}))
+    (run / "eval" / "final_checks.json").write_text(json.dumps({"verdict": {"outcome": old}, "per_item": red,
+                                                                "config": {"instruction": "Describe it.",
+                                                                           "tolerance": 0.35}}))
     return run
 
 
