@@ -53,6 +53,7 @@ def batch(tok, window: int, groups: int, g: int, instruction: str | None, max_co
     from captionrl.domains.corpora import load_corpus
     from captionrl.domains.describe import describe_series
     from captionrl.domains.timeseries import render_numbers
+    from captionrl.testing.trl_layout import trl_rows
 
     series = max(load_corpus("embedded"), key=lambda s: len(s.values))  # the longest embedded corpus
     starts = range(0, len(series.values) - window, max(1, (len(series.values) - window) // groups))
@@ -65,14 +66,8 @@ def batch(tok, window: int, groups: int, g: int, instruction: str | None, max_co
         for j in range(g):
             ids = tok(" ".join(base.split()[: 8 + 5 * j]), add_special_tokens=False)["input_ids"][: max_completion - 1]
             comps.append([*ids, tok.eos_token_id])
-    P, C = max(map(len, prompts)), max(map(len, comps))
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    rows, masks = [], []
-    for r, c in enumerate(comps):
-        p = prompts[r // g]
-        rows.append([pad] * (P - len(p)) + p + c + [pad] * (C - len(c)))
-        masks.append([0] * (P - len(p)) + [1] * (len(p) + len(c)) + [0] * (C - len(c)))
-    return torch.tensor(rows), torch.tensor(masks), C
+    return trl_rows(prompts, comps, g, pad)
 
 
 TARGETS = "targets: main >= 2x, long >= 3x"

@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from captionrl.testing.trl_layout import trl_rows
+
 PROMPTS = ["Describe this time series: 1.0, 2.5, 3.1, 2.2, 1.9, 4.4", "Describe: 7, 7, 8"]
 COMPLETIONS = ["The series rises to 4.4 at the end.", "It peaks at 4.4.", "It falls then rises, ending at 4.4 after a dip.",
                "Flat.", "The values stay near 7 and end at 8.", "Seven, seven, eight.", "It ends higher.",
@@ -21,14 +23,8 @@ def text_batch(tok: Any, prompts: list[str], completions: list[str], group: int)
              for p in prompts]
     p_ids = [list(x["input_ids"]) if isinstance(x, dict) or hasattr(x, "keys") else list(x) for x in p_ids]
     c_ids = [tok(c, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for c in completions]
-    P, C = max(map(len, p_ids)), max(map(len, c_ids))
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    rows, masks = [], []
-    for r, c in enumerate(c_ids):
-        p = p_ids[r // group]
-        rows.append([pad] * (P - len(p)) + p + c + [pad] * (C - len(c)))
-        masks.append([0] * (P - len(p)) + [1] * (len(p) + len(c)) + [0] * (C - len(c)))
-    return torch.tensor(rows), torch.tensor(masks), C
+    return trl_rows(p_ids, c_ids, group, pad)
 
 
 def vlm_batch(proc: Any, prompts: list[str], images: list[tuple[int, int, int]], completions: list[str],
