@@ -59,15 +59,20 @@ class KeyFacts:
 
     words: int                       # words, numbers excluded
     degenerate: str | None           # None, or one of DEGENERATE
-    direction_stated: bool           # an overall direction is asserted (a hedge is not one)
+    direction: str | None            # the overall direction stated (up | down | flat; the first one), None when
+                                     #   none is (a hedge is not one)
     direction_correct: bool | None   # None when no direction is stated
-    direction: str | None            # the direction stated (up | down | flat; the first one), None when none
     hedge: bool                      # "rises or falls" and the like
     extrema: tuple[Extremum, ...]
     correct_facts: int               # distinct key facts stated and supported
     wrong_facts: int                 # distinct facts contradicted (a hedge included)
     facts: tuple[str, ...]           # the correct key facts, in FACTS order
     wrong: tuple[str, ...]           # the wrong ones
+
+    @property
+    def direction_stated(self) -> bool:
+        """An overall direction is asserted (a hedge is not one)."""
+        return self.direction is not None
 
     @property
     def net_facts(self) -> int:
@@ -169,9 +174,8 @@ def key_facts(caption: str, series: Any, *, instruction: str | None = None, tole
     correct = tuple(f for f in FACTS if f in seen and all(seen[f]))
     wrong = tuple(f for f in seen if not all(seen[f]))
     trends = [c for c in checked if c.kind == "trend" and c.colour in ("green", "red")]
-    return KeyFacts(words=n_words, degenerate=degenerate, direction_stated=bool(trends),
+    return KeyFacts(words=n_words, degenerate=degenerate, direction=trends[0].direction if trends else None,
                     direction_correct=all(c.colour == "green" for c in trends) if trends else None,
-                    direction=trends[0].direction if trends else None,
                     hedge=any(c.kind == "hedge" for c in checked), extrema=tuple(extrema),
                     correct_facts=len(correct), wrong_facts=len(wrong), facts=correct, wrong=wrong)
 
