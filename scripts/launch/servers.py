@@ -216,35 +216,28 @@ def _tail(path: str, lines: int = 30) -> str:
 def wait_for_trl(url: str, *, model: str, timeout_s: float, alive: Any) -> None:
     """Wait until TRL's vLLM server at ``url`` passes the checks ``VLLMClient`` makes (module doc): ``GET
     /health`` 200, polled with backoff while the port refuses connections or answers 502/503/504 (vLLM listens
-    only once the model is loaded), then ``/v1/models`` lists ``model`` and ``/server_info`` is there."""
+    only once the model is loaded; the same wait as the HTTP backends', ``poll_until_up``), then ``/v1/models``
+    lists ``model`` and ``/server_info`` is there."""
     import httpx
 
-    from captionrl.backends.startup import STARTING_STATUSES
+    from captionrl.backends.startup import STARTING_STATUSES, ServerStarting, poll_until_up
     from captionrl.errors import ConfigError
 
     field = f"{TRL_FIELD} ({url})"
-    deadline = time.monotonic() + timeout_s
-    delay = 0.5
-    while True:
+
+    def health(seconds: float) -> None:
         try:
-            resp = httpx.get(url + "/health", timeout=5.0)
-            if resp.status_code == 200:
-                break
-            if resp.status_code not in STARTING_STATUSES:
-                raise ConfigError(field, url, f"GET /health answered HTTP {resp.status_code}: not TRL's vLLM server",
-                                  "check that nothing else listens on train.vllm_server_port")
-            last = f"GET /health returned HTTP {resp.status_code}"
+            resp = httpx.get(url + "/health", timeout=seconds)
         except httpx.HTTPError as exc:
-            last = f"{type(exc).__name__}: {exc}"
-        gone = alive()
-        if gone is not None:
-            raise ConfigError(field, url, f"the server stopped before it answered ({gone}; last: {last})",
-                              "read the server's log for why (out of memory, a wrong flag, a model it cannot load)")
-        if time.monotonic() + delay > deadline:
-            raise ConfigError(field, url, f"the server does not answer GET /health within {timeout_s:.0f} s ({last})",
-                              "read its log; a model that needs longer to load: raise CAPTIONRL_READY_TIMEOUT")
-        time.sleep(delay)
-        delay = min(delay * 2, 10.0)
+            raise ServerStarting(f"{type(exc).__name__}: {exc}") from exc
+        if resp.status_code in STARTING_STATUSES:
+            raise ServerStarting(f"GET /health returned HTTP {resp.status_code}")
+        if resp.status_code != 200:
+            raise ConfigError(field, url, f"GET /health answered HTTP {resp.status_code}: not TRL's vLLM server",
+                              "check that nothing else listens on train.vllm_server_port")
+
+    poll_until_up(health, field=field, url=url, timeout_s=timeout_s, alive=alive, what=" GET /health",
+                  fix="read its log; a model that needs longer to load: raise CAPTIONRL_READY_TIMEOUT")
     try:
         served = [m.get("id") for m in httpx.get(url + "/v1/models", timeout=10.0).json().get("data", [])]
         info = httpx.get(url + "/server_info", params={"config_format": "json"}, timeout=10.0).status_code

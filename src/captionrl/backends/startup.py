@@ -35,7 +35,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
@@ -54,6 +54,7 @@ ATTEMPT_TIMEOUT_S = 5.0
 """Seconds one ``GET /models`` may take before it counts as a timeout (and, while waiting, is retried)."""
 REPORT_EVERY_S = 30.0
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+T = TypeVar("T")
 
 
 class ServerStarting(Exception):
@@ -81,13 +82,16 @@ def fetch_models(base: str, headers: dict[str, str], timeout_s: float) -> list[s
         return []
 
 
-def wait_for_models(base: str, *, field: str, model: str, timeout_s: float, headers: dict[str, str] | None = None,
-                    alive: Callable[[], str | None] | None = None) -> list[str]:
-    """Poll ``GET {base}/models`` until the server answers (returns the served ids), for at most ``timeout_s``
-    seconds (0: one attempt). ``alive`` (optional) says why the server cannot come up any more (its process
-    ended) or returns None; it is asked before every retry, so a launch script's server that died stops the
-    wait at once. At the deadline: ``ConfigError`` naming the URL, the last error and the fix."""
-    headers = headers or {}
+def poll_until_up(attempt: Callable[[float], T], *, field: str, url: str, timeout_s: float, fix: str,
+                  alive: Callable[[], str | None] | None = None, what: str = "",
+                  progress: tuple[str, str] | None = None) -> T:
+    """Call ``attempt(seconds)`` until it returns (its value is returned), retrying with backoff while it raises
+    ``ServerStarting``, for at most ``timeout_s`` seconds (0: one attempt). ``alive`` (optional) says why the
+    server cannot come up any more (its process ended) or returns None; it is asked before every retry, so a
+    launch script's server that died stops the wait at once. A ``ConfigError`` from ``attempt`` (an answer
+    waiting would not change) is raised at once under ``field``; at the deadline a ``ConfigError`` names
+    ``url``, what was awaited (``what``), the last error and ``fix``. ``progress``: (label, setting) of the
+    log line written after a few seconds and every ``REPORT_EVERY_S``."""
     t0 = time.monotonic()
     deadline = t0 + max(float(timeout_s), 0.0)
     delay, reported = 0.5, 0.0
@@ -95,28 +99,37 @@ def wait_for_models(base: str, *, field: str, model: str, timeout_s: float, head
         left = deadline - time.monotonic()
         attempt_s = min(ATTEMPT_TIMEOUT_S, max(left, 1.0)) if timeout_s > 0 else ATTEMPT_TIMEOUT_S
         try:
-            return fetch_models(base, headers, attempt_s)
+            return attempt(attempt_s)
         except ServerStarting as exc:
             last = str(exc)
         except ConfigError as exc:
-            raise ConfigError(f"{field}.base_url", base, exc.problem, exc.fix) from None
+            raise ConfigError(field, url, exc.problem, exc.fix) from None
         waited = time.monotonic() - t0
         gone = alive() if alive is not None else None
         if gone is not None:
-            raise ConfigError(f"{field}.base_url", base, f"the server stopped before it answered ({gone}; last: {last})",
+            raise ConfigError(field, url, f"the server stopped before it answered ({gone}; last: {last})",
                               "read the server's log for why (out of memory, a wrong flag, a model it cannot load)")
         if time.monotonic() + delay > deadline:
             wait = f" within {waited:.0f} s" if timeout_s > 0 else ""
-            raise ConfigError(
-                f"{field}.base_url", base, f"the server does not answer{wait} ({last})",
-                f"start it first (e.g. vllm serve MODEL --served-model-name {model} --port PORT) or fix the URL; "
-                f"a server that needs longer to load: raise {field}.startup_timeout_s (now {timeout_s:g} s)")
-        if waited - reported >= (REPORT_EVERY_S if reported else 3.0):
+            raise ConfigError(field, url, f"the server does not answer{what}{wait} ({last})", fix)
+        if progress is not None and waited - reported >= (REPORT_EVERY_S if reported else 3.0):
             reported = waited
-            logger.info(f"{field}: waiting for {base} to answer ({last}); {waited:.0f} s of {timeout_s:g} s "
-                        f"({field}.startup_timeout_s)")
+            label, setting = progress
+            logger.info(f"{label}: waiting for {url} to answer ({last}); {waited:.0f} s of {timeout_s:g} s ({setting})")
         time.sleep(delay)
         delay = min(delay * 2, 10.0)
+
+
+def wait_for_models(base: str, *, field: str, model: str, timeout_s: float, headers: dict[str, str] | None = None,
+                    alive: Callable[[], str | None] | None = None) -> list[str]:
+    """Poll ``GET {base}/models`` until the server answers (returns the served ids), for at most ``timeout_s``
+    seconds (0: one attempt), as :func:`poll_until_up` does; at the deadline the fix names
+    ``{field}.startup_timeout_s``."""
+    return poll_until_up(
+        lambda seconds: fetch_models(base, headers or {}, seconds), field=f"{field}.base_url", url=base,
+        timeout_s=timeout_s, alive=alive, progress=(field, f"{field}.startup_timeout_s"),
+        fix=(f"start it first (e.g. vllm serve MODEL --served-model-name {model} --port PORT) or fix the URL; "
+             f"a server that needs longer to load: raise {field}.startup_timeout_s (now {timeout_s:g} s)"))
 
 
 def free_local_port(base: str) -> int | None:
