@@ -396,3 +396,13 @@ def test_python_written_nan_is_named_as_nan_not_as_a_parse_error(tmp_path):
     bad = _write_csv(tmp_path / "b" / "bedtime.csv", ["idx", "series", "annotations"], rows)
     msg = _fails(tmp_path, "bedtime", bad, "bedtime.csv:row 7, column series", "missing or non-finite")
     assert "[2]" in msg
+
+
+def test_too_many_test_items_names_a_count_it_can_take(tmp_path):
+    """Only n_train takes null; the fix for another split offers a count, not a value its field refuses."""
+    _, out = run_prepare(tmp_path, "jsonl", write_jsonl(tmp_path / "j"))
+    cfg = LineupDataConfig(prepared=str(out), n_train=4, n_test=500)
+    with pytest.raises(DataError) as err:
+        build_lineup_data(cfg, 4, 0)
+    assert err.value.field == "data.n_test" and "null" not in str(err.value)
+    assert "set data.n_test:" in str(err.value) and "or less" in str(err.value)

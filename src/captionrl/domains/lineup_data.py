@@ -133,7 +133,8 @@ def build_lineup_data(cfg: LineupDataConfig, k: int, seed: int, *, k_field: str 
         chosen = range(len(found))
         if n is not None and n > len(found):
             raise DataError(f"data.n_{split}", n, f"asks for {n} {split} items but only {len(found)} exist",
-                            f"set data.n_{split}: {len(found)} or less (null = all), or prepare/mine more data")
+                            f"set data.n_{split}: {len(found)} or less{' (null = all)' if split == 'train' else ''}, "
+                            "or prepare/mine more data")
         if split == "train" and cfg.balance == "direction":
             labels = [direction_word(pool[cs.item_id].values) for cs in found]
             chosen = balanced_choice(labels, n, np.random.default_rng([seed, i]))
