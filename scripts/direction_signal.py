@@ -13,6 +13,8 @@ probabilities of the next word: " rises", " falls", " stays". It reports
   claims' own rule (``domains.describe.overall_direction``); flat windows sit out of the AUC;
 - ``accuracy``: how often the likeliest of the three words is the window's direction, beside ``majority``,
   the accuracy of always naming the commonest direction;
+- ``--view``: the prompt also shows the window as a line of bar characters (a chart in text) or as values
+  rescaled to 0-100, to see whether another view of the same window moves the word more;
 - then, with ``--sft_epochs N``, the same after each epoch of supervised fine-tuning of a fresh copy on the
   config's training windows, the loss on that one word only: how many labelled examples the ranking needs.
 
@@ -35,6 +37,28 @@ import yaml
 
 WORDS = {"up": " rises", "down": " falls", "flat": " stays"}
 """The next word the cue is read for, per direction of the shape claims' rule."""
+
+BARS = "▁▂▃▄▅▆▇█"
+VIEWS = ("numbers", "sparkline", "scaled")
+"""What the prompt shows: the main job's printed numbers; the numbers and a line of bar characters, one a value
+(a chart in text, the nearest a language-only captioner gets to the paper's chart image); the numbers and the
+values rescaled to whole numbers from 0 to 100 (the window's own minimum and maximum)."""
+
+
+def with_view(row: dict[str, Any], view: str) -> dict[str, Any]:
+    """``row`` whose prompt also shows the series as ``view`` says (``numbers``: unchanged)."""
+    if view == "numbers":
+        return row
+    v = np.asarray(row["series"], dtype=float)
+    lo, span = float(v.min()), float(np.ptp(v)) or 1.0
+    if view == "sparkline":
+        extra = "Chart: " + "".join(BARS[min(len(BARS) - 1, int((x - lo) / span * len(BARS)))] for x in v)
+    elif view == "scaled":
+        extra = "Scaled 0-100: " + ", ".join(str(round(100 * (x - lo) / span)) for x in v)
+    else:
+        raise SystemExit(f"--view {view!r}: use one of {', '.join(VIEWS)}")
+    text = row["prompt"][0]["content"].replace(row["series_text"], f"{row['series_text']}\n{extra}", 1)
+    return {**row, "prompt": [{**row["prompt"][0], "content": text}]}
 
 
 def auc(positive: list[float], negative: list[float]) -> float | None:
@@ -139,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", type=Path, default=Path("configs/lineup-cpu.yaml"))
     ap.add_argument("--cue", default="Overall, the series", help="the answer's opening words before the direction word")
+    ap.add_argument("--view", default="numbers", choices=VIEWS, help="what the prompt shows of each window")
     ap.add_argument("--n_test", type=int, default=None, help="held-out windows to read (default: all)")
     ap.add_argument("--sft_epochs", type=int, default=0)
     ap.add_argument("--lr", type=float, default=5e-5)
@@ -150,10 +175,10 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    rows = load_rows(args.config, args.seed)
+    rows = {split: [with_view(r, args.view) for r in part] for split, part in load_rows(args.config, args.seed).items()}
     test = rows["test"][: args.n_test]
     reader = Reader(args.cue)
-    report: dict[str, Any] = {"config": str(args.config), "cue": args.cue, "lr": args.lr, "epochs": []}
+    report: dict[str, Any] = {"config": str(args.config), "view": args.view, "cue": args.cue, "lr": args.lr, "epochs": []}
     start = time.time()
     for epoch in range(args.sft_epochs + 1):
         loss = reader.teach(rows["train"], args.lr, args.seed + epoch) if epoch else None

@@ -8,6 +8,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,6 +37,19 @@ def test_the_held_out_windows_are_the_main_jobs_and_labelled_by_the_shape_rule()
     assert len(rows["test"]) > 40  # every held-out window, not the 40 the final checks read
     labels = {overall_direction(r["series"]) for r in rows["test"]}
     assert labels == {"up", "down", "flat"}
+
+
+def test_the_other_views_add_a_line_of_the_same_window():
+    module = _script()
+    row = module.load_rows(ROOT / "configs" / "lineup-cpu.yaml", 0)["test"][0]
+    assert module.with_view(row, "numbers") is row
+    bars = module.with_view(row, "sparkline")["prompt"][0]["content"].split("Chart: ")[1].split("\n")[0]
+    assert len(bars) == len(row["series"]) and set(bars) <= set(module.BARS)
+    assert bars[int(np.argmax(row["series"]))] == module.BARS[-1] and bars[int(np.argmin(row["series"]))] == module.BARS[0]
+    scaled = module.with_view(row, "scaled")["prompt"][0]["content"].split("Scaled 0-100: ")[1].split("\n")[0]
+    values = [int(x) for x in scaled.split(", ")]
+    assert values[int(np.argmax(row["series"]))] == 100 and values[int(np.argmin(row["series"]))] == 0
+    assert row["series_text"] in module.with_view(row, "scaled")["prompt"][0]["content"]
 
 
 @pytest.mark.slow
