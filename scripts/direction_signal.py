@@ -72,16 +72,15 @@ def auc(positive: list[float], negative: list[float]) -> float | None:
 def load_rows(config: Path, seed: int) -> dict[str, list[dict[str, Any]]]:
     """The config's training rows and every held-out test window, as the main job builds them."""
     from captionrl.config import from_dict
+    from captionrl.domains.datasets import split_windows
     from captionrl.domains.lineup_data import LineupDataConfig, build_lineup_data
 
     data = dict(yaml.safe_load(config.read_text())["data"])
     cfg = from_dict(LineupDataConfig, data, prefix="data.")
-    from captionrl.domains.datasets import split_windows
-
-    rows = build_lineup_data(cfg, 4, seed).rows
+    # every test window; the training sample does not depend on n_test (each split draws from its own seed)
     n_test = len(split_windows(cfg.corpus, cfg.window, stride=cfg.stride, fractions=cfg.splits)["test"])
-    everything = from_dict(LineupDataConfig, {**data, "n_test": n_test}, prefix="data.")
-    return {"train": rows["train"], "test": build_lineup_data(everything, 4, seed).rows["test"]}
+    rows = build_lineup_data(from_dict(LineupDataConfig, {**data, "n_test": n_test}, prefix="data."), 4, seed).rows
+    return {"train": rows["train"], "test": rows["test"]}
 
 
 class Reader:
@@ -98,6 +97,7 @@ class Reader:
         self.tok = AutoTokenizer.from_pretrained(path)
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         self.cue = cue
+        self.optimiser: Any = None  # made by the first ``teach``, kept across epochs (AdamW's moments)
         self.word_ids = {}
         for direction, word in WORDS.items():
             ids = self.tok(word, add_special_tokens=False).input_ids
@@ -144,7 +144,7 @@ class Reader:
 
         torch = self.torch
         self.model.train()
-        if not hasattr(self, "optimiser"):
+        if self.optimiser is None:
             self.optimiser = torch.optim.AdamW(self.model.parameters(), lr=lr)
         order = np.random.default_rng(seed).permutation(len(rows))
         loss = torch.tensor(0.0)

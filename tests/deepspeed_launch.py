@@ -75,13 +75,9 @@ def run_group(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[int 
 
 def smoke_script() -> Any:
     """``scripts/gpu_smoke.py`` as a module (a script, not a package: loaded from its path)."""
-    if "gpu_smoke" in sys.modules:
-        return sys.modules["gpu_smoke"]
-    spec = importlib.util.spec_from_file_location("gpu_smoke", ROOT / "scripts" / "gpu_smoke.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_smoke"] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
+    from script_modules import load_script
+
+    return load_script("gpu_smoke")
 
 
 def _stale_build_locks() -> str:

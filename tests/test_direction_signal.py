@@ -4,25 +4,16 @@ docs/main-job.md's "Why the direction is not learned"."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("direction_signal", ROOT / "scripts" / "direction_signal.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from script_modules import ROOT, load_script
 
 
 def test_auc_ranks_and_counts_ties_half():
-    auc = _script().auc
+    auc = load_script("direction_signal").auc
     assert auc([3.0, 4.0], [1.0, 2.0]) == 1.0
     assert auc([1.0], [2.0]) == 0.0
     assert auc([1.0, 1.0], [1.0]) == 0.5
@@ -32,7 +23,7 @@ def test_auc_ranks_and_counts_ties_half():
 def test_the_held_out_windows_are_the_main_jobs_and_labelled_by_the_shape_rule():
     from captionrl.domains.describe import overall_direction
 
-    rows = _script().load_rows(ROOT / "configs" / "lineup-cpu.yaml", 0)
+    rows = load_script("direction_signal").load_rows(ROOT / "configs" / "lineup-cpu.yaml", 0)
     assert len(rows["train"]) == 128
     assert len(rows["test"]) > 40  # every held-out window, not the 40 the final checks read
     labels = {overall_direction(r["series"]) for r in rows["test"]}
@@ -40,7 +31,7 @@ def test_the_held_out_windows_are_the_main_jobs_and_labelled_by_the_shape_rule()
 
 
 def test_the_other_views_add_a_line_of_the_same_window():
-    module = _script()
+    module = load_script("direction_signal")
     row = module.load_rows(ROOT / "configs" / "lineup-cpu.yaml", 0)["test"][0]
     assert module.with_view(row, "numbers") is row
     bars = module.with_view(row, "sparkline")["prompt"][0]["content"].split("Chart: ")[1].split("\n")[0]
@@ -56,7 +47,7 @@ def test_the_other_views_add_a_line_of_the_same_window():
 def test_teaching_the_word_moves_the_measure(tmp_path):
     """Taught on eight windows' directions, the captioner names them more often than before: the measure reads
     the model, it is not fixed by the data (a constant answer would leave accuracy at its start)."""
-    module = _script()
+    module = load_script("direction_signal")
     rows = module.load_rows(ROOT / "configs" / "lineup-cpu.yaml", 0)["train"][:8]
     reader = module.Reader("Overall, the series")
     before = reader.measure(rows)

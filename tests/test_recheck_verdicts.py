@@ -4,7 +4,6 @@ captions say one direction of every window is not called better whatever its old
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -15,15 +14,7 @@ import yaml
 
 from captionrl.domains.datasets import split_windows
 from captionrl.domains.describe import describe_series
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("recheck_verdicts", ROOT / "scripts" / "recheck_verdicts.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from script_modules import load_script
 
 
 def _run(tmp_path: Path, name: str, trained: dict[str, str], initial: dict[str, str], old: str) -> Path:
@@ -49,7 +40,7 @@ def test_a_run_is_rechecked_on_its_own_windows(tmp_path, capsys):
     wordings = ["Overall, the series is increasing.", "The value keeps increasing over time.",
                 "The series increases over the window.", "Looking at the values, the series rises."]
     rising = {i: wordings[k % 4] for k, i in enumerate(windows)}
-    script = _script()
+    script = load_script("recheck_verdicts")
     good = script.recheck(_run(tmp_path, "honest", honest, silent, "not better"))
     assert good["now"] == "better" and good["then"] == "not better" and good["direction_skill"] > 0.3
     guess = script.recheck(_run(tmp_path, "rising", rising, silent, "better"))
@@ -65,4 +56,4 @@ def test_a_run_on_other_data_is_refused_naming_the_setting(tmp_path):
     (run / "config.yaml").write_text(yaml.safe_dump({"data": {"corpus": "embedded", "window": 16,
                                                               "prepared": "data/mine.jsonl"}}))
     with pytest.raises(SystemExit, match=re.escape("data.prepared='data/mine.jsonl'")):
-        _script().recheck(run)
+        load_script("recheck_verdicts").recheck(run)
