@@ -114,6 +114,24 @@ def test_same_sentence_flags_a_template_said_whatever_the_window():
                                                                                         "c": 0.0}
 
 
+def test_a_fixed_answer_form_that_tracks_the_window_is_not_a_template():
+    """Our warm-started captioner (2026-12-03) answered in one form, "Overall, the series rises. It starts at
+    # and ends at #.", right about the direction of most windows it said it of: it reads the window. The
+    same form with one direction said of every window does not, and is flagged."""
+    from captionrl.domains.describe import overall_direction, trend_word
+
+    ids = list(WINDOWS)
+    word = {i: trend_word(WINDOWS[i]) for i in ids}
+    flip = next(i for i in ids if overall_direction(WINDOWS[i]) != "up")
+    word[flip] = "rises"  # one window wrong, as a captioner that reads the window still is at times
+    tracking = {i: f"Overall, the series {word[i]}. It starts at {WINDOWS[i][0]:.2f} and ends at {WINDOWS[i][-1]:.2f}."
+                for i in ids}
+    assert not any(description_checks(tracking, WINDOWS)["same_sentence"].values())
+    constant = {i: f"Overall, the series rises. It starts at {WINDOWS[i][0]:.2f} and ends at {WINDOWS[i][-1]:.2f}."
+                for i in ids}
+    assert np.mean(list(description_checks(constant, WINDOWS)["same_sentence"].values())) == 1.0
+
+
 def test_the_describer_is_terse_not_a_template_and_a_constant_direction_is():
     """The describer's wording is fixed but right for every window: not degenerate. The same wording with one
     direction said of every window (our v2 captioner: '..., and is rising overall.') is."""

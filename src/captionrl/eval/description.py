@@ -46,16 +46,33 @@ PER_ITEM = ("direction_stated", "direction_right", "direction_skill", "extrema_n
 
 
 def same_sentence_flags(captions: Mapping[str, str], wrong: Mapping[str, bool] | None = None,
-                        share: float = 0.25) -> dict[str, float]:
+                        share: float = 0.25, guess_wrong: Mapping[str, float] | None = None) -> dict[str, float]:
     """1.0 for a caption whose text with its numbers masked is shared by at least ``share`` of the other
-    captions and, when ``wrong`` is given, whose shared text is wrong about at least one of the windows it is
-    used for (one template said whatever the window), else 0.0. Empty captions are never a template here
-    (``degenerate`` counts them)."""
+    captions and, when ``wrong`` is given, whose shared text does not track the window (one template said
+    whatever the window), else 0.0. Empty captions are never a template here (``degenerate`` counts them).
+
+    Tracking: the shared text is wrong on a share of the windows it is used for at least as large as
+    ``guess_wrong`` (per caption: how often it would be wrong said of every window, i.e. one minus the share
+    of windows whose direction is the one it states; default 0: any wrong use). Why not "wrong on one window":
+    a fixed answer form is what the instruction asks for, and a captioner that says "Overall, the series
+    rises. It starts at # and ends at #." of 28 of 40 windows, 79% of them rising (base rate 53%), reads the
+    direction; every template our degenerated runs wrote was wrong on all of its windows (docs/main-job.md)."""
     masked = {i: " ".join(NUMBER.sub("#", c).lower().split()) for i, c in captions.items()}
     counts = Counter(m for m in masked.values() if m)
     others = max(1, len(captions) - 1)
-    blind = {m for i, m in masked.items() if wrong is None or wrong.get(i)}
-    return {i: float(bool(m) and (counts[m] - 1) / others >= share and m in blind) for i, m in masked.items()}
+    uses: dict[str, list[str]] = {}
+    for i, m in masked.items():
+        uses.setdefault(m, []).append(i)
+
+    def blind(m: str) -> bool:
+        if wrong is None:
+            return True
+        ids = uses[m]
+        rate = float(np.mean([bool(wrong.get(i)) for i in ids]))
+        bar = float(np.mean([(guess_wrong or {}).get(i, 0.0) for i in ids]))
+        return rate > 0 and rate >= bar - 1e-9  # said of every window, it is wrong exactly as often as the guess
+
+    return {i: float(bool(m) and (counts[m] - 1) / others >= share and blind(m)) for i, m in masked.items()}
 
 
 def description_checks(captions: Mapping[str, str], series: Mapping[str, Any], *, instruction: str | None = None,
@@ -68,6 +85,7 @@ def description_checks(captions: Mapping[str, str], series: Mapping[str, Any], *
     ids = list(values)
     out: dict[str, dict[str, float]] = {k: {} for k in PER_ITEM}
     wrong: dict[str, bool] = {}
+    guess_wrong: dict[str, float] = {}
     truth = Counter(overall_direction(v) for v in values.values())
     for i in ids:
         kf = key_facts(captions[i], values[i], instruction=instruction, tolerance=tolerance)
@@ -82,7 +100,8 @@ def description_checks(captions: Mapping[str, str], series: Mapping[str, Any], *
         out["wrong_facts"][i] = float(kf.wrong_facts)
         out["degenerate"][i] = float(kf.degenerate is not None)
         wrong[i] = kf.wrong_facts > 0 or not kf.direction_correct
-    out["same_sentence"] = same_sentence_flags({i: captions[i] for i in ids}, wrong)
+        guess_wrong[i] = 1.0 - guess if kf.direction else 0.0
+    out["same_sentence"] = same_sentence_flags({i: captions[i] for i in ids}, wrong, guess_wrong=guess_wrong)
     return out
 
 

@@ -95,6 +95,7 @@ class LineupRecipe(Recipe):
         self.reward_function: RewardFunction | None = None
         self.samples: Any = None
         self.questions: dict[str, Any] | None = None
+        self.warm: dict[str, Any] | None = None  # the warm start's summary, when the run had one
 
     def servers(self) -> list[tuple[Any, str]]:
         cfg = self.cfg  # the evaluation verifiers are only needed (and probed) when the run evaluates
@@ -129,6 +130,13 @@ class LineupRecipe(Recipe):
         if self.use_chart and not run.is_vlm:
             raise ConfigError("policy.input", "chart", f"{cfg.policy.model} is a language-only model",
                               "set policy.input: numbers, or use a VLM policy")
+        if cfg.warm_start.enabled and self.use_chart:
+            raise ConfigError("warm_start.epochs", cfg.warm_start.epochs, f"{cfg.policy.model} reads charts and the "
+                              "warm start teaches a captioner that reads numbers", "set warm_start.epochs: 0")
+        if cfg.warm_start.enabled and run.resume_from is None:  # a resumed run's checkpoint holds the warm-started weights
+            from captionrl.train.warm_start import warm_start
+
+            self.warm = warm_start(cfg, run.data.rows["train"], run.model, run.processing, run.out)
 
     def rows(self, run: Run, split: str = "train") -> list[dict[str, Any]]:
         rows = run.data.rows[split]
@@ -153,6 +161,8 @@ class LineupRecipe(Recipe):
         out: dict[str, Any] = {"reward_family": self.cfg.reward.family}
         if self.questions is not None:
             out["questions"] = self.questions
+        if self.warm is not None:
+            out["warm_start"] = self.warm
         return out
 
     def preflight(self, run: Run) -> None:

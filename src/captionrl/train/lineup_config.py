@@ -16,6 +16,7 @@ from captionrl.domains.lineup_data import LineupDataConfig
 from captionrl.errors import ConfigError
 from captionrl.rewards.spec import SERIES_FAMILIES, RewardSpec, SeriesPrint
 from captionrl.train.common import PolicyConfig, TrainConfig, backend_config
+from captionrl.train.warm_start import WarmStartConfig
 
 
 @dataclass
@@ -54,6 +55,7 @@ class LineupConfig:
     verifier: BackendConfig = field(default_factory=BackendConfig, metadata={"help": "the frozen verifier behind the reward"})
     data: LineupDataConfig = field(default_factory=LineupDataConfig, metadata={"help": "series, windows, candidate sets"})
     reward: RewardSpec = field(default_factory=RewardSpec, metadata={"help": "the reward (the same section as the reward service's and the engine adapters'): family, identification scoring, shaping, the lost-reward bound"})
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig, metadata={"help": "supervised fine-tuning on the describer's captions of the training windows before RL (off by default, as the paper)"})
     train: TrainConfig = field(default_factory=TrainConfig, metadata={"help": "TRL trainer settings"})
     eval: LineupEvalConfig = field(default_factory=LineupEvalConfig, metadata={"help": "held-out evaluation at the end"})
 
@@ -66,6 +68,12 @@ class LineupConfig:
         if self.reward.family not in SERIES_FAMILIES:
             raise ConfigError("reward.family", self.reward.family, "train lineup captions series; this family judges "
                               "images (captionrl train rubicap trains it)", f"use one of {', '.join(SERIES_FAMILIES)}")
+        if self.warm_start.enabled and self.policy.lora:
+            raise ConfigError("warm_start.epochs", self.warm_start.epochs, "the warm start fine-tunes every weight and "
+                              "policy.lora trains adapters", "set policy.lora: false, or warm_start.epochs: 0")
+        if self.warm_start.enabled and self.policy.input == "chart":
+            raise ConfigError("warm_start.epochs", self.warm_start.epochs, "the warm start teaches a captioner that "
+                              "reads numbers, and policy.input is chart", "set warm_start.epochs: 0, or policy.input: numbers")
 
     def series_print(self) -> SeriesPrint:
         """How the verifier prints the candidates: as the policy's prompt prints its series (``data``)."""

@@ -125,6 +125,13 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
         systems.append(CaptionSet("initial", generate_captions(base, base_proc, rows, max_new, use_chart, "initial",
                                                                clipped["initial"])))
         del base
+    warm = out_dir.parent / "warm_start" / "model"
+    if cfg.warm_start.enabled and warm.is_dir():  # what RL added over the warm start, beside what the run did in all
+        model = load_checkpoint_policy(cfg, warm)
+        clipped["warm start"] = {}
+        systems.append(CaptionSet("warm start", generate_captions(model, processing, rows, max_new, use_chart,
+                                                                  "warm start", clipped["warm start"])))
+        del model
     items = [data.pool[r["item_id"]] for r in rows]
     distractors = {r["item_id"]: list(r["candidate_ids"][1:]) for r in rows}
     train_name = TRAIN_VERIFIER if cfg.eval.train_verifier else None

@@ -1,0 +1,132 @@
+"""The warm start before LineupRL (``train.warm_start``): its targets are right about every window they
+are written for and are not one template; its config refuses what it cannot do; inside a run it trains
+before RL and a rerun does not train it twice; and it teaches the embedded captioner to write them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from captionrl.config import load_config
+from captionrl.domains.describe import short_description
+from captionrl.domains.lineup_data import build_lineup_data
+from captionrl.errors import ConfigError
+from captionrl.eval.description import description_checks
+from captionrl.train.lineup import LineupConfig
+from captionrl.train.warm_start import WarmStartConfig, printed_values, warm_start_records
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU = ROOT / "configs" / "lineup-cpu.yaml"
+
+
+def _rows(n_train: int = 48) -> list[dict]:
+    cfg = load_config(LineupConfig, CPU, [f"data.n_train={n_train}", "data.n_test=4"])
+    return build_lineup_data(cfg.data, cfg.reward.k, cfg.seed).rows["train"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from captionrl.embedded import embedded_model_dir
+
+    return AutoTokenizer.from_pretrained(embedded_model_dir("float32"))
+
+
+def test_the_targets_state_the_right_direction_of_every_window_and_are_no_template(tokenizer):
+    rows = _rows()
+    cfg = load_config(LineupConfig, CPU, [])
+    records = warm_start_records(rows, 2)
+    captions = {r["id"]: r["caption"] for r in records}
+    series = {str(r["item_id"]): r["series"] for r in rows}
+    checks = description_checks(captions, series, instruction=cfg.instruction())
+    assert np.mean(list(checks["direction_right"].values())) == 1.0
+    assert np.mean(list(checks["key_facts"].values())) >= 2.9  # direction, start, end
+    assert sum(checks["wrong_facts"].values()) <= 1  # a value rounded at the printed precision, at most
+    assert not any(checks["degenerate"].values()) and not any(checks["same_sentence"].values())
+    # the direction word changes with the window: the sentence is not said whatever the window
+    assert {c.split(". ")[0].removeprefix("Overall, the series ") for c in captions.values()} == {
+        "rises", "falls", "stays roughly flat"}
+    longest = max(len(tokenizer(c, add_special_tokens=False)["input_ids"]) for c in captions.values())
+    assert longest <= 37  # fits the CPU job's 40-token budget, end of turn included
+    assert all(r["prompt"] == row["prompt"] for r, row in zip(records, rows, strict=True))  # the RL prompts
+
+
+def test_the_target_is_written_from_the_printed_values():
+    assert short_description(np.array([1.0, 3.0, 2.0, 2.5])) == "Overall, the series rises. It starts at 1 and ends at 2.5."
+    assert short_description(np.array([3.0, 1.0, 2.0, 2.5, 0.5])) == "Overall, the series falls. It starts at 3 and ends at 0.5."
+    assert short_description(np.array([2.0, 2.1, 1.9, 2.0])).startswith("Overall, the series stays roughly flat.")
+    row = {"series_text": "1.00, 2.50, -0.30"}
+    assert printed_values(row) == [1.0, 2.5, -0.3]
+
+
+@pytest.mark.parametrize(("override", "field"), [
+    ("warm_start.epochs=-1", "warm_start.epochs"),
+    ("warm_start.learning_rate=0", "warm_start.learning_rate"),
+    ("warm_start.batch_size=0", "warm_start.batch_size"),
+])
+def test_bad_warm_start_settings_name_the_field(override, field):
+    with pytest.raises(ConfigError) as err:
+        load_config(LineupConfig, CPU, [override])
+    assert err.value.field == field
+
+
+def test_a_warm_start_of_adapters_or_of_a_chart_reader_is_refused():
+    with pytest.raises(ConfigError, match=r"policy\.lora"):
+        load_config(LineupConfig, CPU, ["warm_start.epochs=1", "policy.lora=true"])
+    with pytest.raises(ConfigError, match="chart"):
+        load_config(LineupConfig, CPU, ["warm_start.epochs=1", "policy.input=chart"])
+    assert not WarmStartConfig().enabled  # the paper's recipe: RL from the initial model
+
+
+@pytest.mark.slow
+def test_a_run_warm_starts_before_rl_and_a_rerun_does_not_train_it_again(tmp_path, embedded_backend, tiny_llama):
+    from captionrl.train import lineup
+    from test_train_lineup import TINY
+
+    out = tmp_path / "run"
+    over = [*TINY, f"policy.model={tiny_llama}", f"train.out_dir={out}", "warm_start.epochs=1",
+            "warm_start.batch_size=2", "eval.enabled=false"]
+    cfg = load_config(LineupConfig, CPU, over)
+    result = lineup.run(cfg, verifier=embedded_backend)
+    warm = json.loads((out / "result.json").read_text())["warm_start"]
+    assert warm["steps"] == 2 and warm["train_loss"] > 0  # 4 windows, 2 a step
+    targets = [json.loads(line) for line in (out / "warm_start" / "targets.jsonl").read_text().splitlines()]
+    rows = build_lineup_data(cfg.data, cfg.reward.k, cfg.seed).rows["train"]
+    assert [t["caption"] for t in targets] == [short_description(printed_values(r)) for r in rows]
+    assert (out / "warm_start" / "model").is_dir() and result["steps"] == 2
+    # a rerun of the finished run resumes RL from its checkpoint and leaves the warm start alone
+    mtime = (out / "warm_start" / "sft_summary.json").stat().st_mtime
+    again = load_config(LineupConfig, CPU, [*over, "train.max_steps=3"])
+    lineup.run(again, verifier=embedded_backend)
+    assert (out / "warm_start" / "sft_summary.json").stat().st_mtime == mtime
+
+
+@pytest.mark.slow
+def test_the_warm_start_teaches_the_embedded_captioner_to_write_the_targets(tmp_path):
+    """Eight windows, three epochs at the CPU config's rate: greedy captions of those windows take the
+    target's form and state a direction; the untrained captioner writes neither (so the test can fail)."""
+    import torch
+
+    from captionrl.train.common import load_policy
+    from captionrl.train.lineup_eval import generate_captions
+    from captionrl.train.warm_start import warm_start
+
+    cfg = load_config(LineupConfig, CPU, ["data.n_train=8", "data.n_test=4", "warm_start.epochs=3",
+                                          "warm_start.batch_size=4", "train.threads=2", f"train.out_dir={tmp_path}"])
+    rows = build_lineup_data(cfg.data, cfg.reward.k, cfg.seed).rows["train"]
+    model, processing, _ = load_policy(cfg.policy)
+    before = generate_captions(model, processing, rows, 40, False, "before")
+    torch.manual_seed(0)
+    warm_start(cfg, rows, model, processing, tmp_path)
+    model.eval()
+    after = generate_captions(model, processing, rows, 40, False, "after")
+    series = {str(r["item_id"]): r["series"] for r in rows}
+    form = [c.startswith("Overall, the series") and "It starts at" in c for c in after.values()]
+    assert sum(form) >= 6, after
+    assert sum(c.startswith("Overall, the series") for c in before.values()) == 0, before
+    checks = description_checks(after, series, instruction=cfg.instruction())
+    assert np.mean(list(checks["direction_stated"].values())) >= 0.75, after
