@@ -48,6 +48,17 @@ def test_aggregate_pairs_trained_and_initial_seed_by_seed():
     assert "| trained - initial |" in table and "0.1 -> 0.2" not in table and "0.100 -> 0.200" in table
 
 
+def test_a_warm_started_run_also_reports_what_rl_added_to_the_warm_start():
+    seeds = [_seed(0, 0.2, 0.5), _seed(1, 0.3, 0.5), _seed(2, 0.1, 0.4)]
+    assert "warm start" not in {r["system"] for r in aggregate(seeds)["rows"]}  # no warm start, no such rows
+    for s, warm in zip(seeds, (0.25, 0.25, 0.2), strict=True):
+        s["systems"]["warm start"] = {"red": warm}
+    rows = {r["system"]: r for r in aggregate(seeds)["rows"]}
+    assert rows["warm start"]["red"]["mean"] == pytest.approx(0.2333, abs=1e-4)
+    assert rows["trained - warm start"]["red"]["mean"] == pytest.approx(-0.0333, abs=1e-4)
+    assert rows["trained - initial"]["red"]["mean"] == pytest.approx(-0.2667, abs=1e-4)
+
+
 def test_run_seeds_gives_each_seed_its_folder_and_skips_finished_ones(tmp_path):
     from captionrl.train.lineup import LineupConfig
 

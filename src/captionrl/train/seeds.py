@@ -82,6 +82,10 @@ def run_seeds(cfg: Any, run_one: Callable[[Any], Mapping[str, Any]]) -> dict[str
     return {**summary, "table": str(base / "seeds.md")}
 
 
+WARM = "warm start"
+"""The final checks' row of the warm-started model (``train.warm_start``), when the run had one."""
+
+
 def seed_row(seed: int, out: Path, result: Mapping[str, Any]) -> dict[str, Any]:
     """One seed's final checks per system, its reward ends and its timing."""
     checks_path = out / "eval" / "final_checks.json"
@@ -117,14 +121,17 @@ def aggregate(per_seed: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     from captionrl.eval.stats import mean_interval
 
     rows = []
-    for system in ("trained", "initial", "trained - initial"):
+    warm = any(WARM in s["systems"] for s in per_seed)  # a warm-started run: what RL added to the warm start too
+    pairs = [("trained", "initial"), *([("trained", WARM)] if warm else [])]
+    for system in ("trained", "initial", *([WARM] if warm else []), *(f"{a} - {b}" for a, b in pairs)):
         row: dict[str, Any] = {"system": system}
         for check in CHECKS:
             vals = []
             for s in per_seed:
                 sys_rows = s["systems"]
-                if system == "trained - initial":
-                    a, b = sys_rows.get("trained", {}).get(check), sys_rows.get("initial", {}).get(check)
+                if " - " in system:
+                    first, second = system.split(" - ")
+                    a, b = sys_rows.get(first, {}).get(check), sys_rows.get(second, {}).get(check)
                     if a is not None and b is not None:
                         vals.append(a - b)
                 elif sys_rows.get(system, {}).get(check) is not None:
