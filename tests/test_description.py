@@ -143,6 +143,23 @@ def test_the_describer_is_terse_not_a_template_and_a_constant_direction_is():
     assert np.mean(list(got["same_sentence"].values())) == 1.0
 
 
+def test_flat_said_of_every_window_is_a_template_with_no_skill():
+    """A warm-started seed (2026-12-04) said "Overall, the series stays roughly flat. It starts at # and ends
+    at #." of all 40 held-out windows. The claim checker accepts "flat" within a tolerance, so it was right
+    about more windows than are labelled flat, and a guess counted from the labels gave it a skill of +0.10
+    and no template flag. Measured by the checker itself, every direction said of every window is a template
+    with no skill, and the honest describer keeps its skill."""
+    for word in ("stays roughly flat", "rises", "falls"):
+        constant = {i: f"Overall, the series {word}. It starts at {v[0]:.2f} and ends at {v[-1]:.2f}."
+                    for i, v in WINDOWS.items()}
+        got = description_checks(constant, WINDOWS)
+        assert 0 < np.mean(list(got["direction_right"].values())) < 1, word  # a real mix of windows
+        assert abs(np.mean(list(got["direction_skill"].values()))) < 1e-9, word
+        assert np.mean(list(got["same_sentence"].values())) == 1.0, word
+    honest = {i: describe_series(v) for i, v in WINDOWS.items()}
+    assert np.mean(list(description_checks(honest, WINDOWS)["direction_skill"].values())) > 0.3
+
+
 def test_one_direction_said_of_every_window_is_no_skill_whatever_the_wording():
     """A trained seed (2026-12-03, an experiment) said "increases" of every window in varied sentences:
     direction_right rose by 0.55 on held-out windows that mostly rise, and the verdict called it better.

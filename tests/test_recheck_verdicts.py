@@ -17,14 +17,17 @@ from captionrl.domains.describe import describe_series
 from script_modules import load_script
 
 
-def _run(tmp_path: Path, name: str, trained: dict[str, str], initial: dict[str, str], old: str) -> Path:
-    """A run folder as ``train lineup`` leaves it, with the parts the script reads."""
+def _run(tmp_path: Path, name: str, trained: dict[str, str], initial: dict[str, str], old: str,
+         warm: dict[str, str] | None = None) -> Path:
+    """A run folder as ``train lineup`` leaves it, with the parts the script reads (``warm``: the warm
+    start's captions, as a warm-started run's final checks write them)."""
     run = tmp_path / name
     (run / "eval").mkdir(parents=True)
     (run / "config.yaml").write_text(yaml.safe_dump({"data": {"corpus": "embedded", "window": 16, "stride": None,
                                                               "prepared": None}}))
     records = [{"system": s, "item_id": i, "caption": c, "control": False}
-               for s, caps in (("trained", trained), ("initial", initial)) for i, c in caps.items()]
+               for s, caps in (("trained", trained), ("initial", initial), ("warm start", warm or {}))
+               for i, c in caps.items()]
     (run / "eval" / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     red = {s: dict.fromkeys(trained, 0.0) for s in ("trained", "initial")}
     (run / "eval" / "final_checks.json").write_text(json.dumps({"verdict": {"outcome": old}, "per_item": red,
@@ -49,6 +52,24 @@ def test_a_run_is_rechecked_on_its_own_windows(tmp_path, capsys):
     script.main([str(tmp_path / "honest"), str(tmp_path / "rising")])
     table = capsys.readouterr().out
     assert "| not better | better |" in table and "direction_skill" in table
+
+
+def test_a_warm_started_run_says_what_rl_added_and_the_runs_get_an_interval(tmp_path, capsys):
+    """A warm-started seed (2026-12-04) whose warm start said "stays roughly flat" of every window and whose
+    RL then said "rises" of most: the table shows trained minus warm start, and the last row the mean and
+    interval over the runs."""
+    windows = {w.id: np.asarray(w.values, dtype=float) for w in split_windows("embedded", 16)["test"][:30]}
+    silent = dict.fromkeys(windows, "These are the values of a series over time.")
+    honest = {i: describe_series(v) for i, v in windows.items()}
+    flat = {i: f"Overall, the series stays roughly flat. It starts at {v[0]:.2f} and ends at {v[-1]:.2f}."
+            for i, v in windows.items()}
+    script = load_script("recheck_verdicts")
+    runs = [_run(tmp_path, f"seed-{k}", honest, silent, "better", warm=flat) for k in range(3)]
+    got = script.recheck(runs[0])
+    assert got["direction_skill vs warm start"] > 0.3  # the flat template had no skill to start from
+    script.main([str(r) for r in runs])
+    table = capsys.readouterr().out
+    assert "direction_skill (trained - warm start)" in table and "| mean [95% interval] over 3 runs | | 3 better |" in table
 
 
 def test_a_run_on_other_data_is_refused_naming_the_setting(tmp_path):

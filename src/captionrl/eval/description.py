@@ -7,10 +7,14 @@ because one correct value is a share of 1.0 of its claims. These checks read des
 
 - ``direction_stated`` / ``direction_right``: the caption says whether the series rises, falls or stays flat
   (a hedge such as "rises or falls" is no statement), and the series agrees;
-- ``direction_skill``: ``direction_right`` less the share of the held-out windows whose direction is the one
-  stated (0 when none is stated): what a right direction is worth beyond guessing. A captioner that says
-  "rising" of every window is right on the 57% of windows that rise, and has a skill of 0: it says nothing
-  about the window in hand (a trained seed did this with varied wording, 2026-12-03);
+- ``direction_skill``: ``direction_right`` less the share of the held-out windows that the direction stated
+  would be right about, said of every window (0 when none is stated): what a right direction is worth beyond
+  guessing. A captioner that says "rising" of every window is right on the 57% of windows that rise, and has
+  a skill of 0: it says nothing about the window in hand (a trained seed did this with varied wording,
+  2026-12-03). The share is measured by the claim checker that judges the caption (``guess_rates``), not by
+  the direction's label: "stays roughly flat" is judged right within a tolerance, so it is right about more
+  windows than are labelled flat, and a label-based guess gave "flat" said of every window a skill of +0.10
+  (a warm-started seed, 2026-12-04);
 - ``extrema_named`` / ``extrema_right``: peaks and troughs named with their position, and how many are right;
 - ``key_facts`` / ``wrong_facts``: distinct correct key facts (direction, start, end, max and its position,
   min and its position, a turning point, volatility), each counted once however often restated / distinct
@@ -19,8 +23,9 @@ because one correct value is a share of 1.0 of its claims. These checks read des
 - ``degenerate``: under 5 words, no words at all (a bare number), or the instruction echoed;
 - ``same_sentence``: the share of captions that are one template sentence with the numbers changed, said
   whatever the window (the same text once numbers are masked as at least a quarter of the other captions,
-  and wrong about at least one window it is used for: "..., and is rising overall." said of falling windows
-  too). A fixed wording that is right for every window it describes is terse, not degenerate.
+  and wrong about the windows it is used for at least as often as its direction said of every window would
+  be: "..., and is rising overall." said of falling windows too). A fixed answer form whose direction tracks
+  the window is terse, not degenerate.
 
 ``verdict`` compares the trained captioner with its initial model item by item (paired 95% t-intervals over
 the held-out windows) and says **better**, **not better** or **worse**, naming the checks that decided it.
@@ -75,10 +80,28 @@ def same_sentence_flags(captions: Mapping[str, str], wrong: Mapping[str, bool] |
     return {i: float(bool(m) and (counts[m] - 1) / others >= share and blind(m)) for i, m in masked.items()}
 
 
+DIRECTION_SENTENCES = {"up": "Overall, the series rises.", "down": "Overall, the series falls.",
+                       "flat": "Overall, the series stays roughly flat."}
+"""One plain sentence per overall direction: what ``guess_rates`` says of every window."""
+
+
+def guess_rates(series: Mapping[str, np.ndarray], *, tolerance: float = 0.35) -> dict[str, float]:
+    """Per direction (up, down, flat), the share of ``series`` that saying it of every window is right about,
+    judged by the claim checker that judges captions (``judges.key_facts``), so that a template said of every
+    window scores exactly its guess: a window can admit two directions (a slow fall is "flat" within the
+    tolerance too), and the direction's label would undercount them."""
+    from captionrl.judges.key_facts import key_facts
+
+    if not series:
+        return {}
+    return {d: float(np.mean([bool(key_facts(sentence, v, tolerance=tolerance).direction_correct)
+                              for v in series.values()]))
+            for d, sentence in DIRECTION_SENTENCES.items()}
+
+
 def description_checks(captions: Mapping[str, str], series: Mapping[str, Any], *, instruction: str | None = None,
                        tolerance: float = 0.35) -> dict[str, dict[str, float]]:
     """Per check of ``PER_ITEM``, item id -> value, for the captions whose item has a series."""
-    from captionrl.domains.describe import overall_direction
     from captionrl.judges.key_facts import key_facts
 
     values = {i: np.asarray(series[i], dtype=float) for i in captions if i in series}
@@ -86,12 +109,12 @@ def description_checks(captions: Mapping[str, str], series: Mapping[str, Any], *
     out: dict[str, dict[str, float]] = {k: {} for k in PER_ITEM}
     wrong: dict[str, bool] = {}
     guess_wrong: dict[str, float] = {}
-    truth = Counter(overall_direction(v) for v in values.values())
+    right_if_said_everywhere = guess_rates(values, tolerance=tolerance)
     for i in ids:
         kf = key_facts(captions[i], values[i], instruction=instruction, tolerance=tolerance)
         out["direction_stated"][i] = float(kf.direction_stated)
         out["direction_right"][i] = float(bool(kf.direction_correct))
-        guess = truth[kf.direction] / len(ids) if kf.direction else 0.0  # right this often by saying it of every window
+        guess = right_if_said_everywhere.get(kf.direction, 0.0) if kf.direction else 0.0
         out["direction_skill"][i] = float(bool(kf.direction_correct)) - guess
         out["other_facts"][i] = float(kf.correct_facts - ("direction" in kf.facts))
         out["extrema_named"][i] = float(len(kf.extrema))
