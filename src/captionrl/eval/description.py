@@ -57,8 +57,8 @@ def same_sentence_flags(captions: Mapping[str, str], wrong: Mapping[str, bool] |
     whatever the window), else 0.0. Empty captions are never a template here (``degenerate`` counts them).
 
     Tracking: the shared text is wrong on a share of the windows it is used for at least as large as
-    ``guess_wrong`` (per caption: how often it would be wrong said of every window, i.e. one minus the share
-    of windows whose direction is the one it states; default 0: any wrong use). Why not "wrong on one window":
+    ``guess_wrong`` (per caption: how often it would be wrong said of every window, i.e. one minus its direction's
+    ``guess_rates`` share; default 0: any wrong use). Why not "wrong on one window":
     a fixed answer form is what the instruction asks for, and a captioner that says "Overall, the series
     rises. It starts at # and ends at #." of 28 of 40 windows, 79% of them rising (base rate 53%), reads the
     direction; every template our degenerated runs wrote was wrong on all of its windows (docs/main-job.md)."""
@@ -114,7 +114,7 @@ def description_checks(captions: Mapping[str, str], series: Mapping[str, Any], *
         kf = key_facts(captions[i], values[i], instruction=instruction, tolerance=tolerance)
         out["direction_stated"][i] = float(kf.direction_stated)
         out["direction_right"][i] = float(bool(kf.direction_correct))
-        guess = right_if_said_everywhere.get(kf.direction, 0.0) if kf.direction else 0.0
+        guess = right_if_said_everywhere.get(kf.direction, 0.0)  # 0 when no direction is stated
         out["direction_skill"][i] = float(bool(kf.direction_correct)) - guess
         out["other_facts"][i] = float(kf.correct_facts - ("direction" in kf.facts))
         out["extrema_named"][i] = float(len(kf.extrema))
