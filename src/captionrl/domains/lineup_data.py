@@ -26,9 +26,9 @@ from captionrl.domains.candidates import (
 )
 from captionrl.domains.captioning import CAPTION_INSTRUCTION, caption_messages
 from captionrl.domains.datasets import SPLITS, split_windows
+from captionrl.domains.describe import overall_direction
 from captionrl.domains.timeseries import render_chart, render_numbers
 from captionrl.errors import ConfigError, DataError
-from captionrl.probes import direction_word
 from captionrl.types import Series
 
 
@@ -136,7 +136,9 @@ def build_lineup_data(cfg: LineupDataConfig, k: int, seed: int, *, k_field: str 
                             f"set data.n_{split}: {len(found)} or less{' (null = all)' if split == 'train' else ''}, "
                             "or prepare/mine more data")
         if split == "train" and cfg.balance == "direction":
-            labels = [direction_word(pool[cs.item_id].values) for cs in found]
+            # the describer's and the claim checker's label (slope *and* endpoints), which the reward's and the
+            # warm start's directions are: a slope-only label left 49 flat, 41 rising, 38 falling of 128
+            labels = [overall_direction(np.asarray(pool[cs.item_id].values, dtype=float)) for cs in found]
             chosen = balanced_choice(labels, n, np.random.default_rng([seed, i]))
         elif n is not None and n < len(found):
             rng = np.random.default_rng([seed, i])

@@ -27,11 +27,12 @@ the reader decides what a degenerate caption earns.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from captionrl.domains.describe import overall_direction
 from captionrl.judges.claims import Claim, check, extract_rules
 from captionrl.judges.shape_claims import TIE
 
@@ -180,4 +181,25 @@ def key_facts(caption: str, series: Any, *, instruction: str | None = None, tole
                     correct_facts=len(correct), wrong_facts=len(wrong), facts=correct, wrong=wrong)
 
 
-__all__ = ["DEGENERATE", "FACTS", "Extremum", "KeyFacts", "echoes_instruction", "key_facts", "words"]
+def with_labelled_direction(facts: KeyFacts, series: Any) -> KeyFacts:
+    """``facts`` with the overall direction judged against the window's one label
+    (``domains.describe.overall_direction``): right only when the stated direction is that label.
+
+    Why: the claim checker accepts a direction within a tolerance ("stays roughly flat" of a window that rises
+    by less than a tolerance passes), which is right for judging whether a caption is false, but a reward that
+    pays it makes "flat" a soft spot: on the main job's balanced training windows "flat" said of every window
+    was paid the direction 43% of the time against 33% for a constant "rises", and RL learned to say it of
+    every window (docs/main-job.md). Against the label each constant word is paid exactly its share, so only a
+    direction that tracks the window beats a constant one. A direction the checker tolerated but that is not
+    the label becomes a wrong fact; one the checker contradicts stays wrong."""
+    if facts.direction is None or not facts.direction_correct:
+        return facts
+    if facts.direction == overall_direction(np.asarray(series, dtype=float)):
+        return facts
+    return replace(facts, direction_correct=False, correct_facts=facts.correct_facts - 1,
+                   wrong_facts=facts.wrong_facts + 1, facts=tuple(f for f in facts.facts if f != "direction"),
+                   wrong=(*facts.wrong, "direction"))
+
+
+__all__ = ["DEGENERATE", "FACTS", "Extremum", "KeyFacts", "echoes_instruction", "key_facts", "with_labelled_direction",
+           "words"]

@@ -36,9 +36,12 @@ from typing import Any, ClassVar
 
 from captionrl.config import help_field
 from captionrl.errors import ConfigError
-from captionrl.judges.key_facts import KeyFacts, key_facts
+from captionrl.judges.key_facts import KeyFacts, key_facts, with_labelled_direction
 from captionrl.judges.transcription import Transcription, TranscriptionConfig, parse_shown, transcription
 from captionrl.rewards.factuality import EXTRACTORS, FactualityTerm
+
+DIRECTION_RULES = ("claims", "label")
+"""``direction_rule``'s values: the claim checker's tolerance, or the window's one label."""
 
 MASK_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 MASK = "#"
@@ -87,6 +90,7 @@ class ShapingConfig:
     coverage_bonus: float = help_field(0.0, "description coverage: + coverage_bonus * min(correct key facts, coverage_target) / coverage_target, the distinct facts the caption gets right, checked by code (judges.key_facts: direction, start, end, max and min with their positions, a shape, volatility, a magnitude; each counted once however often restated): pays describing, where factuality_bonus pays a share that one copied value fills; 0 = off")
     coverage_target: int = help_field(4, "correct key facts that earn the whole coverage_bonus")
     direction_weight: float = help_field(1.0, "a right overall direction counts as this many key facts in the coverage (a wrong one, or a hedge, costs one wrong fact): the fact a reader needs first and the one a small captioner gets wrong most; weighted up, saying a direction pays in expectation even while right only a third of the time, and choosing it right pays most")
+    direction_rule: str = help_field("claims", "what makes a stated overall direction right for the description term: claims (the claim checker's tolerance, as every check reads it) or label (only the window's one direction, domains.describe.overall_direction: the checker tolerates 'flat' of a gently rising window, so a constant 'flat' was paid above its share and RL learned it; under label each constant word is paid exactly its share)")
     wrong_fact_penalty: float = help_field(0.0, "penalty per distinct key fact the series contradicts, a hedge such as 'rises or falls' included (judges.key_facts); 0 = off")
     degenerate_penalty: float = help_field(0.0, "penalty for a degenerate caption (no words: a bare number or a list of numbers; under 5 words; the instruction echoed), which earns no coverage either; 0 = off")
     no_fact_penalty: float = help_field(0.0, "penalty for a caption that states no key fact at all, right or wrong (words about nothing a reader of the series needs): without it a policy priced for wrong facts learns that saying nothing checkable is safest; 0 = off")
@@ -119,6 +123,8 @@ class ShapingConfig:
             raise ConfigError(f"{f}.max_caption_chars", self.max_caption_chars, "must be >= 1", "set null for no length shaping")
         if self.direction_weight < 0:
             raise ConfigError(f"{f}.direction_weight", self.direction_weight, "must be >= 0", "set 1 (one fact) or e.g. 2")
+        if self.direction_rule not in DIRECTION_RULES:
+            raise ConfigError(f"{f}.direction_rule", self.direction_rule, "unknown rule", f"use one of {', '.join(DIRECTION_RULES)}")
         if self.coverage_target < 1:
             raise ConfigError(f"{f}.coverage_target", self.coverage_target, "must be >= 1", "set e.g. 4")
         if self.factuality_tolerance <= 0:
@@ -252,6 +258,8 @@ class Shaper:
             fp = self.factuality.penalty(f) if f is not None else 0.0
             kf = key_facts(cap, series[i], instruction=self.instruction, tolerance=c.factuality_tolerance) \
                 if has_series and len(series[i] or []) else None  # type: ignore[index]
+            if kf is not None and c.direction_rule == "label":
+                kf = with_labelled_direction(kf, series[i])  # type: ignore[index]
             dt = self.description(kf) if kf is not None and c.describes() else 0.0
             reward = None if base is None else base - lp - tp - fp + dt
             out.append(Shaped(reward, raw, masked, lp, tr, tp, f.red_share if f else None,
