@@ -94,11 +94,17 @@ def _stale_build_locks() -> str:
 
 
 def _failure(out: str) -> str:
-    """The first traceback (the rank that failed first: the others only report its lost connection) and
-    the output's tail."""
+    """The first traceback (the rank that failed first: the others only report its lost connection), the
+    first rank's native crash report if one died on a signal (faulthandler's "Fatal Python error" stack and a
+    C++ "terminate called ... what():" line: a SIGABRT leaves no Python traceback), and the output's tail."""
     first = out.find("Traceback (most recent call last)")
     head = out[first:first + 4000] if first >= 0 else ""
-    return f"{head}\n...\n{out[-3000:]}"
+    native = ""
+    for marker in ("terminate called", "Fatal Python error"):
+        at = out.find(marker)
+        if at >= 0:
+            native += f"\n...\n{out[max(0, at - 500):at + 4000]}"
+    return f"{head}{native}\n...\n{out[-3000:]}"
 
 
 def weights(folder: Path) -> dict[str, Any]:
