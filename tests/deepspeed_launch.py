@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import re
 import shutil
 import signal
 import socket
@@ -105,6 +106,15 @@ def _failure(out: str) -> str:
         if at >= 0:
             native += f"\n...\n{out[max(0, at - 500):at + 4000]}"
     return f"{head}{native}\n...\n{out[-3000:]}"
+
+
+def native_abort(out: str) -> bool:
+    """Whether a failed launch's first failing rank was killed by SIGABRT (torch's launcher names it the root
+    cause): an abort inside the native runtime (gloo, DeepSpeed's CPU ops). A rank whose Python code raised,
+    a failed check included, exits with 1 instead."""
+    at = out.find("Root Cause (first observed failure)")
+    cause = out[at:at + 600] if at >= 0 else ""
+    return re.search(r"exitcode\s*:\s*-6\b", cause) is not None
 
 
 def weights(folder: Path) -> dict[str, Any]:

@@ -10,11 +10,12 @@ import os
 import shutil
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
 
-from deepspeed_launch import ROOT, _failure, free_port, requires_deepspeed, run_group
+from deepspeed_launch import ROOT, _failure, free_port, native_abort, requires_deepspeed, run_group
 
 pytestmark = pytest.mark.slow
 
@@ -37,6 +38,12 @@ def _launch(config: str, out: Path, models: list[str], timeout: int = 600) -> fl
            "PYTHONFAULTHANDLER": "1", "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     t0 = time.perf_counter()
     returncode, log = run_group(cmd, env, timeout)
+    if returncode not in (None, 0) and native_abort(log):
+        # once in three clean-clone CI runs (2026-12-04) a rank died on SIGABRT, in none of 8 reruns alone: the
+        # launch is repeated once (it only writes rank*.json), and the abort's report goes to a warning to be read
+        warnings.warn(f"a rank aborted (SIGABRT); launching once more. The abort:\n{_failure(log)}", stacklevel=1)
+        t0 = time.perf_counter()
+        returncode, log = run_group(cmd, env, timeout)
     assert returncode is not None, f"timed out after {timeout} s:\n{log[-12000:]}"
     assert returncode == 0, _failure(log)
     return time.perf_counter() - t0
