@@ -188,7 +188,7 @@ def with_labelled_direction(facts: KeyFacts, series: Any) -> KeyFacts:
     Why: the claim checker accepts a direction within a tolerance ("stays roughly flat" of a window that rises
     by less than a tolerance passes), which is right for judging whether a caption is false, but a reward that
     pays it makes "flat" a soft spot: on the main job's balanced training windows "flat" said of every window
-    was paid the direction 43% of the time against 33% for a constant "rises", and RL learned to say it of
+    was paid the direction on 45% of them against 33% for a constant "rises", and RL learned to say it of
     every window (docs/main-job.md). Against the label each constant word is paid exactly its share, so only a
     direction that tracks the window beats a constant one. A direction the checker tolerated but that is not
     the label becomes a wrong fact; one the checker contradicts stays wrong."""
