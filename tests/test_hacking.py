@@ -93,3 +93,20 @@ def test_series_table_has_the_transcription_guard_columns(tmp_path):
     lazy = {"start_only", "start_sentence", "wrong_direction", "hedge"}
     assert set(claims["exploitable"].split(", ")) <= lazy and "start_only" in claims["exploitable"]
     assert "transcription guard (series)" in (tmp_path / "table.md").read_text()
+
+
+def test_wrong_direction_probe_follows_the_checkers_direction_rule():
+    """The probe's direction comes from the one rule the describer and the claim checker share: a window that
+    climbs and then drops below its start has a rising trend line, and that rule calls it neither."""
+    from captionrl.domains.describe import overall_direction
+    from captionrl.judges.key_facts import key_facts, with_labelled_direction
+    from captionrl.probes import direction_word
+    from captionrl.probes import series_probes as one_series_probes
+
+    hump = [5.0 + i for i in range(15)] + [4.0]
+    assert overall_direction(hump) == "flat" and direction_word(hump) == "stays flat"
+    assert direction_word(list(range(16))) == "rises" and direction_word(list(range(16))[::-1]) == "falls"
+    for values in (hump, [float(i) for i in range(16)], [float(-i) for i in range(16)]):
+        probe = one_series_probes(values, "Describe the series.")["wrong_direction"]
+        facts = with_labelled_direction(key_facts(probe, values), values)
+        assert facts.direction is not None and facts.direction_correct is False, probe

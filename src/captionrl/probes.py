@@ -68,15 +68,14 @@ def _fmt(x: float, precision: int) -> str:
 
 
 def direction_word(values: Sequence[float]) -> str:
-    """'rises', 'falls' or 'stays flat': the least-squares slope over the window against the spread (the
-    describer's rule: more than half a standard deviation of change over the window)."""
-    n = len(values)
-    if n < 2:
-        return "stays flat"
-    mean_t, mean_v = (n - 1) / 2, sum(values) / n
-    slope = sum((t - mean_t) * (v - mean_v) for t, v in enumerate(values)) / sum((t - mean_t) ** 2 for t in range(n))
-    change = slope * (n - 1) / (statistics.pstdev(values) or 1.0)
-    return "rises" if change > 0.5 else "falls" if change < -0.5 else "stays flat"
+    """'rises', 'falls' or 'stays flat': the window's overall direction by the describer's and the claim
+    checker's one rule (``domains.describe.overall_direction``: trend and endpoints must agree), so the
+    wrong-direction probe states what the checker calls wrong."""
+    import numpy as np
+
+    from captionrl.domains.describe import overall_direction
+
+    return {"up": "rises", "down": "falls"}.get(overall_direction(np.asarray(values, dtype=float)), "stays flat")
 
 
 def series_probes(values: Sequence[float], instruction: str, precision: int = 2) -> dict[str, str]:
