@@ -67,6 +67,8 @@ def test_the_target_is_written_from_the_printed_values():
     ("warm_start.epochs=-1", "warm_start.epochs"),
     ("warm_start.learning_rate=0", "warm_start.learning_rate"),
     ("warm_start.batch_size=0", "warm_start.batch_size"),
+    ("warm_start.freeze_layers=-1", "warm_start.freeze_layers"),
+    ("warm_start.freeze_layers=2.5", "warm_start.freeze_layers"),
 ])
 def test_bad_warm_start_settings_name_the_field(override, field):
     with pytest.raises(ConfigError) as err:
@@ -80,6 +82,47 @@ def test_a_warm_start_of_adapters_or_of_a_chart_reader_is_refused():
     with pytest.raises(ConfigError, match="chart"):
         load_config(LineupConfig, CPU, ["warm_start.epochs=1", "policy.input=chart"])
     assert not WarmStartConfig().enabled  # the paper's recipe: RL from the initial model
+
+
+def test_reversed_windows_teach_the_opposite_direction_from_the_same_values():
+    """``reverse``: each window also appears reversed, its target the describer's caption of the reversed
+    values; a rising window's reverse falls, so one direction word cannot fit both records."""
+    rows = _rows(24)
+    plain = warm_start_records(rows, 2)
+    both = warm_start_records(rows, 2, reverse=True)
+    assert both[0::2] == plain and len(both) == 2 * len(rows)
+    for row, rec in zip(rows, both[1::2], strict=True):
+        assert rec["id"] == f"{row['item_id']}~reversed"
+        text = rec["prompt"][-1]["content"]
+        flipped = ", ".join(reversed(row["series_text"].split(", ")))
+        assert flipped in text and text.replace(flipped, row["series_text"]) == row["prompt"][-1]["content"]
+        assert rec["caption"] == short_description(printed_values(row)[::-1], 2)
+    words = {(a["caption"].split(". ")[0], b["caption"].split(". ")[0]) for a, b in zip(both[0::2], both[1::2], strict=True)}
+    assert ("Overall, the series rises", "Overall, the series falls") in words
+    assert ("Overall, the series falls", "Overall, the series rises") in words
+    assert all(a != "Overall, the series rises" or b == "Overall, the series falls" for a, b in words)
+
+
+def test_freezing_the_bottom_blocks_is_undone_after_the_warm_start(tiny_llama):
+    """``freeze_layers``: inside, the embeddings and the bottom blocks take no gradient and the rest do;
+    after, every weight trains again (RL trains them all); more blocks than the model has is refused."""
+    from transformers import AutoModelForCausalLM
+
+    from captionrl.train.warm_start import frozen_bottom, transformer_blocks
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama)
+    blocks = transformer_blocks(model)
+    total = sum(p.numel() for p in model.parameters())
+    with frozen_bottom(model, 1) as trainable:
+        assert not any(p.requires_grad for p in model.get_input_embeddings().parameters())
+        assert not any(p.requires_grad for p in blocks[0].parameters())
+        assert all(p.requires_grad for p in blocks[-1].parameters())
+        assert 0 < trainable < total
+    assert all(p.requires_grad for p in model.parameters())
+    with pytest.raises(ConfigError) as err, frozen_bottom(model, len(blocks) + 1):
+        pass
+    assert err.value.field == "warm_start.freeze_layers"
+    assert all(p.requires_grad for p in model.parameters())
 
 
 @pytest.mark.slow
