@@ -132,7 +132,7 @@ def test_a_run_warm_starts_before_rl_and_a_rerun_does_not_train_it_again(tmp_pat
 
     out = tmp_path / "run"
     over = [*TINY, f"policy.model={tiny_llama}", f"train.out_dir={out}", "warm_start.epochs=1",
-            "warm_start.batch_size=2", "eval.enabled=false"]
+            "warm_start.batch_size=2", "warm_start.freeze_layers=1", "eval.enabled=false"]  # the tiny policy has 2 blocks
     cfg = load_config(LineupConfig, CPU, over)
     result = lineup.run(cfg, verifier=embedded_backend)
     warm = json.loads((out / "result.json").read_text())["warm_start"]
