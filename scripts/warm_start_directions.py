@@ -1,9 +1,9 @@
 """Which direction a warm-started captioner states, per held-out window: the measurement behind
 docs/main-job.md's "Freezing the bottom blocks, and reversed windows".
 
-Every degenerated run of the main job started RL from a warm start that already said one direction word of
-(nearly) every held-out window; RL moves that word for all windows at once and cannot bring the tracking
-back. This script runs the package's own warm start (``train.warm_start.warm_start``) exactly as
+A warm start that says one direction word of (nearly) every held-out window gives RL nothing to sharpen:
+RL moves that word for all windows at once (and, seeds 2 and 3 of 2026-12-05 showed, can also collapse a
+warm start that tracked the direction). This script runs the package's own warm start (``train.warm_start.warm_start``) exactly as
 ``captionrl train lineup`` does for the config and overrides given (the same training windows, targets and
 settings), then captions the config's held-out windows greedily within the RL budget and counts, per
 window label (``domains.describe.overall_direction``), the direction word the caption states ("rises",

@@ -103,6 +103,14 @@ def test_reversed_windows_teach_the_opposite_direction_from_the_same_values():
     assert all(a != "Overall, the series rises" or b == "Overall, the series falls" for a, b in words)
 
 
+def test_a_row_whose_prompt_lacks_its_printed_series_cannot_be_reversed():
+    from captionrl.train.warm_start import reversed_prompt
+
+    row = {"item_id": "x", "series_text": "1.00, 2.00", "prompt": [{"role": "user", "content": "no series here"}]}
+    with pytest.raises(ValueError, match="row x: the printed series is in 0 prompt messages"):
+        reversed_prompt(row)
+
+
 def test_freezing_the_bottom_blocks_is_undone_after_the_warm_start(tiny_llama):
     """``freeze_layers``: inside, the embeddings and the bottom blocks take no gradient and the rest do;
     after, every weight trains again (RL trains them all); more blocks than the model has is refused."""
