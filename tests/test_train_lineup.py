@@ -145,6 +145,27 @@ def test_resume_refuses_a_different_config(tmp_path, forbid_models):
         prepare_run_dir(first, out, "off")
 
 
+def test_a_copied_run_folder_resumes_and_a_changed_setting_still_refuses(tmp_path, forbid_models):
+    """A run folder copied elsewhere (a warm start reused by a run with another verifier dtype) holds the same
+    run: paths inside it are compared relative to it. A path outside it, or any other setting, still counts."""
+    import shutil
+
+    from captionrl.train.common import prepare_run_dir
+
+    first = tmp_path / "a" / "run"
+    cfg = load_config(LineupConfig, None, [f"train.out_dir={first}", f"data.corpus={first}/data.jsonl"])
+    prepare_run_dir(cfg, first, "auto")
+    (first / "checkpoints" / "checkpoint-2").mkdir(parents=True)
+    (first / "checkpoints" / "checkpoint-2" / "trainer_state.json").write_text("{}")
+    copy = tmp_path / "b" / "run"
+    shutil.copytree(first, copy)
+    moved = load_config(LineupConfig, None, [f"train.out_dir={copy}", f"data.corpus={copy}/data.jsonl"])
+    assert prepare_run_dir(moved, copy, "auto") == copy / "checkpoints" / "checkpoint-2"
+    other_data = load_config(LineupConfig, None, [f"train.out_dir={copy}", f"data.corpus={first}/data.jsonl"])
+    with pytest.raises(ConfigError, match=r"data\.corpus: saved '<run folder>/data\.jsonl'"):
+        prepare_run_dir(other_data, copy, "auto")
+
+
 def test_a_run_saved_before_a_setting_existed_resumes_at_its_default(tmp_path, forbid_models):
     """A config saved by an older captionrl lacks the settings added since: at their defaults they keep the
     behaviour the run started with, so it resumes; set to something else, the run is a different one."""

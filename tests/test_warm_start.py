@@ -112,11 +112,11 @@ def test_a_row_whose_prompt_lacks_its_printed_series_cannot_be_reversed():
 
 
 def test_freezing_the_bottom_blocks_is_undone_after_the_warm_start(tiny_llama):
-    """``freeze_layers``: inside, the embeddings and the bottom blocks take no gradient and the rest do;
-    after, every weight trains again (RL trains them all); more blocks than the model has is refused."""
+    """``frozen_bottom``: inside, the embeddings and the bottom blocks take no gradient and the rest do;
+    after, every weight trains again; more blocks than the model has is refused, naming the setting."""
     from transformers import AutoModelForCausalLM
 
-    from captionrl.train.warm_start import frozen_bottom, transformer_blocks
+    from captionrl.train.freezing import frozen_bottom, transformer_blocks
 
     model = AutoModelForCausalLM.from_pretrained(tiny_llama)
     blocks = transformer_blocks(model)
@@ -127,9 +127,9 @@ def test_freezing_the_bottom_blocks_is_undone_after_the_warm_start(tiny_llama):
         assert all(p.requires_grad for p in blocks[-1].parameters())
         assert 0 < trainable < total
     assert all(p.requires_grad for p in model.parameters())
-    with pytest.raises(ConfigError) as err, frozen_bottom(model, len(blocks) + 1):
+    with pytest.raises(ConfigError) as err, frozen_bottom(model, len(blocks) + 1, field="train.freeze_layers"):
         pass
-    assert err.value.field == "warm_start.freeze_layers"
+    assert err.value.field == "train.freeze_layers"
     assert all(p.requires_grad for p in model.parameters())
 
 

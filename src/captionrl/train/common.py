@@ -84,6 +84,7 @@ class _CaptionRLTrain:
     preflight_items: int = help_field(8, "reward preflight: training items on which an honest reference must beat every hacking probe before step 1 (0 = skip)")
     force_preflight: bool = help_field(False, "start training even when a hacking probe beats the honest reference in the reward preflight")
     preflight_margin: float = help_field(0.0, "reward preflight: every probe's mean reward must stay this far below the honest reference's (0: below it at all); a probe closer than this counts as winning")
+    freeze_layers: int = help_field(0, "bottom transformer blocks kept frozen, with the embeddings, during RL (full fine-tuning only): the weights under a noisy policy-gradient step are only the top blocks, and a CPU step is cheaper (docs/main-job.md)")
     memory_plan: str = help_field("refuse", "on CUDA, plan the GPU memory before anything loads (captionrl plan) and: refuse a plan that does not fit, naming the fix; warn and go on; or off")
 
     if TYPE_CHECKING:  # the TRL fields are added by make_dataclass below
@@ -115,6 +116,9 @@ class _CaptionRLTrain:
         if self.resume not in ("auto", "off"):
             raise ConfigError("train.resume", self.resume, "unknown resume mode", "use auto or off")
         check_memory_plan_mode(self.memory_plan)
+        if isinstance(self.freeze_layers, bool) or not isinstance(self.freeze_layers, int) or self.freeze_layers < 0:
+            raise ConfigError("train.freeze_layers", self.freeze_layers, "must be a whole number >= 0",
+                              "set train.freeze_layers: 0 (train every block) or 20")
         if self.threads is not None and self.threads < 1:
             raise ConfigError("train.threads", self.threads, "must be >= 1", "set train.threads: 1, or null")
         if isinstance(self.report_to, str):
@@ -416,13 +420,32 @@ def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+RUN_FOLDER = "<run folder>"
+"""What a path inside the run folder is compared as: the folder's own place does not change the run."""
+
+
+def folder_relative(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """``flat`` (a flattened config) with ``train.out_dir`` dropped and every path inside it written relative
+    to it. Why: a run folder that was copied or moved (a warm start reused by a run with another verifier
+    dtype, a run folder synced from another machine) holds the same run; its absolute paths alone must not
+    refuse the resume."""
+    out = dict(flat)
+    root = out.pop("train.out_dir", None)
+    if not isinstance(root, str) or not root:
+        return out
+    prefix = str(Path(root)).rstrip("/") + "/"
+    return {k: RUN_FOLDER + "/" + v[len(prefix):] if isinstance(v, str) and v.startswith(prefix) else v
+            for k, v in out.items()}
+
+
 def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any],
                        safe: Sequence[str] = RESUME_SAFE_KEYS,
                        defaults: Mapping[str, Any] | None = None) -> list[tuple[str, Any, Any]]:
     """(key, saved, current) for every setting that differs, except those safe to change on resume, and
     settings the saved config predates that are at their default now (``defaults``: a new setting's default
-    keeps the behaviour the run was started with, so a run saved by an older captionrl still resumes)."""
-    a, b = flatten(saved), flatten(current)
+    keeps the behaviour the run was started with, so a run saved by an older captionrl still resumes).
+    The run folder's own place is not compared (``folder_relative``): a copied folder resumes."""
+    a, b = folder_relative(flatten(saved)), folder_relative(flatten(current))
     born_later = flatten(defaults or {})
     diffs = []
     for key in sorted(set(a) | set(b)):

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from captionrl.errors import ConfigError
 from captionrl.train import common
 from captionrl.train.gpu_checks import check_gpu_settings
 from captionrl.train.memory_check import check_run_memory
@@ -118,15 +119,21 @@ class Recipe:
         ``run.resume_from``); fills ``run.trainer``, ``run.train_output``, ``run.train_seconds`` (preflight
         excluded) and ``run.steps``."""
         from captionrl.train.callbacks import PreflightCallback
+        from captionrl.train.freezing import frozen_bottom
 
-        run.trainer = self.build_trainer(run)
-        preflight = PreflightCallback(lambda: self.preflight(run))  # once the model is on the accelerator, every rank
-        run.trainer.add_callback(preflight)
-        if run.resume_from is not None:
-            logger.info(f"resuming from {run.resume_from}")
-        t0 = time.perf_counter()
-        run.train_output = run.trainer.train(resume_from_checkpoint=str(run.resume_from) if run.resume_from else None)
-        run.train_seconds = time.perf_counter() - t0 - preflight.seconds
+        n_frozen = getattr(self.cfg.train, "freeze_layers", 0)
+        # the optimizer is built inside trainer.train(): it must see the frozen weights' requires_grad
+        with frozen_bottom(run.model, n_frozen, field="train.freeze_layers") as trainable:
+            if n_frozen:
+                logger.info(f"RL trains {trainable:,} parameters: the embeddings and the bottom {n_frozen} blocks are frozen")
+            run.trainer = self.build_trainer(run)
+            preflight = PreflightCallback(lambda: self.preflight(run))  # once the model is on the accelerator, every rank
+            run.trainer.add_callback(preflight)
+            if run.resume_from is not None:
+                logger.info(f"resuming from {run.resume_from}")
+            t0 = time.perf_counter()
+            run.train_output = run.trainer.train(resume_from_checkpoint=str(run.resume_from) if run.resume_from else None)
+            run.train_seconds = time.perf_counter() - t0 - preflight.seconds
         run.steps = int(run.trainer.state.global_step)
 
     def save_model(self, run: Run) -> Path:
@@ -172,6 +179,14 @@ class Recipe:
         return {}
 
 
+def check_freeze_settings(cfg: Any) -> None:
+    """``train.freeze_layers`` is for full fine-tuning: with LoRA only the adapters train already."""
+    n = getattr(cfg.train, "freeze_layers", 0)
+    if n and getattr(getattr(cfg, "policy", None), "lora", False):
+        raise ConfigError("train.freeze_layers", n, "policy.lora is on: only the LoRA adapters train already",
+                          "set train.freeze_layers: 0, or policy.lora: false")
+
+
 def prepare(recipe: Recipe) -> Run:
     """The first half, shared by every recipe (EvoLM too): run folder, servers, data, policy."""
     cfg = recipe.cfg
@@ -181,6 +196,7 @@ def prepare(recipe: Recipe) -> Run:
                                              recipe.checkpoint_files)
     run.args = recipe.trainer_args(run)
     check_gpu_settings(run.args, getattr(cfg, "policy", None), recipe.servers())  # GPU-only mistakes, before any load
+    check_freeze_settings(cfg)
     check_run_memory(cfg, run.args)  # on CUDA: the memory plan (captionrl plan), refused before any load if it does not fit
     common.probe_servers(recipe.servers())
     run.data = recipe.dataset(run)

@@ -23,14 +23,14 @@ direction is the opposite, so no single word fits every record (measured: it did
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from captionrl.config import help_field
 from captionrl.errors import ConfigError
+from captionrl.train.freezing import frozen_bottom
 
 logger = logging.getLogger(__name__)
 
@@ -95,42 +95,6 @@ def warm_start_records(rows: Sequence[Mapping[str, Any]], precision: int, *,
     return out
 
 
-def transformer_blocks(model: Any) -> Sequence[Any]:
-    """The model's stack of transformer blocks (the ``ModuleList`` as long as ``config.num_hidden_layers``)."""
-    import torch.nn as nn
-
-    n = getattr(getattr(model, "config", None), "num_hidden_layers", None)
-    for module in model.modules():
-        if isinstance(module, nn.ModuleList) and n is not None and len(module) == n:
-            return module
-    raise ValueError(f"{type(model).__name__}: no ModuleList of config.num_hidden_layers={n} blocks to freeze")
-
-
-@contextmanager
-def frozen_bottom(model: Any, n_layers: int) -> Iterator[int]:
-    """Keep the input embeddings and the bottom ``n_layers`` blocks frozen inside the block; every weight's
-    ``requires_grad`` is restored after it (RL trains them all). Yields how many parameters stay trainable.
-
-    Why: on CPU the backward pass through all 30 blocks of the embedded model is most of a warm-start step;
-    the labels are taught by the top blocks (measured in docs/main-job.md)."""
-    blocks = transformer_blocks(model)
-    if n_layers > len(blocks):
-        raise ConfigError("warm_start.freeze_layers", n_layers, f"the policy has {len(blocks)} blocks",
-                          f"set warm_start.freeze_layers to at most {len(blocks) - 1}")
-    before = {id(p): p.requires_grad for p in model.parameters()}
-    try:
-        if n_layers > 0:
-            for p in model.get_input_embeddings().parameters():
-                p.requires_grad_(False)
-            for block in blocks[:n_layers]:
-                for p in block.parameters():
-                    p.requires_grad_(False)
-        yield sum(p.numel() for p in model.parameters() if p.requires_grad)
-    finally:
-        for p in model.parameters():
-            p.requires_grad_(before[id(p)])
-
-
 def warm_start(cfg: Any, rows: Sequence[Mapping[str, Any]], model: Any, processing: Any, out: Path) -> dict[str, Any]:
     """Teach ``model`` (in place) the describer's captions of ``rows``, in ``out/warm_start``; returns the SFT
     run's summary (loss, steps, where its records are)."""
@@ -158,7 +122,7 @@ def warm_start(cfg: Any, rows: Sequence[Mapping[str, Any]], model: Any, processi
     logger.info(f"warm start: {ws.epochs:g} epoch(s) of the describer's captions on {len(rows)} training windows"
                 f"{' and their reverses' if ws.reverse else ''} at lr {ws.learning_rate:g}"
                 f"{f', bottom {ws.freeze_layers} blocks frozen' if ws.freeze_layers else ''} ({folder})")
-    with frozen_bottom(model, ws.freeze_layers):
+    with frozen_bottom(model, ws.freeze_layers, field="warm_start.freeze_layers"):
         result = sft.run(sft_cfg, model=model, processing=processing)
     return {"folder": str(folder), "steps": result.get("steps"), "train_loss": result.get("train_loss"),
             "seconds": result.get("train_seconds")}

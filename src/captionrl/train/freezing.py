@@ -1,0 +1,54 @@
+"""Keep the bottom of a policy fixed while it trains: the input embeddings and the bottom N transformer blocks.
+
+Used by the LineupRL warm start (``warm_start.freeze_layers``) and by any RL recipe (``train.freeze_layers``).
+Why both: on CPU the backward pass through all 30 blocks of the embedded model is most of a step, and the
+features the bottom blocks compute from the printed numbers are what the top blocks read the direction from.
+A noisy policy-gradient step that moves every weight (Adam's steps are about the rate in size whatever the
+gradient's) can erase what the warm start taught; with the bottom frozen, RL moves only the blocks the labels
+were taught in (measured in docs/main-job.md). With tied input and output embeddings (SmolLM2), freezing the
+embeddings freezes the output projection too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from captionrl.errors import ConfigError
+
+
+def transformer_blocks(model: Any) -> Sequence[Any]:
+    """The model's stack of transformer blocks (the ``ModuleList`` as long as ``config.num_hidden_layers``)."""
+    import torch.nn as nn
+
+    n = getattr(getattr(model, "config", None), "num_hidden_layers", None)
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and n is not None and len(module) == n:
+            return module
+    raise ValueError(f"{type(model).__name__}: no ModuleList of config.num_hidden_layers={n} blocks to freeze")
+
+
+@contextmanager
+def frozen_bottom(model: Any, n_layers: int, field: str = "freeze_layers") -> Iterator[int]:
+    """Keep the input embeddings and the bottom ``n_layers`` blocks frozen inside the block; every weight's
+    ``requires_grad`` is restored after it. Yields how many parameters stay trainable. ``field`` names the
+    setting in the error raised when the policy has fewer blocks than asked for."""
+    if n_layers <= 0:
+        yield sum(p.numel() for p in model.parameters() if p.requires_grad)
+        return
+    blocks = transformer_blocks(model)
+    if n_layers > len(blocks):
+        raise ConfigError(field, n_layers, f"the policy has {len(blocks)} blocks",
+                          f"set {field} to at most {len(blocks) - 1}")
+    before = {id(p): p.requires_grad for p in model.parameters()}
+    try:
+        for p in model.get_input_embeddings().parameters():
+            p.requires_grad_(False)
+        for block in blocks[:n_layers]:
+            for p in block.parameters():
+                p.requires_grad_(False)
+        yield sum(p.numel() for p in model.parameters() if p.requires_grad)
+    finally:
+        for p in model.parameters():  # weights created inside the block (a trainer's wrappers) keep their own flag
+            p.requires_grad_(before.get(id(p), p.requires_grad))
