@@ -55,9 +55,31 @@ def test_the_targets_state_the_right_direction_of_every_window_and_are_no_templa
     assert all(r["prompt"] == row["prompt"] for r, row in zip(records, rows, strict=True))  # the RL prompts
 
 
+def test_the_values_first_targets_are_read_as_the_same_facts(tokenizer):
+    """``warm_start.order: values_first``: the direction after the two values; the checks read the same
+    direction and key facts from it, and it still fits the token budget."""
+    rows = _rows()
+    cfg = load_config(LineupConfig, CPU, ["warm_start.order=values_first"])
+    records = warm_start_records(rows, 2, order=cfg.warm_start.order)
+    captions = {r["id"]: r["caption"] for r in records}
+    assert all(c.startswith("It starts at ") and ", so overall the series " in c for c in captions.values())
+    series = {str(r["item_id"]): r["series"] for r in rows}
+    checks = description_checks(captions, series, instruction=cfg.instruction())
+    assert np.mean(list(checks["direction_right"].values())) == 1.0
+    assert np.mean(list(checks["key_facts"].values())) >= 2.9
+    assert not any(checks["degenerate"].values()) and not any(checks["same_sentence"].values())
+    longest = max(len(tokenizer(c, add_special_tokens=False)["input_ids"]) for c in captions.values())
+    assert longest <= 37
+    with pytest.raises(ConfigError) as err:
+        load_config(LineupConfig, CPU, ["warm_start.order=last"])
+    assert err.value.field == "warm_start.order"
+
+
 def test_the_target_is_written_from_the_printed_values():
     assert short_description(np.array([1.0, 3.0, 2.0, 2.5])) == "Overall, the series rises. It starts at 1 and ends at 2.5."
     assert short_description(np.array([3.0, 1.0, 2.0, 2.5, 0.5])) == "Overall, the series falls. It starts at 3 and ends at 0.5."
+    assert (short_description(np.array([3.0, 1.0, 2.0, 2.5, 0.5]), order="values_first")
+            == "It starts at 3 and ends at 0.5, so overall the series falls.")
     assert short_description(np.array([2.0, 2.1, 1.9, 2.0])).startswith("Overall, the series stays roughly flat.")
     row = {"series_text": "1.00, 2.50, -0.30"}
     assert printed_values(row) == [1.0, 2.5, -0.3]

@@ -43,9 +43,13 @@ class WarmStartConfig:
     lr_scheduler_type: str = help_field("constant", "learning-rate schedule: constant (the schedule under which labels were measured to teach the direction: docs/main-job.md) or any transformers schedule")
     batch_size: int = help_field(8, "windows per optimizer step")
     reverse: bool = help_field(False, "also train on every window reversed (same values, opposite order, so the opposite direction): one direction word for every window cannot fit both (docs/main-job.md)")
+    order: str = help_field("direction_first", "the target's order: direction_first (\"Overall, the series rises. It starts at X and ends at Y.\") or values_first (\"It starts at X and ends at Y, so overall the series rises.\": the direction after the two values it mostly follows from)")
     freeze_layers: int = help_field(0, "bottom transformer blocks kept frozen, with the embeddings, during the warm start (RL then trains every weight): 20 of the embedded model's 30 make a CPU step ~20 s instead of ~35, two runs side by side (docs/main-job.md)")
 
     def __post_init__(self) -> None:
+        if self.order not in ("direction_first", "values_first"):
+            raise ConfigError("warm_start.order", self.order, "unknown target order",
+                              "use direction_first (\"Overall, the series rises. It starts at ...\") or values_first")
         if self.epochs < 0:
             raise ConfigError("warm_start.epochs", self.epochs, "must be >= 0", "set warm_start.epochs: 0 (off) or 3")
         if self.learning_rate <= 0:
@@ -79,7 +83,7 @@ def reversed_prompt(row: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def warm_start_records(rows: Sequence[Mapping[str, Any]], precision: int, *,
-                       reverse: bool = False) -> list[dict[str, Any]]:
+                       reverse: bool = False, order: str = "direction_first") -> list[dict[str, Any]]:
     """One SFT record per training row: the row's own prompt and the describer's sentence of its values;
     with ``reverse`` a second one per row, its series reversed and described (id ``<id>~reversed``)."""
     from captionrl.domains.describe import short_description
@@ -88,10 +92,10 @@ def warm_start_records(rows: Sequence[Mapping[str, Any]], precision: int, *,
     for r in rows:
         values = printed_values(r)
         out.append({"id": str(r["item_id"]), "prompt": list(r["prompt"]),
-                    "caption": short_description(values, precision)})
+                    "caption": short_description(values, precision, order=order)})
         if reverse:
             out.append({"id": f"{r['item_id']}~reversed", "prompt": reversed_prompt(r),
-                        "caption": short_description(values[::-1], precision)})
+                        "caption": short_description(values[::-1], precision, order=order)})
     return out
 
 
@@ -105,7 +109,7 @@ def warm_start(cfg: Any, rows: Sequence[Mapping[str, Any]], model: Any, processi
     folder = out / "warm_start"
     folder.mkdir(parents=True, exist_ok=True)
     targets = folder / "targets.jsonl"
-    records = warm_start_records(rows, cfg.data.precision, reverse=ws.reverse)
+    records = warm_start_records(rows, cfg.data.precision, reverse=ws.reverse, order=ws.order)
     with RecordWriter(targets, key_field="id") as w:
         w.write_many(r for r in records if not w.has(r["id"]))
     steps_per_epoch = -(-len(records) // ws.batch_size)
