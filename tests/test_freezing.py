@@ -47,3 +47,13 @@ def test_rl_with_the_bottom_frozen_moves_only_the_top(tmp_path, embedded_backend
     assert all(torch.equal(b0[k], a0[k]) for k in b0)
     b1, a1 = transformer_blocks(before)[-1].state_dict(), transformer_blocks(after)[-1].state_dict()
     assert any(not torch.equal(b1[k], a1[k]) for k in b1)
+
+
+def test_evolm_refuses_freeze_layers_before_anything_loads():
+    """EvoLM's phases build their own trainers, so the skeleton's freezing would silently not run: refused."""
+    from captionrl.train.moco import EvolmRecipe, MocoConfig
+
+    cfg = load_config(MocoConfig, ROOT / "configs" / "moco-cpu.yaml", ["method=evolm", "train.freeze_layers=2"])
+    with pytest.raises(ConfigError) as err:
+        EvolmRecipe(cfg)
+    assert err.value.field == "train.freeze_layers"

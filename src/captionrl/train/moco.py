@@ -622,6 +622,9 @@ class EvolmRecipe(MocoRecipe):
     checkpoint_files = ()
 
     def __init__(self, cfg: MocoConfig) -> None:
+        if cfg.train.freeze_layers:  # its phases build their own trainers: the skeleton's freezing never runs here
+            raise ConfigError("train.freeze_layers", cfg.train.freeze_layers, "EvoLM's alternating phases train the "
+                              "whole shared model", "set train.freeze_layers: 0 with method=evolm")
         super().__init__(cfg)
         self.title = "EvoLM"
         self.writers: list[Any] = []
