@@ -70,6 +70,10 @@ def describe_series(series: Series | np.ndarray, precision: int = 2) -> str:
     )
 
 
+SHORT_DESCRIPTION_ORDERS = ("direction_first", "values_first")
+"""The two forms of ``short_description`` (the warm start's ``order`` setting)."""
+
+
 def short_description(series: Series | np.ndarray, precision: int = 2, *, order: str = "direction_first") -> str:
     """A two-sentence caption that answers the main job's instruction:
     "Overall, the series falls. It starts at 316.1 and ends at 315.8."
@@ -89,8 +93,8 @@ def short_description(series: Series | np.ndarray, precision: int = 2, *, order:
     start, end, word = fmt(v[0], precision), fmt(v[-1], precision), trend_word(v)
     if order == "values_first":
         return f"It starts at {start} and ends at {end}, so overall the series {word}."
-    if order != "direction_first":
-        raise ValueError(f"order={order!r}: use direction_first or values_first")
+    if order not in SHORT_DESCRIPTION_ORDERS:
+        raise ValueError(f"order={order!r}: use one of {SHORT_DESCRIPTION_ORDERS}")
     return f"Overall, the series {word}. It starts at {start} and ends at {end}."
 
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from captionrl.config import help_field, to_dict
 from captionrl.errors import ConfigError
 from captionrl.train import trl_settings
+from captionrl.train.freezing import check_freeze_layers
 
 logger = logging.getLogger(__name__)
 
@@ -116,9 +117,7 @@ class _CaptionRLTrain:
         if self.resume not in ("auto", "off"):
             raise ConfigError("train.resume", self.resume, "unknown resume mode", "use auto or off")
         check_memory_plan_mode(self.memory_plan)
-        if isinstance(self.freeze_layers, bool) or not isinstance(self.freeze_layers, int) or self.freeze_layers < 0:
-            raise ConfigError("train.freeze_layers", self.freeze_layers, "must be a whole number >= 0",
-                              "set train.freeze_layers: 0 (train every block) or 20")
+        check_freeze_layers(self.freeze_layers, "train.freeze_layers")
         if self.threads is not None and self.threads < 1:
             raise ConfigError("train.threads", self.threads, "must be >= 1", "set train.threads: 1, or null")
         if isinstance(self.report_to, str):

@@ -18,6 +18,12 @@ from typing import Any
 from captionrl.errors import ConfigError
 
 
+def check_freeze_layers(value: Any, field: str) -> None:
+    """The one validation of a ``freeze_layers`` setting (the warm start's and RL's): a whole number >= 0."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(field, value, "must be a whole number >= 0", f"set {field}: 0 (train every block) or 20")
+
+
 def transformer_blocks(model: Any) -> Sequence[Any]:
     """The model's stack of transformer blocks (the ``ModuleList`` as long as ``config.num_hidden_layers``)."""
     import torch.nn as nn

@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from captionrl.config import help_field
+from captionrl.domains.describe import SHORT_DESCRIPTION_ORDERS
 from captionrl.errors import ConfigError
-from captionrl.train.freezing import frozen_bottom
+from captionrl.train.freezing import check_freeze_layers, frozen_bottom
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ class WarmStartConfig:
     freeze_layers: int = help_field(0, "bottom transformer blocks kept frozen, with the embeddings, during the warm start (RL then trains every weight): 20 of the embedded model's 30 make a CPU step ~20 s instead of ~35, two runs side by side (docs/main-job.md)")
 
     def __post_init__(self) -> None:
-        if self.order not in ("direction_first", "values_first"):
+        if self.order not in SHORT_DESCRIPTION_ORDERS:
             raise ConfigError("warm_start.order", self.order, "unknown target order",
                               "use direction_first (\"Overall, the series rises. It starts at ...\") or values_first")
         if self.epochs < 0:
@@ -56,9 +57,7 @@ class WarmStartConfig:
             raise ConfigError("warm_start.learning_rate", self.learning_rate, "must be > 0", "use 2e-4")
         if self.batch_size < 1:
             raise ConfigError("warm_start.batch_size", self.batch_size, "must be >= 1", "use 8")
-        if isinstance(self.freeze_layers, bool) or not isinstance(self.freeze_layers, int) or self.freeze_layers < 0:
-            raise ConfigError("warm_start.freeze_layers", self.freeze_layers, "must be a whole number >= 0",
-                              "set warm_start.freeze_layers: 0 (train every block) or 20")
+        check_freeze_layers(self.freeze_layers, "warm_start.freeze_layers")
 
     @property
     def enabled(self) -> bool:
