@@ -162,11 +162,16 @@ def test_a_run_warm_starts_before_rl_and_a_rerun_does_not_train_it_again(tmp_pat
 
     out = tmp_path / "run"
     over = [*TINY, f"policy.model={tiny_llama}", f"train.out_dir={out}", "warm_start.epochs=1",
-            "warm_start.batch_size=2", "warm_start.freeze_layers=1", "eval.enabled=false"]  # the tiny policy has 2 blocks
+            "warm_start.batch_size=2", "warm_start.freeze_layers=1", "eval.enabled=false",  # the tiny policy has 2 blocks
+            "train.beta=0.1", "warm_start.learning_rate=1.0e-2"]  # a KL term, and a warm start that moves the weights
     cfg = load_config(LineupConfig, CPU, over)
     result = lineup.run(cfg, verifier=embedded_backend)
     warm = json.loads((out / "result.json").read_text())["warm_start"]
     assert warm["steps"] == 2 and warm["train_loss"] > 0  # 4 windows, 2 a step
+    # the KL reference is the warm start (anchor_reference): 0 before the first RL update; the base model,
+    # which the warm start moved away from, would make it positive
+    first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["step"] == 1 and abs(first["kl"]) < 1e-3, first["kl"]
     targets = [json.loads(line) for line in (out / "warm_start" / "targets.jsonl").read_text().splitlines()]
     rows = build_lineup_data(cfg.data, cfg.reward.k, cfg.seed).rows["train"]
     assert [t["caption"] for t in targets] == [short_description(printed_values(r)) for r in rows]

@@ -133,10 +133,12 @@ class LineupRecipe(Recipe):
         if cfg.warm_start.enabled and self.use_chart:
             raise ConfigError("warm_start.epochs", cfg.warm_start.epochs, f"{cfg.policy.model} reads charts and the "
                               "warm start teaches a captioner that reads numbers", "set warm_start.epochs: 0")
-        if cfg.warm_start.enabled and run.resume_from is None:  # a resumed run's checkpoint holds the warm-started weights
-            from captionrl.train.warm_start import warm_start
+        if cfg.warm_start.enabled:
+            from captionrl.train.warm_start import anchor_reference, warm_start
 
-            self.warm = warm_start(cfg, run.data.rows["train"], run.model, run.processing, run.out)
+            if run.resume_from is None:  # a resumed run's checkpoint holds the warm-started weights
+                self.warm = warm_start(cfg, run.data.rows["train"], run.model, run.processing, run.out)
+            anchor_reference(run.model, run.out)  # train.beta's KL reference: the warm start, not the base model
 
     def rows(self, run: Run, split: str = "train") -> list[dict[str, Any]]:
         rows = run.data.rows[split]

@@ -67,6 +67,10 @@ INTERNALS: list[Internal] = [
                      '"old_logps": old_logps')),
     Internal("RLOOTrainer", "__init__", "train.on_policy (reads trainer.num_iterations and trainer.beta)",
              source=("self.num_iterations = args.num_iterations", "self.beta = args.beta")),
+    # train.warm_start.anchor_reference: the KL reference is loaded from the policy config's _name_or_path
+    *_both("__init__", "train.warm_start.anchor_reference (the reference model is built from the policy "
+           "config's _name_or_path, which it points at the warm-started weights)",
+           source=("create_model_from_path(get_config_model_id(self.model.config)",)),
     # train.timing: time/generation, time/reward, time/logprobs and time/backward per step
     *_both("_generate", "train.timing (time/generation)", params=("prompts",)),
     *_both("_calculate_rewards", "train.timing (time/reward)",
