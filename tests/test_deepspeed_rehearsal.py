@@ -29,7 +29,7 @@ STEPS = ["train.max_steps=2", "train.save_steps=1", "train.save_total_limit=null
 RECIPES = {
     # LineupRL (Qwen2.5-VL reading charts, RLOO), the verifier a tiny model in likelihood mode
     "lineup": ("lineup-cpu.yaml", QWEN25, [
-        f"policy.model={QWEN25}", "policy.input=chart", "policy.dtype=float32", "verifier.kind=hf", "warm_start.epochs=0",
+        f"policy.model={QWEN25}", "policy.input=chart", "policy.dtype=float32", "verifier.kind=hf", "warm_start.epochs=0", "train.freeze_layers=0", "train.beta=0.0",
         f"verifier.model={QWEN25}", "verifier.dtype=float32", "reward.mode=likelihood", "data.window=8",
         "data.n_train=4", "data.n_val=1", "data.n_test=1", "data.series=[nile,sunspots]", "reward.k=2",
         "train.num_generations=2", "train.per_device_train_batch_size=2", "train.max_completion_length=6",

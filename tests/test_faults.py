@@ -51,7 +51,7 @@ def test_lineup_run_survives_a_killed_verifier_with_zero_advantage_and_resumes(t
     served = httpx.get(f"{server.base_url}/models", timeout=5).json()["data"][0]["id"]
     out = tmp_path / "run"
     cfg = load_config(LineupConfig, ROOT / "configs" / "lineup-cpu.yaml", [
-        "data.window=8", "data.n_train=2", "data.n_test=2", "data.series=[nile,sunspots]", "warm_start.epochs=0",
+        "data.window=8", "data.n_train=2", "data.n_test=2", "data.series=[nile,sunspots]", "warm_start.epochs=0", "train.freeze_layers=0",
         "reward.k=2", "reward.signal=soft", "reward.max_caption_chars=null", "reward.transcription_penalty=0.0",
         "train.algorithm=rloo", "train.num_generations=2", "train.per_device_train_batch_size=4",
         "train.max_completion_length=6", "train.max_steps=4", "train.save_steps=4", "train.learning_rate=1.0e-5",

@@ -135,7 +135,7 @@ SWEEP_TINY = [
     "train.algorithm=rloo", "train.num_generations=2", "train.per_device_train_batch_size=4",
     "train.max_completion_length=8", "train.max_steps=1", "train.save_steps=1", "train.learning_rate=1.0e-5",
     "train.beta=0.0", "train.report_to=[]", "train.threads=1", "train.preflight_items=0",
-    "eval.compare_initial=false", "eval.bottleneck=false", "eval.final_checks=false", "warm_start.epochs=0",
+    "eval.compare_initial=false", "eval.bottleneck=false", "eval.final_checks=false", "warm_start.epochs=0", "train.freeze_layers=0",
 ]
 SWEEP_EVAL = {"verifiers": ["hf:embedded"], "k": 2, "identify": {"modes": ["likelihood"], "directions": ["c2s"], "controls": False},
               "entail": {"enabled": False}, "reward": {"enabled": False}, "bottleneck": {"enabled": False}}

@@ -106,7 +106,7 @@ def test_lineup_run_whose_verifier_is_down_stops_within_the_patience_and_says_wh
     out = tmp_path / "run"
     try:
         code = main(["train", "lineup", "--config", str(ROOT / "configs" / "lineup-cpu.yaml"),
-                     "policy.model=tiny-qwen2.5-vl", "policy.dtype=float32", "warm_start.epochs=0",  # a tiny random policy
+                     "policy.model=tiny-qwen2.5-vl", "policy.dtype=float32", "warm_start.epochs=0", "train.freeze_layers=0", "train.beta=0.0",  # a tiny random policy
                      "verifier.kind=openai", f"verifier.base_url=http://127.0.0.1:{server.server_address[1]}/v1",
                      "verifier.model=m", "verifier.max_retries=0", "verifier.timeout_s=2",
                      "data.window=8", "data.n_train=2", "data.n_test=0", "data.series=[nile,sunspots]", "reward.k=2",

@@ -251,7 +251,7 @@ def test_lineup_rloo_step_with_tiny_qwen2_5_vl_policy_on_charts(tmp_path, embedd
 
     out = tmp_path / "run"
     cfg = load_config(LineupConfig, ROOT / "configs" / "lineup-cpu.yaml", [
-        "policy.model=tiny-qwen2.5-vl", "policy.input=chart", "warm_start.epochs=0",
+        "policy.model=tiny-qwen2.5-vl", "policy.input=chart", "warm_start.epochs=0", "train.freeze_layers=0",
         "data.window=8", "data.n_train=2", "data.n_test=2", "data.series=[nile,sunspots]",
         "reward.k=2", "reward.signal=soft", "train.algorithm=rloo", "train.num_generations=2",
         "train.per_device_train_batch_size=2", "train.max_completion_length=8", "train.max_steps=1",

@@ -26,7 +26,7 @@ def test_two_cpu_processes_train_two_steps(tmp_path):
         accelerate, "launch", "--config_file", str(ROOT / "configs" / "accelerate" / "cpu-2proc.yaml"),
         "-m", "captionrl.cli", "train", "lineup", "--config", str(ROOT / "configs" / "lineup-cpu.yaml"),
         "data.window=8", "data.n_train=8", "data.n_test=4", "data.series=[nile,sunspots]", "reward.k=2", "reward.signal=soft",
-        "train.algorithm=grpo", "warm_start.epochs=0", "policy.lora=true", "policy.lora_r=4", "policy.lora_alpha=8",
+        "train.algorithm=grpo", "warm_start.epochs=0", "train.freeze_layers=0", "train.beta=0.0", "policy.lora=true", "policy.lora_r=4", "policy.lora_alpha=8",
         "train.num_generations=2", "train.per_device_train_batch_size=2", "train.max_completion_length=6",
         "train.max_steps=2", "train.save_steps=2", "train.report_to=[]", "train.threads=1",
         "train.learning_rate=1.0e-4", "eval.enabled=false", f"train.out_dir={out}",

@@ -35,7 +35,7 @@ TINY = [
     "train.max_completion_length=8", "train.max_steps=2", "train.save_steps=2", "train.learning_rate=1.0e-5",
     "train.beta=0.0", "train.report_to=[]", "train.threads=1",
     "eval.compare_initial=false", "eval.bottleneck=false", "train.preflight_items=2",
-    "warm_start.epochs=0",  # the warm start: tests/test_warm_start.py
+    "warm_start.epochs=0", "train.freeze_layers=0",  # the warm start: tests/test_warm_start.py
 ]
 
 

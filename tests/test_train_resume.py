@@ -20,7 +20,7 @@ TINY = [
     "data.window=8", "data.n_train=6", "data.n_test=4", "data.series=[nile,sunspots]", "reward.k=2", "reward.signal=soft",
     "train.num_generations=2", "train.per_device_train_batch_size=2", "train.max_completion_length=6",
     "train.max_steps=3", "train.save_steps=1", "train.beta=0.0", "train.report_to=[]", "train.threads=1",
-    "train.learning_rate=1.0e-5", "eval.enabled=false", "warm_start.epochs=0",
+    "train.learning_rate=1.0e-5", "eval.enabled=false", "warm_start.epochs=0", "train.freeze_layers=0",
 ]
 
 

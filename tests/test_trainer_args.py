@@ -126,7 +126,7 @@ def test_a_real_rloo_run_with_a_kl_term_logs_it(tmp_path, tiny_llama):
         "reward.signal=soft", "train.algorithm=rloo", "train.num_generations=2", "train.per_device_train_batch_size=2",
         "train.max_completion_length=6", "train.max_steps=2", "train.save_steps=2", "train.learning_rate=1.0e-4",
         "train.beta=0.05", "train.report_to=[]", "train.threads=1", "eval.enabled=false", f"train.out_dir={out}",
-        f"policy.model={tiny_llama}", "train.preflight_items=0", "warm_start.epochs=0"])  # preflight: test_preflight.py
+        f"policy.model={tiny_llama}", "train.preflight_items=0", "warm_start.epochs=0", "train.freeze_layers=0"])  # preflight: test_preflight.py
     assert cfg.train.beta == 0.05
     lineup.run(cfg, verifier=HFBackend(tiny_llama, dtype="float32"))
     metrics = load_metrics(out / "metrics.jsonl")
