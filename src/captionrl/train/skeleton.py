@@ -119,6 +119,7 @@ class Recipe:
         ``run.resume_from``); fills ``run.trainer``, ``run.train_output``, ``run.train_seconds`` (preflight
         excluded) and ``run.steps``."""
         from captionrl.train.callbacks import PreflightCallback
+        from captionrl.train.compact_head import compact_on_cpu
         from captionrl.train.freezing import frozen_bottom
 
         n_frozen = getattr(self.cfg.train, "freeze_layers", 0)
@@ -132,7 +133,9 @@ class Recipe:
             if run.resume_from is not None:
                 logger.info(f"resuming from {run.resume_from}")
             t0 = time.perf_counter()
-            run.train_output = run.trainer.train(resume_from_checkpoint=str(run.resume_from) if run.resume_from else None)
+            with compact_on_cpu():  # TRL's fused head: only the labelled positions on CPU too (train.compact_head)
+                run.train_output = run.trainer.train(
+                    resume_from_checkpoint=str(run.resume_from) if run.resume_from else None)
             run.train_seconds = time.perf_counter() - t0 - preflight.seconds
         run.steps = int(run.trainer.state.global_step)
 

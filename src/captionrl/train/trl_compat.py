@@ -1,7 +1,7 @@
 """Every private TRL name captionrl relies on, in one place, and the check that the installed TRL still has it.
 
-captionrl never subclasses TRL's trainers, but five modules patch one trainer instance or read TRL
-internals: ``train.on_policy`` (RLOO's redundant old-policy pass), ``train.shared_prefix`` (each group's
+captionrl never subclasses TRL's trainers, but six modules patch one trainer instance or read TRL
+internals: ``train.compact_head`` (the fused LM head scores only labelled positions on CPU too), ``train.on_policy`` (RLOO's redundant old-policy pass), ``train.shared_prefix`` (each group's
 prompt once in the loss pass), ``train.unscored`` (unscored samples leave the loss's normaliser),
 ``train.timing`` (the per-step time breakdown) and ``train.callbacks`` (the sampler's shuffle on resume). A TRL release may rename or reshape
 any of them, and some breaks would be silent (a timing breakdown of zeros; placeholder old log-probs read
@@ -91,6 +91,13 @@ INTERNALS: list[Internal] = [
     Internal("trl.trainer.utils.add_fused_lm_head", None, "train.shared_prefix (the fused head runs the backbone "
              "with the caller's kwargs, so a cache passed in is used; log_probs/entropy over label != -100)",
              source=("backbone_outputs = getattr(self, backbone_attr)(*args, **kwargs)", "labels = labels[:, 1:]")),
+    # train.compact_head: on CPU too, the fused LM head scores only the labelled positions
+    Internal("trl.trainer.utils", "_use_triton", "train.compact_head (rebound for the fused head's choice between "
+             "scoring the labelled positions and scoring all; the kernel module keeps its own binding)"),
+    Internal("trl.trainer.utils.add_fused_lm_head", None, "train.compact_head (its one use of _use_triton is the "
+             "compact choice, and the compact path gathers the labelled rows)",
+             source=("compact = _use_triton(hidden_states.device)", "hidden_states[mask] if compact else",
+                     "labels[mask] if compact else")),
     # train.unscored: samples every reward left None leave the loss and its normaliser
     *_both("_calculate_rewards", "train.unscored (which samples every reward left None: the all-NaN rows of the "
            "gathered rewards)", params=("inputs", "prompts", "completions", "completion_ids_list"),

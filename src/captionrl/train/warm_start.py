@@ -31,6 +31,7 @@ from typing import Any
 from captionrl.config import help_field
 from captionrl.domains.describe import SHORT_DESCRIPTION_ORDERS
 from captionrl.errors import ConfigError
+from captionrl.train.bottom_cache import cached_frozen_bottom
 from captionrl.train.freezing import check_freeze_layers, frozen_bottom
 
 logger = logging.getLogger(__name__)
@@ -46,6 +47,7 @@ class WarmStartConfig:
     reverse: bool = help_field(False, "also train on every window reversed (same values, opposite order, so the opposite direction): one direction word for every window cannot fit both (docs/main-job.md)")
     order: str = help_field("direction_first", "the target's order: direction_first (\"Overall, the series rises. It starts at X and ends at Y.\") or values_first (\"It starts at X and ends at Y, so overall the series rises.\": the direction after the two values it mostly follows from)")
     freeze_layers: int = help_field(0, "bottom transformer blocks kept frozen, with the embeddings, during the warm start (RL then trains every weight): 20 of the embedded model's 30 make a CPU step ~20 s instead of ~35, two runs side by side (docs/main-job.md)")
+    reuse_frozen: bool = help_field(True, "with freeze_layers, compute the frozen bottom's output once per window and reuse it in later epochs (the same training up to float rounding; a third less time per later epoch on CPU: bench/bench_warm_start_cache.py)")
 
     def __post_init__(self) -> None:
         if self.order not in SHORT_DESCRIPTION_ORDERS:
@@ -125,10 +127,11 @@ def warm_start(cfg: Any, rows: Sequence[Mapping[str, Any]], model: Any, processi
     logger.info(f"warm start: {ws.epochs:g} epoch(s) of the describer's captions on {len(rows)} training windows"
                 f"{' and their reverses' if ws.reverse else ''} at lr {ws.learning_rate:g}"
                 f"{f', bottom {ws.freeze_layers} blocks frozen' if ws.freeze_layers else ''} ({folder})")
-    with frozen_bottom(model, ws.freeze_layers, field="warm_start.freeze_layers"):
+    with (frozen_bottom(model, ws.freeze_layers, field="warm_start.freeze_layers"),
+          cached_frozen_bottom(model, ws.freeze_layers if ws.reuse_frozen else 0) as cache):
         result = sft.run(sft_cfg, model=model, processing=processing)
     return {"folder": str(folder), "steps": result.get("steps"), "train_loss": result.get("train_loss"),
-            "seconds": result.get("train_seconds")}
+            "seconds": result.get("train_seconds"), "frozen_bottom_cache": cache.summary() if cache else None}
 
 
 def anchor_reference(model: Any, out: Path) -> Path | None:
