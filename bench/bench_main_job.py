@@ -142,6 +142,9 @@ def main() -> None:
                          "issue 21 timed); 'current': the old config on today's code")
     ap.add_argument("--no_record", action="store_true", help="print only; do not append to bench/RESULTS.md")
     ap.add_argument("--sequential", action="store_true", help="one run after the other, torch's default threads")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads per run (default: 1 side by side, torch's default with --sequential; "
+                         "--sequential --threads 1 is issue 32's condition with the machine to each run)")
     ap.add_argument("--native_dtype", action="store_true", help="let each config choose its verifier dtype")
     ap.add_argument("--avx2", action="store_true", help="torch and oneDNN held to AVX2 kernels (no native bf16)")
     ap.add_argument("--out", default=None, help="keep the runs here (default: a temporary folder)")
@@ -149,7 +152,7 @@ def main() -> None:
                     help="run nothing: print and record the table from the finished runs under --out")
     args = ap.parse_args()
 
-    threads = None if args.sequential else 1
+    threads = args.threads if args.threads else (None if args.sequential else 1)
     dtype = [] if args.native_dtype else ["verifier.dtype=float32"]
     setups = {"old": (args.old_config or str(OLD_CONFIG), OLD_OVERRIDES + dtype), "new": (args.config, dtype)}
     env_extra = AVX2_ENV if args.avx2 else {}
@@ -162,7 +165,7 @@ def main() -> None:
     say(cpu_line())
     old_code = "today's code, TRL's loss pass" if args.old_ref == "current" else f"the code and config of {args.old_ref}"
     say(f"old: {old_code}; new: this checkout")
-    say(f"{'sequential' if args.sequential else 'side by side, 1 torch thread each'}; verifier "
+    say(f"{'sequential' if args.sequential else 'side by side'}, {threads or 'default'} torch thread(s) each; verifier "
         f"{'as configured' if args.native_dtype else 'float32 in both'}; kernels {'AVX2 only' if args.avx2 else 'native'}")
     if args.collect:
         if not args.out:

@@ -1,7 +1,11 @@
-"""The main job's warm start with the frozen bottom computed once per window (``warm_start.reuse_frozen: true``,
-``train.bottom_cache``) against the same warm start computing it every epoch, side by side in one run: TRL's
-``train_runtime`` of each, its ratio, and how far apart the two trained models are (the cache must not change
+"""The main job's warm start as it runs today against a baseline, side by side in one run: TRL's
+``train_runtime`` of each, its ratio, and how far apart the two trained models are (neither speedup may change
 what is learned).
+
+Today: the frozen bottom computed once per window (``warm_start.reuse_frozen: true``, ``train.bottom_cache``)
+and TRL's fused LM head scoring only the labelled positions on CPU (``train.compact_head``). Baselines:
+``--baseline plain`` computes the frozen bottom every epoch (the cache's own share); ``--baseline before``
+also lets the fused head score every position, as TRL does on CPU (the warm start before both).
 
 Both start at once, one torch thread each, on the CPU config's training windows and warm-start settings
 (``configs/lineup-cpu.yaml``: 128 windows, 4 epochs, 20 of 30 blocks frozen), so they share the machine's
@@ -29,10 +33,14 @@ from bench_main_job_step import AVX2_ENV, child_env
 CONFIG = ROOT / "configs" / "lineup-cpu.yaml"
 
 
-def child(out: Path, reuse: bool, n_train: int, epochs: float, seed: int) -> None:
-    """One warm start, as ``captionrl train lineup`` runs it; writes ``summary.json`` and ``weights.pt``."""
+def child(out: Path, mode: str, n_train: int, epochs: float, seed: int) -> None:
+    """One warm start, as ``captionrl train lineup`` runs it; writes ``summary.json`` and ``weights.pt``.
+    ``mode``: today, plain (no bottom cache) or before (no cache, and TRL's fused head on every position)."""
+    import contextlib
+
     import torch
 
+    import captionrl.train.compact_head as compact_head
     from captionrl.config import load_config
     from captionrl.domains.lineup_data import build_lineup_data
     from captionrl.train.common import load_policy
@@ -40,6 +48,9 @@ def child(out: Path, reuse: bool, n_train: int, epochs: float, seed: int) -> Non
     from captionrl.train.warm_start import warm_start
 
     torch.set_num_threads(1)
+    if mode == "before":  # the skeleton imports compact_on_cpu when it trains: this name is the one it finds
+        compact_head.compact_on_cpu = contextlib.nullcontext
+    reuse = mode == "today"
     cfg = load_config(LineupConfig, CONFIG, [f"seed={seed}", f"data.n_train={n_train}", f"warm_start.epochs={epochs}",
                                              f"warm_start.reuse_frozen={str(reuse).lower()}", f"train.out_dir={out}"])
     rows = build_lineup_data(cfg.data, cfg.reward.k, cfg.seed).rows["train"]
@@ -57,11 +68,13 @@ def main() -> int:
     ap.add_argument("--epochs", type=float, default=4, help="warm-start epochs (the CPU config's 4)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--avx2", action="store_true", help="hold torch and oneDNN to AVX2 kernels")
-    ap.add_argument("--child", choices=["reuse", "plain"], help=argparse.SUPPRESS)
+    ap.add_argument("--baseline", choices=["plain", "before"], default="before",
+                    help="plain: no bottom cache; before: no cache and the fused head on every position (default)")
+    ap.add_argument("--child", choices=["today", "plain", "before"], help=argparse.SUPPRESS)
     add_record_flag(ap)
     args = ap.parse_args()
     if args.child:
-        child(Path(args.out), args.child == "reuse", args.n_train, args.epochs, args.seed)
+        child(Path(args.out), args.child, args.n_train, args.epochs, args.seed)
         return 0
 
     say = Printed(__file__)
@@ -70,7 +83,8 @@ def main() -> int:
         out = Path(args.out) if args.out else Path(tmp)
         env = child_env(AVX2_ENV if args.avx2 else {}, threads=1)
         procs = {}
-        for name in ("reuse", "plain"):
+        names = ("today", args.baseline)
+        for name in names:
             folder = out / name
             folder.mkdir(parents=True, exist_ok=True)
             cmd = [sys.executable, __file__, "--child", name, "--out", str(folder), "--n_train", str(args.n_train),
@@ -88,7 +102,7 @@ def main() -> int:
 
         summary = {n: json.loads((out / n / "summary.json").read_text()) for n in procs}
         weights = {n: torch.load(out / n / "weights.pt") for n in procs}
-        diff = max(float((weights["reuse"][k] - v).abs().max()) for k, v in weights["plain"].items())
+        diff = max(float((weights["today"][k] - v).abs().max()) for k, v in weights[args.baseline].items())
         say(f"warm start of {args.n_train} windows x {args.epochs:g} epochs, seed {args.seed}, two runs side by side, "
             f"one torch thread each")
         say("| run | train_runtime | steps | s/step | wall (with loading) |")
@@ -96,8 +110,10 @@ def main() -> int:
         for n in procs:
             s = summary[n]
             say(f"| {n} | {s['seconds']:.0f} s | {s['steps']} | {s['seconds'] / s['steps']:.2f} | {walls[n]:.0f} s |")
-        ratio = summary["reuse"]["seconds"] / summary["plain"]["seconds"]
-        say(f"reuse/plain train_runtime: {ratio:.2f}x; cache: {summary['reuse']['frozen_bottom_cache']}")
+        ratio = summary["today"]["seconds"] / summary[args.baseline]["seconds"]
+        say(f"today/{args.baseline} train_runtime: {ratio:.2f}x; cache: {summary['today']['frozen_bottom_cache']}")
+        said = {n: summary[n].get("train_loss") for n in names}
+        say(f"training loss: {said}")
         say(f"largest weight difference between the two trained models: {diff:.2e}")
         say.record(args)
     return 0
