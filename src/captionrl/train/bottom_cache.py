@@ -3,8 +3,9 @@ blocks once per row, not once per epoch.
 
 Why: the LineupRL warm start (``train.warm_start``) keeps the embeddings and the bottom 20 of the embedded
 model's 30 blocks frozen and passes over the same 128 windows four times. A frozen bottom maps a row's tokens
-to the same hidden states every epoch, and its no-grad forward is about a third of a CPU step (measured:
-1.9 s of 5.3 s for 8 windows of ~185 tokens, one thread; ``bench/bench_warm_start_cache.py``). Keyed by the
+to the same hidden states every epoch, and its no-grad forward is about a third of a CPU step (profiled: 1.9
+s of 5.3 s for 8 windows of ~185 tokens, one thread; both cuts together: ``bench/bench_warm_start_cache.py``,
+docs/main-job.md "Time"). Keyed by the
 row's tokens, the boundary states are stored the first time a row is seen and handed to the top blocks
 afterwards: the same function, so the same training up to float rounding (``tests/test_bottom_cache.py``
 trains with and without the cache and compares the weights).
