@@ -146,7 +146,7 @@ def main() -> None:
                     help="torch threads per run (default: 1 side by side, torch's default with --sequential; "
                          "--sequential --threads 1 is issue 32's condition with the machine to each run)")
     ap.add_argument("--native_dtype", action="store_true", help="let each config choose its verifier dtype")
-    ap.add_argument("--avx2", action="store_true", help="torch and oneDNN held to AVX2 kernels (no native bf16)")
+    ap.add_argument("--avx2", action="store_true", help="torch, oneDNN and MKL held to AVX2 kernels (no AVX512, no native bf16)")
     ap.add_argument("--out", default=None, help="keep the runs here (default: a temporary folder)")
     ap.add_argument("--collect", action="store_true",
                     help="run nothing: print and record the table from the finished runs under --out")

@@ -8,8 +8,8 @@ Both run ``train.max_steps`` steps with evaluation and the reward preflight off 
 one torch thread, no checkpoints; each run is its own process (``captionrl train lineup``) and the
 numbers come from its ``timing.json``.
 
-``--avx2`` adds the same two runs with torch and oneDNN held to AVX2 kernels (``ATEN_CPU_CAPABILITY=avx2``,
-``ONEDNN_MAX_CPU_ISA=AVX2``): the CPU then behaves like one without native bf16 (a laptop or a common
+``--avx2`` adds the same two runs with torch, oneDNN and MKL held to AVX2 kernels (``ATEN_CPU_CAPABILITY=avx2``,
+``ONEDNN_MAX_CPU_ISA=AVX2``, ``MKL_ENABLE_INSTRUCTIONS=AVX2``): the CPU then behaves like one without native bf16 (a laptop or a common
 cloud VM, as in issue 12), where ``dtype: auto`` picks float32 and the old bf16 verifier is emulated.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_main_job_step.py --steps 2 --avx2
@@ -36,7 +36,11 @@ OLD = ["verifier.dtype=bfloat16", "train.max_completion_length=48", "data.instru
        "reward.number_penalty=0.0"]
 """The old defaults, as overrides of today's config (``git log -p configs/lineup-cpu.yaml``)."""
 NEW: list[str] = []
-AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+"""A CPU without AVX512 or native bf16, emulated: torch's own kernels, oneDNN's, and MKL's (torch's float32
+GEMMs go to MKL, which ignores the other two: without ``MKL_ENABLE_INSTRUCTIONS`` a 1800x576 by 576x1536
+float32 matmul ran at 106 GFLOPS on the AMX Xeon, with it at 66, one thread; before 2026-12-06 the benches
+held only the first two, so their "AVX2" float32 times were an AVX512 CPU's without native bf16)."""
 PARTS = ("generation", "reward", "verifier", "logprobs", "backward", "optimizer", "step")
 STEP_LINE = re.compile(r"step (\d+) time: generation ([\d.]+)s \| reward ([\d.]+)s \(verifier ([\d.]+)s\) \| "
                        r"logprobs ([\d.]+)s \| forward/backward ([\d.]+)s \| optimizer ([\d.]+)s \| step ([\d.]+)s")

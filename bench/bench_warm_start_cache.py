@@ -9,7 +9,7 @@ also lets the fused head score every position, as TRL does on CPU (the warm star
 
 Both start at once, one torch thread each, on the CPU config's training windows and warm-start settings
 (``configs/lineup-cpu.yaml``: 128 windows, 4 epochs, 20 of 30 blocks frozen), so they share the machine's
-conditions. ``--avx2`` holds torch and oneDNN to AVX2 kernels (a CPU without AVX512 or native bf16).
+conditions. ``--avx2`` holds torch, oneDNN and MKL to AVX2 kernels (a CPU without AVX512 or native bf16).
 ``--n_train`` and ``--epochs`` make a shorter run. The printed table is appended to ``bench/RESULTS.md``.
 
     .venv/bin/python bench/bench_warm_start_cache.py --out /tmp/bench-ws-cache
@@ -67,7 +67,7 @@ def main() -> int:
     ap.add_argument("--n_train", type=int, default=128, help="training windows (the CPU config's 128)")
     ap.add_argument("--epochs", type=float, default=4, help="warm-start epochs (the CPU config's 4)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--avx2", action="store_true", help="hold torch and oneDNN to AVX2 kernels")
+    ap.add_argument("--avx2", action="store_true", help="hold torch, oneDNN and MKL to AVX2 kernels")
     ap.add_argument("--baseline", choices=["plain", "before"], default="before",
                     help="plain: no bottom cache; before: no cache and the fused head on every position (default)")
     ap.add_argument("--child", choices=["today", "plain", "before"], help=argparse.SUPPRESS)
