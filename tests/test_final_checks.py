@@ -69,3 +69,59 @@ def test_bottleneck_column_comes_from_the_real_caption_only_predictor(tmp_path):
     diff = [items["describer"][i] - items["vague"][i] for i in items["describer"]]
     assert rows["describer"]["bottleneck_vs_vague"] == pytest.approx(float(np.mean(diff)), abs=1e-4)
     assert not any("failed" in n for n in out.get("notes", []))
+
+
+def _windows(n: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    out = {}
+    for j in range(n):
+        slope = (-1, 0, 1)[j % 3] * 2.0
+        out[f"w{j}"] = (50 + slope * np.arange(16) + rng.normal(0, 0.3, 16)).round(2)
+    return out
+
+
+def test_verdict_is_taken_against_rl_start_point_with_the_initial_model_as_second_reference(tmp_path):
+    """A run whose RL changed nothing over its warm start is 'not better' against that start point, however
+    much the warm start beat the untrained model: the warm start's gain is reported as the second reference."""
+    from captionrl.train.lineup_eval import verdict_references
+
+    series = _windows(24)
+    honest = {i: describe_series(v) for i, v in series.items()}
+    silent = dict.fromkeys(series, "This is a time series of sixteen values here.")
+    systems = {"trained": honest, "warm start": honest, "initial": silent}
+    refs = verdict_references(list(systems))
+    assert list(refs) == ["warm start", "initial"]
+    out = run_final_checks(systems, series, tmp_path, references=refs)
+    assert out["verdict"]["systems"] == ["trained", "warm start"]
+    assert out["verdict"]["outcome"] == "not better"
+    assert out["verdict"]["line"].startswith("verdict against RL's start point (the warm start): NOT BETTER")
+    (second,) = out["reference_verdicts"]
+    assert second["systems"] == ["trained", "initial"] and second["outcome"] == "better"
+    text = (tmp_path / "final_checks.md").read_text()
+    assert "Reference, trained vs initial: verdict against the initial model: BETTER" in text
+    # without a warm start the initial model decides, as before
+    assert list(verdict_references(["trained", "initial"])) == ["initial"]
+    with pytest.raises(Exception, match="references"):
+        run_final_checks(systems, series, tmp_path / "x", references={"nobody": "a model"})
+
+
+def test_checks_per_corpus_report_each_group_with_its_own_verdict(tmp_path):
+    """A captioner right about one corpus and silent about another: the per-corpus table shows both, so a gain
+    on one cannot hide a loss on the other."""
+    from captionrl.eval.final_checks import run_final_checks_by_group
+
+    series = _windows(24)
+    ids = sorted(series)
+    groups = {"first": ids[:12], "second": ids[12:]}
+    silent = "This is a time series of sixteen values here."
+    trained = {i: describe_series(series[i]) if i in groups["first"] else silent for i in ids}
+    initial = dict.fromkeys(ids, silent)
+    out = run_final_checks_by_group({"trained": trained, "initial": initial}, series, groups, tmp_path)
+    rows = {(r["corpus"], r["system"]): r for r in out["rows"]}
+    assert rows[("first", "trained")]["direction_right"] == 1.0 and rows[("first", "trained")]["n"] == 12
+    assert rows[("second", "trained")]["direction_right"] == 0.0
+    assert out["verdicts"]["first"][0]["outcome"] == "better"
+    assert out["verdicts"]["second"][0]["outcome"] == "worse"  # one silent sentence for every window
+    text = (tmp_path / "by_corpus.md").read_text()
+    assert "| first | trained | 12 | 1.000" in text and "- second: verdict against the initial model: WORSE" in text
+    assert (tmp_path / "first" / "final_checks.json").is_file()

@@ -1,4 +1,4 @@
-"""What a caption describes, checked by code, and the one-line verdict of a run against its initial model.
+"""What a caption describes, checked by code, and the one-line verdict of a run against the model it started from.
 
 Numbers alone made our checks call copying an improvement: a captioner that wrote "355.10" or "The series
 starts at 359.10, which is the first value in the series." for every window scored well on the span audit,
@@ -27,7 +27,8 @@ because one correct value is a share of 1.0 of its claims. These checks read des
   be: "..., and is rising overall." said of falling windows too). A fixed answer form whose direction tracks
   the window is terse, not degenerate.
 
-``verdict`` compares the trained captioner with its initial model item by item (paired 95% t-intervals over
+``verdict`` compares the trained captioner with a reference model (the model its RL started from: a warm start
+where the run has one, else the initial model) item by item (paired 95% t-intervals over
 the held-out windows) and says **better**, **not better** or **worse**, naming the checks that decided it.
 """
 
@@ -164,18 +165,20 @@ class Comparison:
 
 @dataclass(frozen=True)
 class Verdict:
-    """The run against its initial model: ``better``, ``not better`` or ``worse``, and why."""
+    """The run against its reference model: ``better``, ``not better`` or ``worse``, and why."""
 
     outcome: str
     reasons: list[str]
     comparisons: list[Comparison] = field(default_factory=list)
     degenerated: bool = False
+    reference: str = "the initial model"
 
     def line(self) -> str:
-        return f"verdict against the initial model: {self.outcome.upper()}: " + "; ".join(self.reasons)
+        return f"verdict against {self.reference}: {self.outcome.upper()}: " + "; ".join(self.reasons)
 
     def to_json(self) -> dict[str, Any]:
         return {"outcome": self.outcome, "degenerated": self.degenerated, "reasons": self.reasons, "line": self.line(),
+                "reference": self.reference,
                 "comparisons": [{"check": c.check, "diff": round(c.diff, 4), "ci": [round(c.lo, 4), round(c.hi, 4)],
                                  "higher_is_better": c.higher_is_better} for c in self.comparisons]}
 
@@ -200,8 +203,10 @@ def compare(trained: Mapping[str, float], initial: Mapping[str, float], check: s
     return Comparison(check, *mi, higher_is_better)
 
 
-def verdict(trained: Mapping[str, Mapping[str, float]], initial: Mapping[str, Mapping[str, float]]) -> Verdict:
-    """Trained vs initial on per-item checks (``PER_ITEM`` plus ``red`` and, when measured, ``bottleneck_mse``).
+def verdict(trained: Mapping[str, Mapping[str, float]], initial: Mapping[str, Mapping[str, float]],
+            reference: str = "the initial model") -> Verdict:
+    """Trained vs a reference model (``initial``: the model RL started from, or the untrained one) on per-item
+    checks (``PER_ITEM`` plus ``red`` and, when measured, ``bottleneck_mse``); ``reference`` names it in the line.
 
     worse: the trained captions degenerated (``DEGENERATE_SHARE`` of them under 5 words, without words, the
     instruction echoed, or one template sentence: each caption counted once), or a deciding check's interval
@@ -239,7 +244,7 @@ def verdict(trained: Mapping[str, Mapping[str, float]], initial: Mapping[str, Ma
     rest = [c for c in comparisons if c not in worse and c not in better]
     if rest:
         reasons.append("no change beyond the interval: " + ", ".join(c.text() for c in rest))
-    return Verdict(outcome, reasons, comparisons, degenerated)
+    return Verdict(outcome, reasons, comparisons, degenerated, reference)
 
 
 def verdicts_over_runs(verdicts: Sequence[Mapping[str, Any]]) -> dict[str, int]:

@@ -19,9 +19,10 @@ For each system (the trained captioner, the initial one, ...) on the held-out it
   shuffled-caption controls, with the paired difference between the first two systems.
 
 Every share and accuracy carries a 95% interval over the held-out windows (``*_ci``). The first system is
-compared with the second (the trained captioner with its initial model) item by item, and the summary ends
-with a one-line **verdict**: better, not better or worse, naming the checks that decided it
-(``eval.description.verdict``).
+compared item by item with its references (by default the second system; a warm-started run names the model
+its RL started from first and the initial model second), and the summary ends with a one-line **verdict**
+against the first reference: better, not better or worse, naming the checks that decided it
+(``eval.description.verdict``); the verdicts against the other references follow as reference lines.
 
 ``run_final_checks`` writes ``final_checks.md`` and ``final_checks.json`` and returns the summary.
 """
@@ -156,13 +157,23 @@ def run_final_checks(systems: Mapping[str, Mapping[str, str]], series: Mapping[s
                      identification: Mapping[str, Any] | None = None, guard: TranscriptionConfig | None = None,
                      tolerance: float = 0.35, clipped: Mapping[str, Mapping[str, bool]] | None = None,
                      bottleneck: bool = False, bottleneck_folds: int = 5,
-                     instruction: str | None = None) -> dict[str, Any]:
-    """Every check above for every system, and the first system's verdict against the second; writes
-    ``final_checks.{md,json}`` under ``out_dir``. ``instruction``: the captioning instruction (echo check)."""
+                     instruction: str | None = None,
+                     references: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Every check above for every system, and the first system's verdict against each reference; writes
+    ``final_checks.{md,json}`` under ``out_dir``. ``instruction``: the captioning instruction (echo check).
+    ``references``: system name -> how the verdict line names it, the deciding reference first (default: the
+    second system, named "the <name> model"); the bottleneck's paired difference is taken against it too."""
     from captionrl.eval.description import description_checks, summarise, verdict
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    names = list(systems)
+    refs = dict(references) if references is not None else (
+        {names[1]: f"the {names[1]} model"} if len(names) >= 2 else {})
+    unknown = [r for r in refs if r not in systems or r == names[0]]
+    if unknown:
+        raise DataError("references", unknown, f"not among the compared systems {names[1:]}",
+                        "name systems given to run_final_checks, other than the first")
     ident = identification_columns(identification)
     rows = []
     per_item: dict[str, dict[str, dict[str, float]]] = {}
@@ -187,15 +198,16 @@ def run_final_checks(systems: Mapping[str, Mapping[str, str]], series: Mapping[s
                 row["bottleneck_mse"] = mse[row["system"]]["mse"]
                 row["bottleneck_mse_ci"] = mse[row["system"]]["ci"]
                 per_item[row["system"]]["bottleneck_mse"] = dict(mse[row["system"]]["items"])
-        names = list(systems)
-        if len(names) >= 2 and names[0] in mse and names[1] in mse:  # paired: the same folds, item by item
-            from captionrl.eval.stats import mean_interval
+        first = names[0]
+        for ref in refs:  # paired: the same folds, item by item
+            if first in mse and ref in mse:
+                from captionrl.eval.stats import mean_interval
 
-            a, b = mse[names[0]]["items"], mse[names[1]]["items"]
-            diff = mean_interval([a[i] - b[i] for i in a if i in b])
-            if diff is not None:
-                rows[0]["bottleneck_vs_" + names[1]] = round(diff[0], 4)
-                rows[0]["bottleneck_vs_" + names[1] + "_ci"] = [round(diff[1], 4), round(diff[2], 4)]
+                a, b = mse[first]["items"], mse[ref]["items"]
+                diff = mean_interval([a[i] - b[i] for i in a if i in b])
+                if diff is not None:
+                    rows[0]["bottleneck_vs_" + ref] = round(diff[0], 4)
+                    rows[0]["bottleneck_vs_" + ref + "_ci"] = [round(diff[1], 4), round(diff[2], 4)]
         for control in ("empty caption", "shuffled caption"):
             if control in mse:
                 rows.append({"system": control, "bottleneck_mse": mse[control]["mse"],
@@ -203,12 +215,13 @@ def run_final_checks(systems: Mapping[str, Mapping[str, str]], series: Mapping[s
     if not any(k.endswith("_eval_mean") and v is not None for r in rows for k, v in r.items()):
         notes.append("no evaluation verifier other than the training verifier is configured (eval.verifiers): "
                      "c2s[train] is what the policy was trained on and is no evidence of quality")
-    names = list(systems)
-    judged = verdict(per_item[names[0]], per_item[names[1]]).to_json() if len(names) >= 2 else None
-    if judged is not None:
-        judged["systems"] = names[:2]
+    judged = []
+    for ref, label in refs.items():
+        v = verdict(per_item[names[0]], per_item[ref], reference=label).to_json()
+        v["systems"] = [names[0], ref]
+        judged.append(v)
     summary = {"protocol": "final-checks", "rows": rows, "columns": _columns(rows), "notes": notes,
-               "verdict": judged, "per_item": per_item,
+               "verdict": judged[0] if judged else None, "reference_verdicts": judged[1:], "per_item": per_item,
                "config": {"tolerance": tolerance, "bottleneck": bottleneck, "instruction": instruction,
                           "guard": vars(guard or TranscriptionConfig())}}
     write_json(out / "final_checks.json", summary)
@@ -250,6 +263,8 @@ def markdown(summary: Mapping[str, Any]) -> str:
     if summary.get("verdict"):
         v = summary["verdict"]
         lines += ["", f"**{v['systems'][0]} vs {v['systems'][1]}**: {v['line']}"]
+    for v in summary.get("reference_verdicts", []):
+        lines += ["", f"Reference, {v['systems'][0]} vs {v['systems'][1]}: {v['line']}"]
     return "\n".join(lines) + "\n"
 
 
@@ -257,3 +272,42 @@ def _cell(v: Any) -> str:
     if v is None:
         return ""
     return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
+BY_GROUP_COLUMNS = ("n", "direction_right", "direction_skill", "other_facts", "key_facts", "extrema_right", "red",
+                    "degenerate", "same_sentence")
+"""The columns of the per-corpus table (each with its interval over that corpus's windows)."""
+
+
+def run_final_checks_by_group(systems: Mapping[str, Mapping[str, str]], series: Mapping[str, Any],
+                              groups: Mapping[str, Sequence[str]], out_dir: str | Path, **kwargs: Any) -> dict[str, Any]:
+    """The final checks (without the bottleneck, which needs every window) once per group of items (a corpus
+    or domain): ``out_dir/<group>/final_checks.*`` each, and ``out_dir/by_corpus.{md,json}`` with one row per
+    group and system and each group's verdict, so a gain on one corpus cannot hide a loss on another."""
+    out = Path(out_dir)
+    table: list[dict[str, Any]] = []
+    verdicts: dict[str, Any] = {}
+    for group, ids in groups.items():
+        keep = set(ids)
+        sub = run_final_checks({name: {i: c for i, c in caps.items() if i in keep} for name, caps in systems.items()},
+                               {i: v for i, v in series.items() if i in keep}, out / group,
+                               **{**kwargs, "bottleneck": False, "identification": None})
+        for row in sub["rows"]:
+            table.append({"corpus": group, "system": row["system"],
+                          **{c: row.get(c) for c in BY_GROUP_COLUMNS},
+                          **{f"{c}_ci": row.get(f"{c}_ci") for c in BY_GROUP_COLUMNS if row.get(f"{c}_ci")}})
+        verdicts[group] = [sub["verdict"], *sub.get("reference_verdicts", [])] if sub.get("verdict") else []
+    summary = {"protocol": "final-checks-by-corpus", "rows": table, "verdicts": verdicts,
+               "columns": ["corpus", "system", *BY_GROUP_COLUMNS]}
+    write_json(out / "by_corpus.json", summary)
+    lines = ["| " + " | ".join(summary["columns"]) + " |", "|" + "---|" * len(summary["columns"])]
+    for r in table:
+        cells = [str(r["corpus"]), str(r["system"])]
+        for c in BY_GROUP_COLUMNS:
+            ci = r.get(f"{c}_ci")
+            cells.append(_cell(r.get(c)) + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci and r.get(c) is not None else ""))
+        lines.append("| " + " | ".join(cells) + " |")
+    for group, vs in verdicts.items():
+        lines += [f"- {group}: " + " / ".join(v["line"] for v in vs)] if vs else []
+    (out / "by_corpus.md").write_text("\n".join(lines) + "\n")
+    return summary

@@ -3,7 +3,9 @@
 ``select_checkpoint`` (the paper's Table 4 rule: the checkpoint whose greedy captions earn the highest
 training reward on the validation items) and ``evaluate``: the trained (and the initial) captioner caption
 the test items greedily; identification under verifiers that took no part in training (the training
-verifier in its own column, never in the mean) and the final checks (``eval.final_checks``) judge them.
+verifier in its own column, never in the mean) and the final checks (``eval.final_checks``) judge them, with
+the verdict taken against the model RL started from (the warm start, where there is one) and the initial
+model as a second reference.
 """
 
 from __future__ import annotations
@@ -23,6 +25,19 @@ from captionrl.rewards.reward import Reward
 from captionrl.train.lineup_config import LineupConfig, eval_verifier
 
 logger = logging.getLogger(__name__)
+
+WARM_START = "warm start"
+"""The final checks' row of the warm-started model: the model a warm-started run's RL started from."""
+
+REFERENCE_NAMES = {WARM_START: "RL's start point (the warm start)", "initial": "the initial model"}
+
+
+def verdict_references(systems: Sequence[str]) -> dict[str, str]:
+    """The trained captioner's references in the final checks, the deciding one first: the model its RL
+    started from (the warm start, where the run has one; else the initial model), then the initial model as
+    a second reference, so a warm start's gain is never credited to RL."""
+    return {name: REFERENCE_NAMES[name] for name in (WARM_START, "initial") if name in systems}
+
 
 def load_checkpoint_policy(cfg: LineupConfig, ckpt: Path) -> Any:
     """A checkpoint's policy for inference: full weights, or the base model plus the saved LoRA adapters."""
@@ -116,6 +131,13 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
     clipped: dict[str, dict[str, bool]] = {"trained": {}, "initial": {}}
     systems = [CaptionSet("trained", generate_captions(policy, processing, rows, max_new, use_chart, "trained",
                                                        clipped["trained"]))]
+    warm = out_dir.parent / "warm_start" / "model"
+    if cfg.warm_start.enabled and warm.is_dir():  # RL's start point: the verdict's reference
+        model = load_checkpoint_policy(cfg, warm)
+        clipped[WARM_START] = {}
+        systems.append(CaptionSet(WARM_START, generate_captions(model, processing, rows, max_new, use_chart,
+                                                                WARM_START, clipped[WARM_START])))
+        del model
     if cfg.eval.compare_initial:
         from captionrl.train.common import load_policy
         from captionrl.train.sharding import to_inference_device
@@ -125,13 +147,6 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
         systems.append(CaptionSet("initial", generate_captions(base, base_proc, rows, max_new, use_chart, "initial",
                                                                clipped["initial"])))
         del base
-    warm = out_dir.parent / "warm_start" / "model"
-    if cfg.warm_start.enabled and warm.is_dir():  # what RL added over the warm start, beside what the run did in all
-        model = load_checkpoint_policy(cfg, warm)
-        clipped["warm start"] = {}
-        systems.append(CaptionSet("warm start", generate_captions(model, processing, rows, max_new, use_chart,
-                                                                  "warm start", clipped["warm start"])))
-        del model
     items = [data.pool[r["item_id"]] for r in rows]
     distractors = {r["item_id"]: list(r["candidate_ids"][1:]) for r in rows}
     train_name = TRAIN_VERIFIER if cfg.eval.train_verifier else None
@@ -155,9 +170,21 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
         checks = run_final_checks({s.name: s.captions for s in systems}, {it.id: it.values for it in items}, out_dir,
                                   identification=summary.summary(), guard=cfg.reward.counting(),
                                   tolerance=cfg.reward.factuality_tolerance, clipped=clipped,
-                                  bottleneck=cfg.eval.bottleneck, instruction=cfg.instruction())
+                                  bottleneck=cfg.eval.bottleneck, instruction=cfg.instruction(),
+                                  references=verdict_references([s.name for s in systems]))
         result["final_checks"] = str(out_dir / "final_checks.md")
         result["final_rows"] = checks["rows"]
+        groups: dict[str, list[str]] = {}
+        for it in items:
+            groups.setdefault(it.domain or "default", []).append(it.id)
+        if len(groups) > 1:  # held-out corpora: each reported on its own
+            from captionrl.eval.final_checks import run_final_checks_by_group
+
+            run_final_checks_by_group({s.name: s.captions for s in systems}, {it.id: it.values for it in items},
+                                      groups, out_dir / "by_corpus", guard=cfg.reward.counting(),
+                                      tolerance=cfg.reward.factuality_tolerance, instruction=cfg.instruction(),
+                                      references=verdict_references([s.name for s in systems]))
+            result["by_corpus"] = str(out_dir / "by_corpus" / "by_corpus.md")
         if checks.get("verdict"):
             result["verdict"] = checks["verdict"]
             logger.info(checks["verdict"]["line"])

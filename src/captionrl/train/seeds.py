@@ -4,9 +4,10 @@
 each seed folder resumes on its own, and a seed whose ``result.json`` exists is not rerun), then writes
 ``seeds.json``, ``seeds.md`` and ``seeds.png`` in ``train.out_dir``:
 
-- per seed, the final checks of the trained and the initial model (``eval/final_checks.json``);
-- over seeds, each check's mean with a 95% Student-t interval, for the trained model, the initial model
-  and their paired difference (trained minus initial, seed by seed);
+- per seed, the final checks of the trained model, the model its RL started from (the warm start, where
+  the run has one) and the initial model (``eval/final_checks.json``);
+- over seeds, each check's mean with a 95% Student-t interval, per model and for the paired differences
+  (trained minus its RL start point, then trained minus initial, seed by seed);
 - the reward's first and last logged value per seed, and each seed's reward curve in ``seeds.png``.
 
 The initial model differs between seeds only through its sampled held-out windows and distractors (greedy
@@ -24,6 +25,7 @@ from typing import Any
 
 from captionrl.errors import ConfigError
 from captionrl.records import write_json
+from captionrl.train.lineup_eval import WARM_START as WARM  # the warm-started model's row
 
 logger = logging.getLogger(__name__)
 
@@ -82,8 +84,6 @@ def run_seeds(cfg: Any, run_one: Callable[[Any], Mapping[str, Any]]) -> dict[str
     return {**summary, "table": str(base / "seeds.md")}
 
 
-WARM = "warm start"
-"""The final checks' row of the warm-started model (``train.warm_start``), when the run had one."""
 
 
 def seed_row(seed: int, out: Path, result: Mapping[str, Any]) -> dict[str, Any]:
@@ -122,8 +122,9 @@ def aggregate(per_seed: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
     rows = []
     warm = any(WARM in s["systems"] for s in per_seed)  # a warm-started run: what RL added to the warm start too
-    pairs = [("trained", "initial"), *([("trained", WARM)] if warm else [])]
-    for system in ("trained", "initial", *([WARM] if warm else []), *(f"{a} - {b}" for a, b in pairs)):
+    # what RL added (trained minus its start point) first; trained minus the untrained model is a second reference
+    pairs = [*([("trained", WARM)] if warm else []), ("trained", "initial")]
+    for system in ("trained", *([WARM] if warm else []), "initial", *(f"{a} - {b}" for a, b in pairs)):
         row: dict[str, Any] = {"system": system}
         for check in CHECKS:
             vals = []
