@@ -10,6 +10,7 @@ also applies to every batch, so a bad set fails with the same message from eithe
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,7 @@ class LineupDataConfig:
     instruction: str | None = help_field(None, "the captioning instruction after the numbers (null = the default of captionrl.domains.captioning); a short-answer instruction lets a small model finish its caption within the token budget")
     prepared: str | None = help_field(None, "a folder written by 'captionrl data prepare': its splits, items and lineups (corpus, window, splits, candidates_file and distractors are then unused)")
     balance: str | None = help_field(None, "direction: draw the training items in equal numbers per overall direction (rises, falls, stays flat; as far as the split has them), so that one direction said of every window is right a third of the time, not as often as the corpus rises; null: a plain seeded sample")
+    test_corpora: list[str] | None = help_field(None, "held-out corpora whose windows are the test items, never trained on: names of captionrl.domains.held_out (fertility, stocks, eeg; other domains than the embedded corpus), drawn in equal numbers per corpus and reported per corpus; null: the test split of data.corpus (later windows of the training series)")
     chart_size: list[int] = help_field([448, 448], "chart width and height in pixels for a chart-reading policy (policy.input: chart); the LineupRL authors' config draws 600x300")
 
     def __post_init__(self) -> None:
@@ -68,6 +70,22 @@ class LineupDataConfig:
         if self.balance not in (None, "direction"):
             raise ConfigError("data.balance", self.balance, "unknown balance", "use direction, or null")
         check_chart_size(self.chart_size, "data.chart_size")
+        if self.test_corpora is not None:
+            from captionrl.domains.held_out import HELD_OUT
+
+            if isinstance(self.test_corpora, str):
+                self.test_corpora = [self.test_corpora]
+            unknown = [c for c in self.test_corpora if c not in HELD_OUT]
+            if unknown or not self.test_corpora:
+                from captionrl.registry import suggest
+
+                raise ConfigError("data.test_corpora", self.test_corpora,
+                                  f"{unknown[0]!r} is not a held-out corpus" if unknown else "names no held-out corpus",
+                                  suggest(unknown[0] if unknown else "", list(HELD_OUT)))
+            if self.prepared or self.candidates_file:
+                raise ConfigError("data.test_corpora", self.test_corpora, "set together with a prepared folder or "
+                                  "a candidates file, which carry their own test items",
+                                  "set data.test_corpora: null, or mine here (data.prepared and data.candidates_file null)")
         if self.n_val < 0 or self.n_test < 0 or (self.n_train is not None and self.n_train < 1):
             raise ConfigError("data.n_train/n_val/n_test", (self.n_train, self.n_val, self.n_test),
                               "item counts must be positive (n_val, n_test may be 0)", "set e.g. n_train: 64, n_test: 16")
@@ -140,6 +158,8 @@ def build_lineup_data(cfg: LineupDataConfig, k: int, seed: int, *, k_field: str 
             # warm start's directions are: a slope-only label left 49 flat, 41 rising, 38 falling of 128
             labels = [overall_direction(np.asarray(pool[cs.item_id].values, dtype=float)) for cs in found]
             chosen = balanced_choice(labels, n, np.random.default_rng([seed, i]))
+        elif split == "test" and cfg.test_corpora:  # as many windows of each held-out corpus as it allows
+            chosen = balanced_choice([pool[cs.item_id].domain for cs in found], n, np.random.default_rng([seed, i]))
         elif n is not None and n < len(found):
             rng = np.random.default_rng([seed, i])
             chosen = sorted(rng.choice(len(found), size=n, replace=False).tolist())
@@ -175,6 +195,12 @@ def _mine(cfg: LineupDataConfig, k: int, seed: int) -> tuple[list[CandidateSet],
 
     corpus = load_embedded_corpus(cfg.series) if cfg.corpus == "embedded" and cfg.series else cfg.corpus
     windows = split_windows(corpus, cfg.window, stride=cfg.stride, fractions=cfg.splits)
+    if cfg.test_corpora:  # whole series of other domains; the training series' own later windows stay unused
+        from captionrl.domains.held_out import load_held_out
+        from captionrl.domains.timeseries import window
+
+        windows["test"] = [dataclasses.replace(w, split="test") for s in load_held_out(cfg.test_corpora)
+                           for w in window(s, cfg.window, cfg.stride)]
     wanted = {split: windows.get(split, []) for split, n in cfg.wanted().items() if n != 0}
     for split, items in wanted.items():
         if len(items) < k:
