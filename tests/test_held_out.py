@@ -48,6 +48,6 @@ def test_test_items_come_only_from_held_out_corpora_in_equal_numbers_and_never_f
 def test_unknown_held_out_corpus_or_a_conflicting_source_is_a_named_error(tmp_path):
     with pytest.raises(ConfigError, match=r"data\.test_corpora.*'fertilty'.*did you mean 'fertility'"):
         LineupDataConfig(test_corpora=["fertilty"])
-    with pytest.raises(ConfigError, match="data.test_corpora.*candidates file"):
+    with pytest.raises(ConfigError, match=r"data\.test_corpora.*candidates file"):
         LineupDataConfig(test_corpora=["eeg"], candidates_file=str(tmp_path / "c.jsonl"))
     assert LineupDataConfig(test_corpora="eeg").test_corpora == ["eeg"]  # a key=value override gives one name
