@@ -50,4 +50,5 @@ def test_unknown_held_out_corpus_or_a_conflicting_source_is_a_named_error(tmp_pa
         LineupDataConfig(test_corpora=["fertilty"])
     with pytest.raises(ConfigError, match=r"data\.test_corpora.*candidates file"):
         LineupDataConfig(test_corpora=["eeg"], candidates_file=str(tmp_path / "c.jsonl"))
-    assert LineupDataConfig(test_corpora="eeg").test_corpora == ["eeg"]  # a key=value override gives one name
+    assert LineupDataConfig(test_corpora="eeg").test_corpora == ["eeg"]  # key=value overrides
+    assert LineupDataConfig(test_corpora="eeg, stocks").test_corpora == ["eeg", "stocks"]

@@ -73,8 +73,8 @@ class LineupDataConfig:
         if self.test_corpora is not None:
             from captionrl.domains.held_out import HELD_OUT
 
-            if isinstance(self.test_corpora, str):
-                self.test_corpora = [self.test_corpora]
+            if isinstance(self.test_corpora, str):  # a key=value override: one name, or names with commas
+                self.test_corpora = [c.strip() for c in self.test_corpora.split(",") if c.strip()]
             unknown = [c for c in self.test_corpora if c not in HELD_OUT]
             if unknown or not self.test_corpora:
                 from captionrl.registry import suggest
