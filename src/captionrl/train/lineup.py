@@ -33,7 +33,8 @@ from captionrl.rewards.spec import RewardSpec
 from captionrl.train import common
 from captionrl.train.common import probe_servers, run_summary
 from captionrl.train.lineup_config import LineupConfig, LineupEvalConfig, eval_backends
-from captionrl.train.lineup_eval import evaluate, load_checkpoint_policy, select_checkpoint
+from captionrl.train.lineup_eval import WARM_START, evaluate, load_checkpoint_policy, select_checkpoint
+from captionrl.train.progress import ProgressCallback, RunProgress, Stage
 from captionrl.train.skeleton import Recipe, Run, train
 
 logger = logging.getLogger(__name__)
@@ -96,6 +97,7 @@ class LineupRecipe(Recipe):
         self.samples: Any = None
         self.questions: dict[str, Any] | None = None
         self.warm: dict[str, Any] | None = None  # the warm start's summary, when the run had one
+        self.progress: RunProgress | None = None
 
     def servers(self) -> list[tuple[Any, str]]:
         cfg = self.cfg  # the evaluation verifiers are only needed (and probed) when the run evaluates
@@ -133,12 +135,15 @@ class LineupRecipe(Recipe):
         if cfg.warm_start.enabled and self.use_chart:
             raise ConfigError("warm_start.epochs", cfg.warm_start.epochs, f"{cfg.policy.model} reads charts and the "
                               "warm start teaches a captioner that reads numbers", "set warm_start.epochs: 0")
+        self.progress = run_progress(cfg, run.data)
         if cfg.warm_start.enabled:
             from captionrl.train.warm_start import anchor_reference, warm_start
 
             if run.resume_from is None:  # a resumed run's checkpoint holds the warm-started weights
-                self.warm = warm_start(cfg, run.data.rows["train"], run.model, run.processing, run.out)
+                self.warm = warm_start(cfg, run.data.rows["train"], run.model, run.processing, run.out,
+                                       callbacks=[ProgressCallback(self.progress, WARM_START)])
             anchor_reference(run.model, run.out)  # train.beta's KL reference: the warm start, not the base model
+        self.progress.finish(WARM_START)
 
     def rows(self, run: Run, split: str = "train") -> list[dict[str, Any]]:
         rows = run.data.rows[split]
@@ -148,6 +153,10 @@ class LineupRecipe(Recipe):
         from datasets import Dataset
 
         return Dataset.from_list(self.rows(run))
+
+    def callbacks(self, run: Run) -> list[Any]:
+        progress = [ProgressCallback(self.progress, "RL")] if self.progress is not None else []
+        return [*super().callbacks(run), *progress]
 
     def reward_functions(self, run: Run) -> list[Any]:
         from captionrl.train.logging import SampleLog
@@ -170,7 +179,12 @@ class LineupRecipe(Recipe):
     def preflight(self, run: Run) -> None:
         """The describer's caption must beat every hacking probe under the trainer's own reward."""
         assert self.reward_function is not None
+        if self.progress is not None:
+            self.progress.start("preflight")
         preflight(self.cfg, self.rows(run), self.reward_function.quiet(), run.out)
+        if self.progress is not None:
+            self.progress.advance(self.progress.stages["preflight"].units if "preflight" in self.progress.stages else 0)
+            self.progress.finish("preflight")
 
     def close(self, run: Run) -> None:
         if self.samples is not None:
@@ -190,8 +204,33 @@ class LineupRecipe(Recipe):
         if cfg.eval.enabled and data.rows.get("test"):
             best = result.get("selection", {}).get("checkpoint")
             policy = load_checkpoint_policy(cfg, Path(best)) if best else common.unwrap_for_inference(run.trainer)
-            result["eval"] = evaluate(cfg, data, policy, run.processing, self.verifier, out / "eval", self.use_chart)
+            if self.progress is not None:
+                self.progress.start("final checks")
+            result["eval"] = evaluate(cfg, data, policy, run.processing, self.verifier, out / "eval", self.use_chart,
+                                      progress=self.progress)
+            if self.progress is not None:
+                self.progress.finish("final checks")
         return result
+
+
+REFERENCE_SECONDS = {WARM_START: 10.8, "preflight": 18.0, "RL": 35.6, "final checks": 1.5}
+"""Seconds per unit of each stage of the main job on the slowest CPU met (2-core AMD EPYC, AVX2 only, both
+threads, the verifier in float32): a warm-start step, a preflight item, an RL step, a held-out window captioned
+by one system. The progress line scales them by this machine's measured speed."""
+
+
+def run_progress(cfg: LineupConfig, data: LineupData) -> RunProgress:
+    """The whole run's progress line: warm start steps, preflight items, RL steps, final-check captions."""
+    n_train = len(data.rows["train"])
+    ws = cfg.warm_start
+    warm_steps = -(-n_train // ws.batch_size) * round(ws.epochs) if ws.enabled else 0
+    n_test = len(data.rows.get("test", [])) if cfg.eval.enabled else 0
+    systems = 1 + int(cfg.eval.compare_initial) + int(ws.enabled)
+    ref = REFERENCE_SECONDS
+    return RunProgress([Stage(WARM_START, warm_steps, ref[WARM_START]),
+                        Stage("preflight", min(cfg.train.preflight_items, n_train), ref["preflight"]),
+                        Stage("RL", int(cfg.train.max_steps) if cfg.train.max_steps > 0 else 0, ref["RL"]),
+                        Stage("final checks", systems + 1, ref["final checks"] * n_test)])
 
 
 def run(cfg: LineupConfig, verifier: Any = None) -> dict[str, Any]:

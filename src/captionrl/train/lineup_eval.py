@@ -120,8 +120,13 @@ def generate_captions(model: Any, processing: Any, rows: Sequence[Mapping[str, A
 
 
 def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, verifier: Any,
-             out_dir: Path, use_chart: bool) -> dict[str, Any]:
-    """Held-out identification of the trained captioner (and the untrained one) via ``eval.identification``."""
+             out_dir: Path, use_chart: bool, progress: Any = None) -> dict[str, Any]:
+    """Held-out identification of the trained captioner (and the untrained one) via ``eval.identification``;
+    ``progress`` (a ``train.progress.RunProgress``) advances once per system captioned and once for the checks."""
+    def advance() -> None:
+        if progress is not None:
+            progress.advance(1)
+
     from captionrl.eval.identification import CaptionSet, IdentifyEvalConfig, run_identification
 
     rows = data.rows["test"]
@@ -131,6 +136,7 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
     clipped: dict[str, dict[str, bool]] = {"trained": {}, "initial": {}}
     systems = [CaptionSet("trained", generate_captions(policy, processing, rows, max_new, use_chart, "trained",
                                                        clipped["trained"]))]
+    advance()
     warm = out_dir.parent / "warm_start" / "model"
     if cfg.warm_start.enabled and warm.is_dir():  # RL's start point: the verdict's reference
         model = load_checkpoint_policy(cfg, warm)
@@ -138,6 +144,7 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
         systems.append(CaptionSet(WARM_START, generate_captions(model, processing, rows, max_new, use_chart,
                                                                 WARM_START, clipped[WARM_START])))
         del model
+        advance()
     if cfg.eval.compare_initial:
         from captionrl.train.common import load_policy
         from captionrl.train.sharding import to_inference_device
@@ -147,6 +154,7 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
         systems.append(CaptionSet("initial", generate_captions(base, base_proc, rows, max_new, use_chart, "initial",
                                                                clipped["initial"])))
         del base
+        advance()
     items = [data.pool[r["item_id"]] for r in rows]
     distractors = {r["item_id"]: list(r["candidate_ids"][1:]) for r in rows}
     train_name = TRAIN_VERIFIER if cfg.eval.train_verifier else None
@@ -188,4 +196,5 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
         if checks.get("verdict"):
             result["verdict"] = checks["verdict"]
             logger.info(checks["verdict"]["line"])
+    advance()
     return result

@@ -100,9 +100,10 @@ def warm_start_records(rows: Sequence[Mapping[str, Any]], precision: int, *,
     return out
 
 
-def warm_start(cfg: Any, rows: Sequence[Mapping[str, Any]], model: Any, processing: Any, out: Path) -> dict[str, Any]:
+def warm_start(cfg: Any, rows: Sequence[Mapping[str, Any]], model: Any, processing: Any, out: Path,
+               callbacks: Sequence[Any] = ()) -> dict[str, Any]:
     """Teach ``model`` (in place) the describer's captions of ``rows``, in ``out/warm_start``; returns the SFT
-    run's summary (loss, steps, where its records are)."""
+    run's summary (loss, steps, where its records are). ``callbacks``: extra ``TrainerCallback``s."""
     from captionrl.records import RecordWriter
     from captionrl.train import sft
 
@@ -129,7 +130,7 @@ def warm_start(cfg: Any, rows: Sequence[Mapping[str, Any]], model: Any, processi
                 f"{f', bottom {ws.freeze_layers} blocks frozen' if ws.freeze_layers else ''} ({folder})")
     with (frozen_bottom(model, ws.freeze_layers, field="warm_start.freeze_layers"),
           cached_frozen_bottom(model, ws.freeze_layers if ws.reuse_frozen else 0) as cache):
-        result = sft.run(sft_cfg, model=model, processing=processing)
+        result = sft.run(sft_cfg, model=model, processing=processing, callbacks=callbacks)
     return {"folder": str(folder), "steps": result.get("steps"), "train_loss": result.get("train_loss"),
             "seconds": result.get("train_seconds"), "frozen_bottom_cache": cache.summary() if cache else None}
 
