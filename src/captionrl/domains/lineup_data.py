@@ -52,6 +52,7 @@ class LineupDataConfig:
     instruction: str | None = help_field(None, "the captioning instruction after the numbers (null = the default of captionrl.domains.captioning); a short-answer instruction lets a small model finish its caption within the token budget")
     prepared: str | None = help_field(None, "a folder written by 'captionrl data prepare': its splits, items and lineups (corpus, window, splits, candidates_file and distractors are then unused)")
     balance: str | None = help_field(None, "direction: draw the training items in equal numbers per overall direction (rises, falls, stays flat; as far as the split has them), so that one direction said of every window is right a third of the time, not as often as the corpus rises; null: a plain seeded sample")
+    pin_endpoints: bool = help_field(False, "lay every distractor on its true window's start, end and trend, keeping the distractor's own shape between them (captionrl.domains.pinned), so that naming the start, the end and the direction no longer picks the window out and only what lies between them does; false: the mined windows as they are (the paper's)")
     test_corpora: list[str] | None = help_field(None, "held-out corpora whose windows are the test items, never trained on: names of captionrl.domains.held_out (fertility, stocks, eeg; other domains than the embedded corpus), drawn in equal numbers per corpus and reported per corpus; null: the test split of data.corpus (later windows of the training series)")
     chart_size: list[int] = help_field([448, 448], "chart width and height in pixels for a chart-reading policy (policy.input: chart); the LineupRL authors' config draws 600x300")
 
@@ -163,12 +164,25 @@ def build_lineup_data(cfg: LineupDataConfig, k: int, seed: int, *, k_field: str 
         elif n is not None and n < len(found):
             rng = np.random.default_rng([seed, i])
             chosen = sorted(rng.choice(len(found), size=n, replace=False).tolist())
-        rows[split] = [lineup_row(cfg, pool[found[j].item_id], candidate_series(found[j], pool, None)[1:], k, k_field)
+        rows[split] = [lineup_row(cfg, pool[found[j].item_id], _distractors(cfg, found[j], pool), k, k_field)
                        for j in chosen]
     if not rows["train"]:
         where = ("data.candidates_file", cfg.candidates_file) if cfg.candidates_file else ("data.n_train", cfg.n_train)
         raise DataError(where[0], where[1], "no training items", "check data.corpus and data.window (and the file's splits)")
     return LineupData(rows=rows, pool=pool)
+
+
+def _distractors(cfg: LineupDataConfig, cs: CandidateSet, pool: dict[str, Series]) -> list[Series]:
+    """The item's distractors, pinned to its endpoints when ``cfg.pin_endpoints`` (added to ``pool``, so an
+    evaluation finds every candidate by id)."""
+    found = candidate_series(cs, pool, None)[1:]
+    if not cfg.pin_endpoints:
+        return found
+    from captionrl.domains.pinned import pin_endpoints
+
+    pinned = [pin_endpoints(pool[cs.item_id], d, cfg.precision) for d in found]
+    pool.update({d.id: d for d in pinned})
+    return pinned
 
 
 def balanced_choice(labels: Sequence[str], n: int | None, rng: np.random.Generator) -> list[int]:
