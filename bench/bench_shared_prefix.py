@@ -3,13 +3,12 @@
 Two workloads, both with real prompts of the embedded LineupRL data and the embedded model in float32:
 
 - ``main``: the main job's step (``configs/lineup-cpu.yaml``: its window, instruction, G and batch);
-- ``long``: a ``--long_window``-value series per prompt (512 by default: the long-prompt case of issue 21),
+- ``long``: a ``--long_window``-value series per prompt (512 by default: a paper-length series),
   G=4. TRL's pass runs row by row there, one forward+backward per row with the gradients accumulated, as
   ``per_device_train_batch_size: 1`` with gradient accumulation would (its four rows at once need far more
   memory); the shared pass takes the group at once. Memory: on CPU the attention weights of every layer are
-  kept for the backward, so one ~3,600-token row of the 512-value case took more than 15 GB and was killed
-  on a 24 GB machine beside two training runs (2026-12-02); ``--long_window 256`` (~1,800 tokens) needs
-  about a quarter of that.
+  kept for the backward, so one ~3,600-token row of the 512-value case takes more than 15 GB and does not fit
+  a 24 GB machine beside other jobs; ``--long_window 256`` (~1,800 tokens) needs about a quarter of that.
 
 ``--checkpointing off on`` runs each workload without and with gradient checkpointing (non-reentrant, as
 every paper preset trains: the layers run again in the backward pass, the shared prompt cache kept through
