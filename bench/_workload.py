@@ -83,31 +83,37 @@ def cpu_line() -> str:
             f"(native bf16: {cpu_native_bf16()[0]})")
 
 
-def record_result(bench: str, flags: str, output: str, wall_s: float | None = None) -> None:
-    """Append one run's printed output to ``bench/RESULTS.md`` under a dated heading, written by the bench
-    itself so every figure quoted from it has the command and the machine beside it. The command names
-    ``OMP_NUM_THREADS`` where it is set (it changes the figures); ``wall_s``, the run's wall time, follows it."""
+def record_result(bench: str, flags: str, output: str, wall_s: float | None = None,
+                  path: str | Path | None = None) -> None:
+    """Append one run's printed output to ``path`` (the bench's ``--record FILE``) under a dated heading
+    naming the command, so a figure a person keeps has the command and the machine beside it. The command
+    names ``OMP_NUM_THREADS`` where it is set (it changes the figures); ``wall_s``, the run's wall time,
+    follows it. Nothing is written without a path: a bench prints its results and a person chooses what to
+    record in docs/results/."""
     import datetime
     import os
 
+    if path is None:
+        return
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    path = ROOT / "bench" / "RESULTS.md"
     threads = os.environ.get("OMP_NUM_THREADS")
     command = f"{f'OMP_NUM_THREADS={threads} ' if threads else ''}{bench} {flags}".strip()
     wall = f" ({wall_s:.0f} s wall)" if wall_s is not None else ""
     block = f"\n## {stamp}: `{command}`{wall}\n\n```\n{output.rstrip()}\n```\n"
-    with path.open("a") as f:
+    with Path(path).open("a") as f:
         f.write(block)
 
 
 def add_record_flag(ap: argparse.ArgumentParser) -> None:
-    """The benches' ``--no_record``: print only, append nothing to ``bench/RESULTS.md``."""
-    ap.add_argument("--no_record", action="store_true", help="print only; do not append to bench/RESULTS.md")
+    """The benches' ``--record FILE``: also append what was printed to FILE; by default a bench only prints."""
+    ap.add_argument("--record", metavar="FILE", default=None,
+                    help="also append what the bench printed, under its command and wall time, to FILE "
+                         "(default: print only)")
 
 
 class Printed:
-    """A bench's printed lines, kept so that the bench can append exactly what it printed to
-    ``bench/RESULTS.md`` (``record_result``) when it ends: call it as ``print`` with one string."""
+    """A bench's printed lines, kept so that the bench can append exactly what it printed to its
+    ``--record`` file (``record_result``) when it ends: call it as ``print`` with one string."""
 
     def __init__(self, bench_file: str, argv: list[str] | None = None) -> None:
         self.bench = Path(bench_file).name
@@ -119,12 +125,12 @@ class Printed:
         self.lines.append(text)
 
     def record(self, args: argparse.Namespace) -> None:
-        """Append the lines printed so far, with the process's wall time, unless ``--no_record`` was given."""
-        if args.no_record:
+        """Append the lines printed so far, with the process's wall time, to ``--record`` FILE if one was given."""
+        if args.record is None:
             return
         import time
 
         import psutil
 
         wall = time.time() - psutil.Process().create_time()
-        record_result(self.bench, self.flags, "\n".join(self.lines), wall)
+        record_result(self.bench, self.flags, "\n".join(self.lines), wall, args.record)

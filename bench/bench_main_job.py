@@ -13,7 +13,7 @@ code (verifier prefix sharing, the skipped old-policy pass, the batched prefligh
 verifiers are held to float32 (what ``dtype: auto`` picks on a CPU without native bf16; ``--native_dtype``
 lets each config choose) and both runs start at once with one torch thread each, so they share the
 machine's conditions (``--sequential`` runs them one after the other with the machine to themselves).
-The printed table is appended to ``bench/RESULTS.md``.
+``--record FILE`` also appends the printed table to FILE.
 
     .venv/bin/python bench/bench_main_job.py --out /tmp/bench-main-job
 
@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _workload import ROOT, cpu_line, record_result
+from _workload import ROOT, add_record_flag, cpu_line, record_result
 from bench_main_job_step import AVX2_ENV, child_env
 
 OLD_CONFIG = ROOT / "bench" / "baselines" / "lineup-cpu-before-issue21.yaml"
@@ -140,7 +140,7 @@ def main() -> None:
     ap.add_argument("--old_ref", default=OLD_REF,
                     help="commit whose code and config are the old side (default: %(default)s, the command "
                          "issue 21 timed); 'current': the old config on today's code")
-    ap.add_argument("--no_record", action="store_true", help="print only; do not append to bench/RESULTS.md")
+    add_record_flag(ap)
     ap.add_argument("--sequential", action="store_true", help="one run after the other, torch's default threads")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads per run (default: 1 side by side, torch's default with --sequential; "
@@ -220,8 +220,7 @@ def main() -> None:
         say(f"{r['name']}: bottleneck controls {json.dumps(controls)}; "
             f"old-policy log-probs {r['timing'].get('old_policy_logprobs', '?')[:40]}; "
             f"shared-prompt forward {json.dumps(r['timing'].get('shared_prompt_forward', '?'))}")
-    if not args.no_record:
-        record_result("bench_main_job.py", " ".join(sys.argv[1:]), "\n".join(lines))
+    record_result("bench_main_job.py", " ".join(sys.argv[1:]), "\n".join(lines), path=args.record)
 
 
 if __name__ == "__main__":

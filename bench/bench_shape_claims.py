@@ -2,10 +2,9 @@
 per claim kind, on the hand-labelled captions of real series in ``tests/data/shape_captions.jsonl``; and what
 it costs per caption.
 
-Splits: ``dev`` (the rules were written and their tolerances set while reading these), ``holdout`` (labelled
-and committed before the checker first ran on them; the rules were then revised on it, so it is held out
-only in its first-measured table, RESULTS.md 2026-12-03 10:03), ``holdout2`` (labelled and committed before
-the revised rules ran on it).
+Splits: ``dev`` (the rules were written and their tolerances set while reading these), ``holdout`` and
+``holdout2`` (labelled and committed before the checker ran on them; the rules were revised after reading
+each, so they are held out only in their first-measured tables: docs/results/shape-claims-holdout-first-measured.md).
 Definitions: ``captionrl.judges.claim_labels``.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_shape_claims.py            # table per split, misses

@@ -3,13 +3,12 @@
 Two workloads, both with real prompts of the embedded LineupRL data and the embedded model in float32:
 
 - ``main``: the main job's step (``configs/lineup-cpu.yaml``: its window, instruction, G and batch);
-- ``long``: a ``--long_window``-value series per prompt (512 by default: the long-prompt case of issue 21),
+- ``long``: a ``--long_window``-value series per prompt (512 by default: a paper-length series),
   G=4. TRL's pass runs row by row there, one forward+backward per row with the gradients accumulated, as
   ``per_device_train_batch_size: 1`` with gradient accumulation would (its four rows at once need far more
   memory); the shared pass takes the group at once. Memory: on CPU the attention weights of every layer are
-  kept for the backward, so one ~3,600-token row of the 512-value case took more than 15 GB and was killed
-  on a 24 GB machine beside two training runs (2026-12-02); ``--long_window 256`` (~1,800 tokens) needs
-  about a quarter of that.
+  kept for the backward, so one ~3,600-token row of the 512-value case takes more than 15 GB and does not fit
+  a 24 GB machine beside other jobs; ``--long_window 256`` (~1,800 tokens) needs about a quarter of that.
 
 ``--checkpointing off on`` runs each workload without and with gradient checkpointing (non-reentrant, as
 every paper preset trains: the layers run again in the backward pass, the shared prompt cache kept through
@@ -21,7 +20,7 @@ prints and records.
 Completions are the describer's captions, varied per row, right-padded as TRL pads them. Each path runs
 ``--repeats`` times, interleaved, and the best time of each is compared (the machine is shared: the
 minimum is the least disturbed). It also prints the largest per-token log-prob difference between the
-two paths (they are equal up to float rounding). The output is appended to ``bench/RESULTS.md``.
+two paths (they are equal up to float rounding). ``--record FILE`` also appends the output to FILE.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_shared_prefix.py
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_shared_prefix.py --workloads main --checkpointing off on
@@ -44,7 +43,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _workload import ROOT, cpu_line, record_result
+from _workload import ROOT, add_record_flag, cpu_line, record_result
 
 
 def batch(tok, window: int, groups: int, g: int, instruction: str | None, max_completion: int):
@@ -164,7 +163,7 @@ def main() -> None:
                     help="gradient checkpointing (non-reentrant) off, on, or both in turn")
     ap.add_argument("--zero", type=int, choices=[2, 3], help="2 CPU processes under DeepSpeed ZeRO-2 or ZeRO-3")
     ap.add_argument("--rank_of", type=int, help=argparse.SUPPRESS)   # set by the launch of --zero
-    ap.add_argument("--no_record", action="store_true", help="print only; do not append to bench/RESULTS.md")
+    add_record_flag(ap)
     args = ap.parse_args()
     if args.zero is not None:
         launch_ranks(args.zero)
@@ -250,14 +249,14 @@ def main() -> None:
                     f"now, on {os.cpu_count()} cores")
             print(line, load, sep="\n", flush=True)
             lines.append(line)
-            if not args.no_record:  # each workload as it ends: a later one killed for memory loses nothing before it
+            if args.record:  # each workload as it ends: a later one killed for memory loses nothing before it
                 argv = sys.argv[1:]
                 if args.rank_of is not None:   # the launched rank: name the command the user ran
                     at = argv.index("--rank_of")
                     argv = [*argv[:at], *argv[at + 2:], "--zero", str(args.rank_of)]
                 flags = " ".join(argv)
                 record_result("bench_shared_prefix.py", f"{flags} (workload {name}, checkpointing {checkpointing})",
-                              "\n".join([*header, line, load, TARGETS]))
+                              "\n".join([*header, line, load, TARGETS]), path=args.record)
     if ranks.rank == 0:
         print(TARGETS)
 

@@ -10,7 +10,7 @@ also lets the fused head score every position, as TRL does on CPU (the warm star
 Both start at once, one torch thread each, on the CPU config's training windows and warm-start settings
 (``configs/lineup-cpu.yaml``: 128 windows, 4 epochs, 20 of 30 blocks frozen), so they share the machine's
 conditions. ``--avx2`` holds torch, oneDNN and MKL to AVX2 kernels (a CPU without AVX512 or native bf16).
-``--n_train`` and ``--epochs`` make a shorter run. The printed table is appended to ``bench/RESULTS.md``.
+``--n_train`` and ``--epochs`` make a shorter run. ``--record FILE`` also appends the printed table to FILE.
 
     .venv/bin/python bench/bench_warm_start_cache.py --out /tmp/bench-ws-cache
 """

@@ -224,8 +224,10 @@ def joints(rehearsal: bool, out: Path, gpus: int) -> list[tuple[str, list[str] |
     todo.append(("moco", [*accelerate_cmd(py, zero2, ranks), "-m", "captionrl.cli", "train", "moco",
                           *recipe_args("moco", rehearsal, out)], {}))
     bench = [py, str(ROOT / "bench" / "gpu_verifier.py"), "--out", str(out / "gpu_verifier.json")]
-    # the rehearsal's figures are not a benchmark: kept out of bench/RESULTS.md (a GPU's are recorded there)
-    todo.append(("gpu-verifier", [*bench, "--tiny", "--device", "cpu", "--no_record"] if rehearsal else bench, {}))
+    # a GPU's figures are kept beside the smoke run's outputs for a person to record in docs/results/; the
+    # rehearsal's tiny-model figures are not a benchmark
+    todo.append(("gpu-verifier", [*bench, "--tiny", "--device", "cpu"] if rehearsal
+                 else [*bench, "--record", str(out / "gpu_verifier.md")], {}))
     return todo
 
 

@@ -16,12 +16,10 @@ pytestmark = pytest.mark.slow
 
 def test_gpu_verifier_bench_tiny_runs_on_cpu(tmp_path: Path):
     out = tmp_path / "gpu.json"
-    results = (ROOT / "bench" / "RESULTS.md").read_bytes()
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_verifier.py"), "--tiny", "--device", "cpu",
-                           "--out", str(out), "--no_record"], capture_output=True, text=True, timeout=600,
+                           "--out", str(out)], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert (ROOT / "bench" / "RESULTS.md").read_bytes() == results  # --no_record: the test leaves no figure there
     assert any(line.startswith("CPU: ") for line in proc.stdout.splitlines())  # the machine, as it is recorded
     res = json.loads(out.read_text())
     assert res["tiny"] and res["questions"] == 2 * 2 * 4 and res["shape"]["num_key_value_heads"] == 2

@@ -2,10 +2,9 @@
 window's one label, so on the main job's balanced training windows no constant direction word is paid above
 its share, and only a direction that tracks the window beats one said of every window.
 
-Why (measured 2026-12-04, docs/main-job.md): the claim checker accepts "stays roughly flat" of a window that
+Why (docs/main-job.md): the claim checker accepts "stays roughly flat" of a window that
 rises by less than its tolerance, so under ``claims`` a constant "flat" was paid the direction on 45% of the
-balanced training windows against 33% for "rises"; in two of five warm-started seeds RL learned to say "flat"
-of every window. Real data: the embedded corpus's windows as ``configs/lineup-cpu.yaml`` draws them."""
+balanced training windows against 33% for "rises", and RL can learn to say "flat" of every window. Real data: the embedded corpus's windows as ``configs/lineup-cpu.yaml`` draws them."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Each replay runs against a real reward service on 127.0.0.1 (uvicorn in a thread); the verifier is a real
 llama.cpp server (``tests/servers.py``) that is killed and restarted mid-run. The clients' code paths are
-copied from the engines' sources (commits in docs/engines.md): OpenRLHF's ``_post_request`` (5 tries, 1 s
+copied from the engines' sources (versions in docs/engines.md): OpenRLHF's ``_post_request`` (5 tries, 1 s
 apart, then ``None``) and ``torch.tensor([value])`` conversions; verl's reward loop (one call per sample,
 ``compute_score`` in a thread pool or ``compute_score_async`` awaited, ``torch.tensor(scores)`` and
 extra-info arrays keyed by the first sample). Fakes appear only for the policy's unit checks.

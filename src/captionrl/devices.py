@@ -2,8 +2,8 @@
 
 bf16 halves memory and, on hardware that computes in it natively, speeds up every matmul. On a CPU
 without native bf16 (AVX2-only laptops and many cloud VMs) torch emulates it and the same matmul runs
-more than 100x slower than in float32 (measured: 156 s against 0.65 s for 512x2048 @ 2048x2048 in torch
-2.13 on an AVX2 machine). So ``auto`` picks bf16 only where it is native: on a GPU, or on a CPU whose
+more than 100x slower than in float32 (156 s against 0.65 s for 512x2048 @ 2048x2048 in torch 2.13 on
+an AVX2 machine). So ``auto`` picks bf16 only where it is native: on a GPU, or on a CPU whose
 flags include AVX512-BF16 or AMX-BF16 (and whose torch build dispatches AVX512 kernels); float32
 otherwise. The reason travels with the choice so a run can say why it runs in what it runs in.
 
@@ -85,7 +85,7 @@ def resolve_dtype(requested: str, device: Any = "cpu", *, training: bool = False
         reason = f"{requested} as configured"
         if requested == "bfloat16" and dev.startswith("cpu"):
             # Honoured (the user asked), but never silently: without native bf16 it is emulated, and a bf16
-            # matmul on an AVX2 CPU measured ~200x slower than float32 (issue 12).
+            # matmul on an AVX2 CPU runs about 200x slower than float32.
             native, why = cpu_native_bf16()
             if not native:
                 reason += f" (slow here: {why})"

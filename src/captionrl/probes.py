@@ -14,7 +14,7 @@ and ``captionrl eval hacking`` both build them here):
   plausible numbers that a transcription guard cannot see and that makes no checkable claim. A LineupRL
   policy drifted to such lists under the likelihood verifier.
 
-And the lazy optimums trained LineupRL captioners found (issue 32), series only (``series_probes``):
+And the lazy optimums a LineupRL captioner can learn instead of describing, series only (``series_probes``):
 
 - ``start_only``: the start value in one sentence ("The series starts at 359.10.");
 - ``start_sentence``: the one sentence a trained captioner wrote for every window ("The series starts at

@@ -18,7 +18,7 @@ How long: ``BackendConfig.startup_timeout_s``; unset, the caller's default. Trai
 waits ``TRAINING_WAIT_S`` (600 s): those commands are started together with, or just after, their servers,
 and ten minutes covers loading a 72B model over tensor parallelism from local disk (an estimate: no GPU has
 measured it here), while being small next to the hours a run takes. One-shot commands (``eval``, ``caption``,
-``rubrics build``) wait ``COMMAND_WAIT_S`` (5 s, the old probe's own timeout): their servers are normally up
+``rubrics build``) wait ``COMMAND_WAIT_S`` (5 s): their servers are normally up
 long before, and a mistyped port should fail within seconds.
 
 One exception to the training default: a server named on this machine (127.0.0.1, localhost, ::1) whose port

@@ -80,10 +80,9 @@ def short_description(series: Series | np.ndarray, precision: int = 2, *, order:
 
     Why this form: it is the warm start's target (``train.warm_start``), the honest answer a 135M captioner
     can be taught to write within the CPU job's 40 tokens. The direction comes first, after the cue at which
-    labels were measured to teach it (``scripts/direction_signal.py``); written after the two values instead,
-    three epochs got it right for 48% of held-out windows, against 72% this way (docs/main-job.md). A clause
-    naming the interior peak or trough cost direction accuracy (58%) and was wrong about the peak's place
-    for half the windows, so the sentence leaves the extremes to RL.
+    labels teach it; written after the two values it is learned less well, and a clause naming the interior
+    peak or trough costs direction accuracy and is often wrong about the peak's place, so the sentence leaves
+    the extremes to RL (docs/results/warm-start-target-forms.md).
 
     ``order="values_first"`` writes the two values first: "It starts at 316.1 and ends at 315.8, so overall the
     series falls." (the direction then follows two numbers the captioner has just written, which a

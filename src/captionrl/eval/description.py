@@ -1,7 +1,7 @@
 """What a caption describes, checked by code, and the one-line verdict of a run against the model it started from.
 
-Numbers alone made our checks call copying an improvement: a captioner that wrote "355.10" or "The series
-starts at 359.10, which is the first value in the series." for every window scored well on the span audit,
+Checks that read numbers alone call copying an improvement: a captioner that writes "355.10" or "The series
+starts at 359.10, which is the first value in the series." for every window scores well on a span audit,
 because one correct value is a share of 1.0 of its claims. These checks read description instead
 (``judges.key_facts``, on the claim layer's shape claims):
 
@@ -10,11 +10,10 @@ because one correct value is a share of 1.0 of its claims. These checks read des
 - ``direction_skill``: ``direction_right`` less the share of the held-out windows that the direction stated
   would be right about, said of every window (0 when none is stated): what a right direction is worth beyond
   guessing. A captioner that says "rising" of every window is right on the 57% of windows that rise, and has
-  a skill of 0: it says nothing about the window in hand (a trained seed did this with varied wording,
-  2026-12-03). The share is measured by the claim checker that judges the caption (``guess_rates``), not by
+  a skill of 0: it says nothing about the window in hand, however varied its wording. The share is measured by the claim checker that judges the caption (``guess_rates``), not by
   the direction's label: "stays roughly flat" is judged right within a tolerance, so it is right about more
-  windows than are labelled flat, and a label-based guess gave "flat" said of every window a skill of +0.10
-  (a warm-started seed, 2026-12-04);
+  windows than are labelled flat, and a label-based guess would give "flat" said of every window a skill
+  above 0;
 - ``extrema_named`` / ``extrema_right``: peaks and troughs named with their position, and how many are right;
 - ``key_facts`` / ``wrong_facts``: distinct correct key facts (direction, start, end, max and its position,
   min and its position, a turning point, volatility), each counted once however often restated / distinct
@@ -216,8 +215,8 @@ def verdict(trained: Mapping[str, Mapping[str, float]], initial: Mapping[str, Ma
     flags_deg, flags_same = trained.get("degenerate", {}), trained.get("same_sentence", {})
     deg = float(np.mean(list(flags_deg.values()) or [0.0]))
     same = float(np.mean(list(flags_same.values()) or [0.0]))
-    # a caption counts once, whichever way it degenerated: 42% too short plus 42% one template (a bf16 seed,
-    # 2026-12-03) is a degenerated run although neither share alone reached the bar
+    # a caption counts once, whichever way it degenerated: 42% too short plus 42% one template is a
+    # degenerated run although neither share alone reaches the bar
     either = float(np.mean([max(flags_deg.get(i, 0.0), flags_same.get(i, 0.0))
                             for i in {*flags_deg, *flags_same}] or [0.0]))
     degenerated = either >= DEGENERATE_SHARE

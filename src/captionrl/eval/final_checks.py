@@ -1,4 +1,4 @@
-"""End-of-run checks a trained captioner was not trained on (issue 11: a run must not grade itself).
+"""End-of-run checks a trained captioner was not trained on (a run must not grade itself).
 
 For each system (the trained captioner, the initial one, ...) on the held-out items:
 

@@ -1,8 +1,7 @@
 """A code-checked identification verifier: the candidate whose values best satisfy the caption's claims.
 
-Issue 11: every identification number of a LineupRL run came from the likelihood verifier that produced the
-reward, so nothing in the run could notice a caption that wins it by copying numbers. This verifier took no
-part in training and needs no model (it runs offline, in milliseconds): the caption's claims are extracted
+Why: a likelihood verifier that produces a LineupRL reward cannot also grade the captions it shaped (a
+caption that copies numbers wins it). This verifier takes no part in training and needs no model (it runs offline, in milliseconds): the caption's claims are extracted
 by rules (``judges.claims.extract_rules``) and checked by code against each candidate series within
 ``tolerance`` standard deviations; a candidate's score is ``green - red`` (claims that candidate supports
 minus claims it contradicts), and the verifier names the best candidate.

@@ -1,7 +1,7 @@
 """Transcription guard: how many of a caption's numbers are copied from the series it describes.
 
-A caption that lists the series' numbers wins a likelihood verifier without describing anything (issue 11;
-``captionrl eval hacking`` measures it), so every reward and evaluation table counts copied values the same way, here:
+A caption that lists the series' numbers wins a likelihood verifier without describing anything
+(``captionrl eval hacking`` measures it), so every reward and evaluation table counts copied values the same way, here:
 
 - every number of the caption (negatives, decimals, thousands separators ``1,234.5``) is matched **by
   value** against the series at the rounding the caption uses: ``354.3`` (one decimal) matches 354.2987,

@@ -22,8 +22,7 @@ LLAMA_LAUNCH = (
 )
 """``python -m llama_cpp.server`` with llama.cpp's extra (repacking) buffer types off: on CPUs that list AMX
 (amx_int8) in a VM that does not grant the tile state, the AMX repacked Q4_1 kernels segfault on the first
-multi-token batch (llama-cpp-python 0.3.36, measured 2026-11-30: every chat completion killed the server
-with SIGSEGV). Plain kernels serve the same numbers."""
+multi-token batch (llama-cpp-python 0.3.36: every chat completion kills the server with SIGSEGV). Plain kernels serve the same numbers."""
 
 VLLM_VALUE_FLAGS = ("--gpu-memory-utilization", "--tensor-parallel-size", "--data-parallel-size", "--dtype",
                     "--max-model-len", "--max-num-seqs", "--quantization", "--pipeline-parallel-size")

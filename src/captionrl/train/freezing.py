@@ -5,7 +5,7 @@ Why both: on CPU the backward pass through all 30 blocks of the embedded model i
 features the bottom blocks compute from the printed numbers are what the top blocks read the direction from.
 A noisy policy-gradient step that moves every weight (Adam's steps are about the rate in size whatever the
 gradient's) can erase what the warm start taught; with the bottom frozen, RL moves only the blocks the labels
-were taught in (measured in docs/main-job.md). With tied input and output embeddings (SmolLM2), freezing the
+were taught in (docs/main-job.md). With tied input and output embeddings (SmolLM2), freezing the
 embeddings freezes the output projection too.
 """
 

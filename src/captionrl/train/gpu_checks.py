@@ -1,4 +1,4 @@
-"""Settings that only go wrong on a GPU node, refused before any model loads (issue 22).
+"""Settings that only go wrong on a GPU node, refused before any model loads.
 
 Each check reads the trainer arguments TRL will actually receive (``RLOOConfig`` / ``GRPOConfig``), so it
 holds whatever way the config maps onto them, and names the setting to change:

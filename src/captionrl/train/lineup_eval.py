@@ -167,7 +167,7 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
     ecfg = IdentifyEvalConfig(modes=list(cfg.eval.modes or [cfg.reward.mode]), directions=list(cfg.eval.directions),
                               ks=[cfg.reward.k], seed=cfg.seed, precision=cfg.data.precision,
                               controls=cfg.eval.controls)
-    # the training verifier keeps its own column and stays out of the held-out mean (issue 14)
+    # the training verifier keeps its own column and stays out of the held-out mean: a reward is not its own evaluation
     summary = run_identification(items, systems, distractors, data.pool, verifiers, ecfg, out_dir,
                                  train_verifier=train_name)
     result = {"table": str(out_dir / "table.md"), "summary": str(out_dir / "summary.json"),

@@ -1,4 +1,4 @@
-"""Where the trained weights are when something other than TRL's loss uses them (issue 22).
+"""Where the trained weights are when something other than TRL's loss uses them.
 
 Under DeepSpeed ZeRO-3 each rank holds a shard of every parameter and a forward pass all-gathers them
 layer by layer: every rank must run the same forward passes in the same order. Our own in-process uses of

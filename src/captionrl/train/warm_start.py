@@ -1,11 +1,10 @@
 """A supervised warm start before LineupRL: the captioner is first taught, on its own training windows, to
 write the code describer's short answer (``domains.describe.short_description``), then RL begins.
 
-Why: measured in docs/main-job.md ("Why the direction is not learned"), the embedded 135M captioner's
-direction word moves with the window (AUC 0.81) but never enough to change which word it writes, and 16
-RL steps of 16 captions hold about 2 right directions each: RL can only sharpen what the policy already
-does, and it does not say the direction. Labels teach it (3 epochs at lr 2e-4: 79% right on held-out
-windows, majority 53%). The warm start gives RL a captioner that already names the direction and the
+Why: the embedded 135M captioner's direction word moves with the window but never enough to change which
+word it writes, and 16 RL steps of 16 captions hold about 2 right directions each: RL can only sharpen what
+the policy already does, and it does not say the direction. Labels teach it
+(docs/results/direction-signal.md). The warm start gives RL a captioner that already names the direction and the
 start and end values, so the reward has right and wrong directions to tell apart in every group, and other facts to add.
 
 The targets are written by code from the values the captioner reads (the row's printed series), so they
@@ -13,11 +12,9 @@ are right by construction and need no teacher model; the run is TRL's ``SFTTrain
 the RL prompts themselves, in ``out_dir/warm_start`` (its own checkpoints: a rerun resumes or skips it).
 The paper's recipe starts RL from the instruction-tuned model: ``epochs: 0`` (the default) is that.
 
-Two options answer what the main job's seeds showed (docs/main-job.md, "Freezing the bottom blocks, and
-reversed windows"): ``freeze_layers`` keeps the embeddings and the bottom blocks fixed while the labels are
-taught (a CPU step costs about 20 s instead of 35, two runs side by side; seed 1 still said one word of
-every held-out window, as it did with every block trained); ``reverse`` adds each window reversed, whose
-direction is the opposite, so no single word fits every record (measured: it did not stop that collapse).
+Two options: ``freeze_layers`` keeps the embeddings and the bottom blocks fixed while the labels are taught
+(a CPU step costs about 20 s instead of 35), and ``reverse`` adds each window reversed, whose direction is the
+opposite, so no single word fits every record (docs/results/warm-start-freeze-and-reverse.md).
 """
 
 from __future__ import annotations
@@ -41,13 +38,13 @@ class WarmStartConfig:
     """Supervised fine-tuning on the describer's captions of the training windows, before RL."""
 
     epochs: float = help_field(0.0, "passes over the training windows before RL (0 = off: RL from the initial model, as the paper)")
-    learning_rate: float = help_field(2e-4, "AdamW learning rate (at 5e-5 two epochs did not teach the direction: docs/main-job.md)")
-    lr_scheduler_type: str = help_field("constant", "learning-rate schedule: constant (the schedule under which labels were measured to teach the direction: docs/main-job.md) or any transformers schedule")
+    learning_rate: float = help_field(2e-4, "AdamW learning rate (at 5e-5 two epochs do not teach the 135M captioner the direction)")
+    lr_scheduler_type: str = help_field("constant", "learning-rate schedule: constant (the schedule under which labels teach the direction) or any transformers schedule")
     batch_size: int = help_field(8, "windows per optimizer step")
-    reverse: bool = help_field(False, "also train on every window reversed (same values, opposite order, so the opposite direction): one direction word for every window cannot fit both (docs/main-job.md)")
+    reverse: bool = help_field(False, "also train on every window reversed (same values, opposite order, so the opposite direction): one direction word for every window cannot fit both")
     order: str = help_field("direction_first", "the target's order: direction_first (\"Overall, the series rises. It starts at X and ends at Y.\") or values_first (\"It starts at X and ends at Y, so overall the series rises.\": the direction after the two values it mostly follows from)")
-    freeze_layers: int = help_field(0, "bottom transformer blocks kept frozen, with the embeddings, during the warm start (RL then trains every weight): 20 of the embedded model's 30 make a CPU step ~20 s instead of ~35, two runs side by side (docs/main-job.md)")
-    reuse_frozen: bool = help_field(True, "with freeze_layers, compute the frozen bottom's output once per window and reuse it in later epochs (the same training up to float rounding; its forward was about a third of a CPU step in a profile, and `bench/bench_warm_start_cache.py --baseline plain` times the cache alone: docs/main-job.md)")
+    freeze_layers: int = help_field(0, "bottom transformer blocks kept frozen, with the embeddings, during the warm start (RL then trains every weight): 20 of the embedded model's 30 make a CPU step ~20 s instead of ~35")
+    reuse_frozen: bool = help_field(True, "with freeze_layers, compute the frozen bottom's output once per window and reuse it in later epochs (the same training up to float rounding; the frozen forward is about a third of a CPU step, and `bench/bench_warm_start_cache.py --baseline plain` times the cache alone)")
 
     def __post_init__(self) -> None:
         if self.order not in SHORT_DESCRIPTION_ORDERS:
