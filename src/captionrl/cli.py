@@ -29,6 +29,7 @@ from captionrl.errors import CaptionRLError
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("models",): ("captionrl.commands.models", "list backends and check that the embedded model loads"),
     ("caption",): ("captionrl.commands.caption", "caption series (or images) with a captioner backend"),
+    ("preflight",): ("captionrl.commands.preflight", "a LineupRL config's reward on the honest reference, the hacking probes and a captioner's own captions, before training; which term each probe needs"),
     ("plan",): ("captionrl.commands.plan", "GPU memory plan of a preset: weights, optimizer, activations, vLLM share and KV cache per GPU"),
     ("candidates",): ("captionrl.domains.candidates", "mine distractor candidate sets for a corpus"),
     ("data", "prepare"): ("captionrl.domains.prepare", "a benchmark's local copy -> a prepared dataset folder (splits, lineups, manifest)"),
