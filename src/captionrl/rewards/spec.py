@@ -158,3 +158,8 @@ class RewardSetup:
     verifier: BackendConfig = field(default_factory=BackendConfig, metadata={"help": "the frozen model behind the reward's judge (unused by cider)"})
     reward: RewardSpec = field(default_factory=RewardSpec, metadata={"help": "the reward: family, identification scoring, shaping (the reward.* keys of train lineup)"})
     series: SeriesPrint = field(default_factory=SeriesPrint, metadata={"help": "identification: how the verifier prints the candidate series"})
+
+    def needs_main_column(self) -> bool:
+        """Whether every label must carry the family's main column (the judge family grades without a reference
+        when ``reward.judge.use_reference`` is off)."""
+        return self.reward.family != "judge" or self.reward.judge.use_reference

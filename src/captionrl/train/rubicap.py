@@ -205,7 +205,7 @@ class RubicapRewardConfig(RewardSpec):
     run_penalty: float = help_field(0.0, "penalty for a run of copied series values (image captions have no series: off)")
 
     def __post_init__(self) -> None:
-        if self.mode in ("choose", "generate"):  # RubiCap's rubric judge mode, written where it was before
+        if self.mode not in ("letter", "likelihood"):  # the rubric judge's mode, written where it was before
             raise ConfigError("reward.mode", self.mode, "is the identification verifier's mode; the rubric judge's is reward.rubric.mode",
                               f"write reward.rubric.mode: {self.mode}")
         super().__post_init__()
