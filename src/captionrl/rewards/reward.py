@@ -157,8 +157,8 @@ def family_judge(spec: RewardSpec, verifier: Any, series: SeriesPrint, seed: int
 
         a = spec.answerability
         return QAJudge(verifier, QAConfig(n_questions=a.n_questions, seed=seed if a.seed is None else a.seed,
-                                          cannot_answer=a.cannot_answer,
-                                          shuffle_options=a.shuffle_options, subject=spec.subject))
+                                          cannot_answer=a.cannot_answer, shuffle_options=a.shuffle_options,
+                                          subject=spec.subject))
     if family == "judge":
         from captionrl.judges.scalar import ScalarConfig, ScalarJudge
 
@@ -181,14 +181,6 @@ def family_judge(spec: RewardSpec, verifier: Any, series: SeriesPrint, seed: int
 def series_subject(spec: RewardSpec) -> bool:
     """Whether the captions describe series (``reward.subject``), so the judge family shows the values."""
     return "series" in spec.subject.lower()
-
-
-def reward_of_judge(judge: Judge, name: str | None = None) -> Reward:
-    """A judge's scores as they are, as a ``Reward`` (no shaping) named ``name`` (its metrics' prefix, e.g.
-    ``rubric/unscored_frac``): for recipes whose reward has no series terms (RubiCap's families, MoCo's
-    online rubric)."""
-    family = name or str(getattr(judge, "name", "judge"))
-    return Reward(judge, None, family=family, name=family)
 
 
 def sample_extras(judgment: Judgment) -> Mapping[str, Any]:

@@ -211,6 +211,7 @@ class RubicapRewardConfig(RewardSpec):
         super().__post_init__()
         check_family(self.family, REWARD_FAMILIES)
 
+
 @dataclass
 class RubicapTrainConfig(GRPOTrainConfig):
     """GRPO settings with RubiCap's own run folder."""
@@ -230,7 +231,7 @@ class RubicapConfig:
     judge: BackendConfig = field(default_factory=BackendConfig, metadata={"help": "the text-only LLM that decides each rubric criterion"})
     data: RubicapDataConfig = field(default_factory=RubicapDataConfig, metadata={"help": "training images"})
     rubrics: RubricsConfig = field(default_factory=RubricsConfig, metadata={"help": "where rubrics come from"})
-    reward: RubicapRewardConfig = field(default_factory=RubicapRewardConfig, metadata={"help": "rubric judging"})
+    reward: RubicapRewardConfig = field(default_factory=RubicapRewardConfig, metadata={"help": "the reward (the reward spec of every recipe): family, its judge (reward.rubric, reward.judge, ...), lost-reward bound"})
     train: RubicapTrainConfig = field(default_factory=RubicapTrainConfig, metadata={"help": "TRL trainer settings (algorithm grpo)"})
 
     def __post_init__(self) -> None:
