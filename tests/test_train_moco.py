@@ -61,7 +61,6 @@ def test_rows_carry_two_references_and_facts():
         assert r["prompt"][0]["content"][0] == {"type": "image"}
 
 
-@pytest.mark.long  # MoCo training and resume: test_rehearsal_moco.py and the moco-zero3 rehearsal in the default tier
 def test_the_reward_is_the_rubric_family_of_the_one_reward():
     """MoCo's reward is built through the reward spec and ``build_reward``: the rubric family (its one name),
     decided under ``judge.*`` by MoCo's Judge on rubrics the served Generator writes, no shaping; the one
@@ -90,6 +89,7 @@ def test_the_reward_is_the_rubric_family_of_the_one_reward():
     assert exc.value.field == "judge.decision"
 
 
+@pytest.mark.long  # MoCo training and resume: test_rehearsal_moco.py and the moco-zero3 rehearsal in the default tier
 @pytest.mark.slow
 def test_moco_smoke_trains_with_momentum_judge_and_resumes(tmp_path):
     out = tmp_path / "run"
