@@ -63,7 +63,7 @@ TINY: dict[str, list[str]] = {
 """Per preset: the tiny model of the paper's family and offline data in place of the paper's."""
 REWARDS: dict[str, list[str]] = {
     "lineup": [],  # the served verifier answers letters (a real model)
-    "rubicap": ["judge.kind=hf", "judge.model=tiny-qwen2.5-vl", "reward.mode=likelihood", "reward.decision=soft"],
+    "rubicap": ["judge.kind=hf", "judge.model=tiny-qwen2.5-vl", "reward.rubric.mode=likelihood", "reward.rubric.decision=soft"],
     "moco": ["rubric.fallback=facts", "reward.max_fallback_frac=1.0", "judge.mode=likelihood", "judge.decision=soft"],
 }
 """A random model writes no JSON: the judge scores by likelihood, and MoCo falls back to fact rubrics."""

@@ -44,7 +44,7 @@ def test_parse_grade():
 
 def test_reward_wrapper_turns_unscored_into_none():
     from captionrl.rewards import RewardFunction
-    from captionrl.rewards.reward import reward_of_judge
+    from captionrl.rewards.reward import Reward
 
     class NoGrade:
         name = "fake:no-grade"
@@ -55,7 +55,7 @@ def test_reward_wrapper_turns_unscored_into_none():
             return [Generation("excellent caption!") if i % 2 else Generation(None, error="timeout")
                     for i, _ in enumerate(requests)]
 
-    reward = RewardFunction(reward_of_judge(ScalarJudge(NoGrade(), ScalarConfig(mode="generate"))))
+    reward = RewardFunction(Reward(ScalarJudge(NoGrade(), ScalarConfig(mode="generate")), family="judge"))
     assert reward(prompts=["p", "p"], completions=["a", "b"]) == [None, None]
 
 

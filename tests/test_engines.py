@@ -260,19 +260,19 @@ def test_cider_single_sample_requests_rank_the_reference_first(service_factory, 
 
 
 def test_training_fits_cider_once_on_its_own_rows(reference_file):
-    from captionrl.train.rubicap import RubicapConfig, make_reward_judge
+    from captionrl.train.rubicap import RubicapConfig, make_reward
 
     cfg = RubicapConfig()
     cfg.reward.family = "cider"
     rows = [{"references": r} for r in REFS]
-    judge = make_reward_judge(cfg, None, rows)
+    judge = make_reward(cfg, None, rows).base
     df = dict(judge.scorer.df)
     assert judge.scorer.n_docs == len(REFS)
     first = judge.judge([REFS[0][0]], {"references": [REFS[0]]})[0].score
     judge.judge(["x y z"] * 3, {"references": [REFS[1]] * 3})  # another batch: nothing refits
     assert dict(judge.scorer.df) == df and judge.judge([REFS[0][0]], {"references": [REFS[0]]})[0].score == first
     cfg.reward.cider.references = str(reference_file)
-    assert make_reward_judge(cfg, None, rows[:2]).scorer.n_docs == len(REFS)  # the file wins over the rows
+    assert make_reward(cfg, None, rows[:2]).base.scorer.n_docs == len(REFS)  # the file wins over the rows
 
 
 # ------------------------------------------------------------------------------------ client replays

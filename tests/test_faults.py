@@ -168,7 +168,7 @@ def test_rubicap_run_survives_a_killed_judge_server_with_zero_advantage_and_resu
     served = httpx.get(f"{server.base_url}/models", timeout=5).json()["data"][0]["id"]
     out = tmp_path / "run"
     cfg = load_config(RubicapConfig, ROOT / "configs" / "rubicap-cpu.yaml", [
-        "data.items=scenes:2:0", "reward.mode=choose", "reward.decision=soft",
+        "data.items=scenes:2:0", "reward.rubric.mode=choose", "reward.rubric.decision=soft",
         "train.num_generations=2", "train.per_device_train_batch_size=4", "train.max_completion_length=6",
         "train.max_steps=4", "train.save_steps=4", "train.report_to=[]", "train.threads=1",
         "train.preflight_items=0", f"train.out_dir={out}",

@@ -10,7 +10,7 @@ from captionrl.eval.hacking import (
     REWARDS,
     HackingEvalConfig,
     NotApplicable,
-    RewardSpec,
+    ProbedReward,
     image_probes,
     run,
     series_probes,
@@ -32,28 +32,28 @@ def test_probe_sets_are_well_formed():
     assert s.captions["invented_values"][0].startswith("The values are ")
 
 
-def test_ngram_report_without_a_model(tmp_path):
+def test_cider_report_without_a_model(tmp_path):
     def not_applicable(backend, probes):
         raise NotApplicable("the items carry no widget column")
 
     def broken(backend, probes):
         raise TypeError("a bug in a reward builder")
 
-    REWARDS.add("future-reward", RewardSpec(("images",), not_applicable))
+    REWARDS.add("future-reward", ProbedReward(("images",), not_applicable))
     try:
-        cfg = HackingEvalConfig(rewards=["ngram", "future-reward"], out=str(tmp_path), n=3, length=12)
+        cfg = HackingEvalConfig(rewards=["cider", "future-reward"], out=str(tmp_path), n=3, length=12)
         summary = run(cfg)
     finally:
         REWARDS._items.pop("future-reward")
     rows = {r["system"]: r for r in summary.rows}
     for domain in ("series", "images"):
-        row = rows[f"ngram ({domain})"]
+        row = rows[f"cider ({domain})"]
         assert row["honest"] > max(row[p] for p in PROBES[1:])
         assert row["exploitable"] == "-"
     assert summary.protocol == "hacking" and summary.columns[0] == "honest"
     assert summary.extra["skipped"] == ["future-reward (images): skipped, does not apply: the items carry no widget column"]
     # only NotApplicable skips: a bug (TypeError, ImportError, LookupError) is not a probe that does not apply
-    REWARDS.add("broken-reward", RewardSpec(("images",), broken))
+    REWARDS.add("broken-reward", ProbedReward(("images",), broken))
     try:
         with pytest.raises(TypeError, match="a bug"):
             run(HackingEvalConfig(rewards=["broken-reward"], domains=["images"], out=str(tmp_path / "b"), n=3))
@@ -64,7 +64,7 @@ def test_ngram_report_without_a_model(tmp_path):
 @pytest.mark.slow
 def test_letter_verifier_scores_injected_answer_at_chance(tmp_path, embedded_backend):
     k = 4
-    cfg = HackingEvalConfig(rewards=["identify-letter"], domains=["series"], n=1, k=k, length=12,
+    cfg = HackingEvalConfig(rewards=["identification-letter"], domains=["series"], n=1, k=k, length=12,
                             probes=["honest", "injected_answer"], out=str(tmp_path))
     summary = run(cfg, backend=embedded_backend)
     row = summary.rows[0]
@@ -76,16 +76,16 @@ def test_letter_verifier_scores_injected_answer_at_chance(tmp_path, embedded_bac
 
 
 def test_series_table_has_the_transcription_guard_columns(tmp_path):
-    summary = run(HackingEvalConfig(rewards=["ngram", "identify-claims"], domains=["series"], out=str(tmp_path),
+    summary = run(HackingEvalConfig(rewards=["cider", "identification-claims"], domains=["series"], out=str(tmp_path),
                                     n=3, length=12))
     rows = {r["system"]: r for r in summary.rows}
     guard = rows["transcription guard (series)"]
     assert guard["dump"] == pytest.approx(1.0)  # the dump copies every value of the series
     assert guard["invented_values"] == pytest.approx(0.0)  # ...and invented values copy none: the guard is blind
-    assert rows["identify-claims (series)"]["invented_values"] < rows["identify-claims (series)"]["honest"]
+    assert rows["identification-claims (series)"]["invented_values"] < rows["identification-claims (series)"]["honest"]
     assert guard["honest"] <= 4 / 12 and guard["empty"] == 0.0
     assert "exploitable_guarded" in summary.columns
-    claims = rows["identify-claims (series)"]
+    claims = rows["identification-claims (series)"]
     # the code-checked verifier: the honest caption identifies its series, a dump scores exactly chance
     assert claims["honest"] > claims["dump"] == pytest.approx(1 / 4)
     # ...but identification rewards any one distinguishing fact: the start value alone, or the right values
@@ -110,3 +110,25 @@ def test_wrong_direction_probe_follows_the_checkers_direction_rule():
         probe = one_series_probes(values, "Describe the series.")["wrong_direction"]
         facts = with_labelled_direction(key_facts(probe, values), values)
         assert facts.direction is not None and facts.direction_correct is False, probe
+
+
+def test_every_family_reward_is_built_by_build_reward_with_its_one_name(tmp_path):
+    """Each reward family is probed under its one name (``rewards.spec.FAMILIES``) and built as training builds
+    it (``build_reward``: a ``Reward`` over the family's judge); the older names say what they became."""
+    from captionrl.errors import ConfigError
+    from captionrl.judges.claims_verifier import ClaimsIdentificationJudge
+    from captionrl.judges.ngram import NgramJudge
+    from captionrl.rewards.reward import Reward
+    from captionrl.rewards.spec import FAMILIES
+
+    assert set(FAMILIES) <= {n.split("-")[0] for n in REWARDS.names()}
+    series = series_probes(n=3, k=3, length=12)
+    cider = REWARDS.get("cider").build(None, series)
+    claims = REWARDS.get("identification-claims").build(None, series)
+    assert isinstance(cider, Reward) and isinstance(cider.base, NgramJudge) and cider.family == "cider"
+    assert isinstance(claims, Reward) and isinstance(claims.base, ClaimsIdentificationJudge)
+    assert claims.base.cfg.k == 3 and cider.shaping.transcription_penalty == 0.0  # no shaping: the judge's score
+    for old, new in (("scalar", "judge"), ("ngram", "cider"), ("qa", "answerability"),
+                     ("identify-letter", "identification-letter")):
+        with pytest.raises(ConfigError, match=f"was renamed to {new}"):
+            HackingEvalConfig(rewards=[old], out=str(tmp_path))

@@ -147,7 +147,7 @@ def test_answerability_family_trains_on_verified_questions(tmp_path, embedded_ba
             to_question(q)  # the column's questions read back as the reward reads them
 
 
-@pytest.mark.long  # an LLM judge's grade as the reward: test_rubicap_rewards.py's likert family in the default tier
+@pytest.mark.long  # an LLM judge's grade as the reward: test_rubicap_rewards.py's judge family in the default tier
 @pytest.mark.slow
 def test_judge_family_trains_on_grades_of_the_caption(tmp_path, embedded_backend):
     from captionrl.judges.scalar import ScalarConfig, ScalarJudge

@@ -75,7 +75,7 @@ def test_rubicap_paper_path_committee_writer_store_grpo_eval(tmp_path, llama_ser
         f"data.items={manifest}", f"rubrics.committee=[{json.dumps(server)}]", f"rubrics.writer={json.dumps(server)}",
         f"rubrics.student={json.dumps(server)}",  # the paper serves the student Policy; SmolLM2 stands in
         "rubrics.image_text=references", "rubrics.structured_output=json_object", "rubrics.max_attempts=2", "rubrics.min_items=2", "rubrics.max_items=3",
-        "rubrics.caption_max_new_tokens=40", "rubrics.writer_max_new_tokens=250", "reward.max_new_tokens=160", "reward.structured_output=json_object",
+        "rubrics.caption_max_new_tokens=40", "rubrics.writer_max_new_tokens=250", "reward.rubric.max_new_tokens=160", "reward.rubric.structured_output=json_object",
         "train.num_generations=2", "train.per_device_train_batch_size=2", "train.gradient_accumulation_steps=1",
         "train.max_completion_length=8", "train.max_steps=2", "train.save_steps=2", "train.report_to=[]",
         "train.threads=1", *ON_CPU, "train.out_dir=run",
@@ -83,7 +83,7 @@ def test_rubicap_paper_path_committee_writer_store_grpo_eval(tmp_path, llama_ser
         "train.force_preflight=true",  # SmolLM2 cannot judge well; the preflight says so and is overridden
     ]
     paper = load_config(RubicapConfig, ROOT / "configs" / "rubicap-paper.yaml")
-    assert len(paper.rubrics.committee) == 5 and paper.reward.mode == "generate"
+    assert len(paper.rubrics.committee) == 5 and paper.reward.rubric.mode == "generate"
 
     # 1. committee -> writer -> store (the paper's one-process --build-rubrics step)
     cfg = load_config(RubicapConfig, ROOT / "configs" / "rubicap-paper.yaml", [*overrides, "build_rubrics=true"])
@@ -97,7 +97,7 @@ def test_rubicap_paper_path_committee_writer_store_grpo_eval(tmp_path, llama_ser
 
     # 2. two GRPO steps on the store (the training launch builds nothing)
     cfg = load_config(RubicapConfig, ROOT / "configs" / "rubicap-paper.yaml", [*overrides, "rubrics.missing=skip"])
-    assert (cfg.train.loss_type, cfg.train.beta, cfg.reward.mode) == ("grpo", 0.04, "generate")
+    assert (cfg.train.loss_type, cfg.train.beta, cfg.reward.rubric.mode) == ("grpo", 0.04, "generate")
     result = rubicap.run(cfg)
     metrics = load_metrics(Path("run/metrics.jsonl"))
     assert [m["step"] for m in metrics[:2]] == [1, 2] and all("kl" in m for m in metrics[:2])

@@ -305,20 +305,18 @@ def test_moco_run_living_on_fallback_rubrics_is_stopped_by_the_bound(tmp_path):
 
     from captionrl.domains.scenes import make_scene
     from captionrl.errors import RewardLostError
-    from captionrl.judges.online_rubric import (
-        MocoRubricJudge,
-        OnlineRubricConfig,
-        OnlineRubricJudge,
-        fixed_roles,
-    )
+    from captionrl.judges.online_rubric import OnlineRubricConfig, fixed_roles
     from captionrl.rewards.bound import RewardBound
+    from captionrl.rewards.reward import build_reward
+    from captionrl.rewards.spec import RewardSpec, RubricFamilyConfig
     from captionrl.train.callbacks import RewardBoundCallback
     from captionrl.train.moco import MocoReward
 
     dead = dead_openai_backend()
-    judge = OnlineRubricJudge(fixed_roles(dead), OnlineRubricConfig(max_attempts=1, fallback="facts", with_image=False),
-                              judge_factory=lambda b: MocoRubricJudge(b, mode="choose"))
-    reward = MocoReward(judge, name="moco_rubric", log_fields=())
+    spec = RewardSpec(family="rubric", subject="image", rubric=RubricFamilyConfig(mode="choose"),
+                      transcription_penalty=0.0, run_penalty=0.0)
+    reward = MocoReward(build_reward(spec, fixed_roles(dead), name="moco_rubric",
+                                     online=OnlineRubricConfig(max_attempts=1, fallback="facts", with_image=False)))
     scene = make_scene(0, 0, size=96)
     callback = RewardBoundCallback(RewardBound(max_unscored_frac=1.0, max_fallback_frac=0.5, unscored_patience=1),
                                    [reward])

@@ -45,11 +45,56 @@ def test_unknown_family_names_field_value_and_choices(forbid_models):
     assert err.value.field == "reward.family" and "bleu" in str(err.value)
     assert all(f in str(err.value) for f in REWARD_FAMILIES)
     with pytest.raises(ConfigError) as err:  # a family's own settings are checked too
-        load_config(RubicapConfig, CPU, ["reward.family=likert", "reward.likert.mode=vote"])
-    assert err.value.field == "scalar.mode"
+        load_config(RubicapConfig, CPU, ["reward.family=judge", "reward.judge.mode=vote"])
+    assert err.value.field == "reward.judge.mode"
     assert load_config(RubicapConfig, CPU).reward.family == "rubric"  # default: today's RubiCap
     for family in REWARD_FAMILIES:  # the paper config trains every baseline by the one switch
         assert load_config(RubicapConfig, PAPER, [f"reward.family={family}"]).reward.family == family
+
+
+def test_the_reward_section_is_the_one_reward_spec(forbid_models):
+    """RubiCap's ``reward:`` is the reward spec every face reads: it round-trips through the service's and
+    adapters' ``RewardSpec``, ``build_reward`` builds each family's judge from it, the families go by their one
+    names, and RubiCap's older spellings fail naming the new ones."""
+    import dataclasses
+
+    from captionrl.config import from_dict
+    from captionrl.judges.ngram import NgramJudge
+    from captionrl.judges.qa import QAJudge
+    from captionrl.judges.rubric import RubricJudge
+    from captionrl.judges.scalar import ScalarConfig, ScalarJudge
+    from captionrl.rewards.reward import Reward
+    from captionrl.rewards.spec import IMAGE_FAMILIES, RewardSpec
+
+    assert REWARD_FAMILIES == IMAGE_FAMILIES == ("rubric", "cider", "judge", "answerability")
+    backend = object()  # building a judge calls no model
+    rows = [{"references": ["a red circle", "a circle"]}, {"references": ["a blue square", "a square"]}]
+    built = {}
+    for family in REWARD_FAMILIES:
+        cfg = load_config(RubicapConfig, PAPER, [f"reward.family={family}"])
+        assert isinstance(cfg.reward, RewardSpec)
+        spec = from_dict(RewardSpec, dataclasses.asdict(cfg.reward), prefix="reward.")  # the service's spelling
+        assert dataclasses.asdict(spec) == dataclasses.asdict(cfg.reward)
+        reward = rubicap.make_reward(cfg, backend, rows)
+        assert isinstance(reward, Reward) and reward.family == reward.name == family
+        assert reward.shaping.transcription_penalty == 0.0 and not reward.needed_columns()  # image captions: no shaping
+        built[family] = reward.base
+    assert isinstance(built["cider"], NgramJudge) and built["cider"].scorer.n_docs == 2
+    assert isinstance(built["judge"], ScalarJudge) and built["judge"].cfg == ScalarConfig(mode="choose", subject="an image")
+    assert isinstance(built["answerability"], QAJudge) and built["answerability"].cfg.subject == "image"
+    rubric, paper = built["rubric"], load_config(RubicapConfig, PAPER).reward.rubric
+    assert isinstance(rubric, RubricJudge) and (rubric.mode, rubric.decision, rubric.max_new_tokens, rubric.name) == (
+        paper.mode, paper.decision, paper.max_new_tokens, "rubric-generate")
+    for old, field, new in ((["reward.family=likert"], "reward.family", "judge"),
+                            (["reward.likert.mode=choose"], "reward.likert", "reward.judge"),
+                            (["reward.decision=hard"], "reward.decision", "reward.rubric"),
+                            (["reward.mode=generate"], "reward.mode", "reward.rubric.mode")):
+        with pytest.raises(ConfigError) as err:
+            load_config(RubicapConfig, CPU, old)
+        assert err.value.field == field and new in str(err.value)
+    with pytest.raises(ConfigError, match="binary decisions only") as err:  # the one decision-rule check
+        load_config(RubicapConfig, CPU, ["reward.rubric.mode=generate", "reward.rubric.decision=soft"])
+    assert err.value.field == "reward.rubric.decision"
 
 
 def test_each_family_gets_the_columns_its_judge_reads(tmp_path, forbid_models):
@@ -62,7 +107,7 @@ def test_each_family_gets_the_columns_its_judge_reads(tmp_path, forbid_models):
     assert not {"references", "reference", "questions"} & set(base[0])  # rubric rows unchanged
     cider = rows("cider")
     assert all(r["references"] and isinstance(r["references"][0], str) for r in cider)
-    assert [r["reference"] for r in rows("likert")] == [r["references"][0] for r in cider]
+    assert [r["reference"] for r in rows("judge")] == [r["references"][0] for r in cider]
     qa = rows("answerability")
     q = qa[0]["questions"][0]
     assert set(q) == {"question", "options", "answer"} and isinstance(q["answer"], int) and len(q["options"]) == 4
@@ -76,7 +121,7 @@ def test_family_without_its_data_fails_before_models(tmp_path, forbid_models):
         s.render().save(tmp_path / f"{s.id}.png")
         lines.append(json.dumps({"id": s.id, "image": f"{s.id}.png", "facts": s.facts}))  # no captions, no qa
     (tmp_path / "items.jsonl").write_text("\n".join(lines) + "\n")
-    for family, field in (("cider", "references"), ("likert", "references"), ("answerability", "qa")):
+    for family, field in (("cider", "references"), ("judge", "references"), ("answerability", "qa")):
         cfg = load_config(RubicapConfig, CPU, [f"data.items={tmp_path / 'items.jsonl'}", f"reward.family={family}",
                                                f"train.out_dir={tmp_path / family}"])
         with pytest.raises(DataError) as err:
@@ -142,16 +187,17 @@ def test_cider_family_trains_on_cider_d(tmp_path, embedded_backend):
 
 
 @pytest.mark.slow
-def test_likert_family_trains_on_the_judges_grade(tmp_path, embedded_backend):
-    from captionrl.judges.scalar import ScalarJudge
+def test_judge_family_trains_on_the_judges_grade(tmp_path, embedded_backend):
+    from captionrl.judges.scalar import ScalarConfig, ScalarJudge
 
     # a 135M judge is flattered by self-praise: the preflight runs, saves its table and is overridden
-    cfg, samples, checks = _train(tmp_path, embedded_backend, "likert",
-                                  ["reward.likert.mode=choose", "train.force_preflight=true"])
+    cfg, samples, checks = _train(tmp_path, embedded_backend, "judge",
+                                  ["reward.judge.mode=choose", "train.force_preflight=true"])
     assert checks["held_out"] == ["cider_d", "rubric"]
-    assert samples and all(s["family"] == "likert" and "expected_grade" in s["judgment"] for s in samples)
+    assert samples and all(s["family"] == "judge" and "expected_grade" in s["judgment"] for s in samples)
     refs = {r["item_id"]: r["reference"] for r in build_data(cfg).rows}
-    again = ScalarJudge(embedded_backend, cfg.reward.likert).judge(
+    # the grade as the scalar judge gives it on its own (the settings the family had before the one spec)
+    again = ScalarJudge(embedded_backend, ScalarConfig(mode="choose", subject="an image")).judge(
         [s["caption"] for s in samples], {"reference": [refs[s["item_id"]] for s in samples]})
     assert [s["reward"] for s in samples] == pytest.approx([j.score for j in again], abs=2e-3)
-    assert [s["reward"] for s in samples] != pytest.approx(_rubric_scores(cfg, embedded_backend, samples, tmp_path / "likert"), abs=1e-3)
+    assert [s["reward"] for s in samples] != pytest.approx(_rubric_scores(cfg, embedded_backend, samples, tmp_path / "judge"), abs=1e-3)

@@ -326,14 +326,14 @@ def test_rubicap_paper_config_dry_run_with_tiny_qwen2_5_vl(tmp_path, llama_serve
     out = tmp_path / "run"
     cfg = load_config(RubicapConfig, ROOT / "configs" / "rubicap-paper.yaml", [
         "policy.model=tiny-qwen2.5-vl", "policy.dtype=float32", f"judge.base_url={llama_server.base_url}",
-        f"judge.model={llama_server.model}", "judge.concurrency=1", "reward.structured_output=json_object",
-        "data.items=scenes:2:0", "rubrics.source=facts", "reward.max_new_tokens=96",
+        f"judge.model={llama_server.model}", "judge.concurrency=1", "reward.rubric.structured_output=json_object",
+        "data.items=scenes:2:0", "rubrics.source=facts", "reward.rubric.max_new_tokens=96",
         "train.num_generations=2", "train.per_device_train_batch_size=2", "train.gradient_accumulation_steps=1",
         "train.max_completion_length=8", "train.max_steps=1", "train.save_steps=1", "train.report_to=[]",
         "train.threads=1", *ON_CPU, f"train.out_dir={out}",
         "train.force_preflight=true",  # a 135M judge's yes/no cannot tell the facts from the probes
     ])
-    assert (cfg.reward.mode, cfg.reward.decision, cfg.train.loss_type, cfg.train.beta,
+    assert (cfg.reward.rubric.mode, cfg.reward.rubric.decision, cfg.train.loss_type, cfg.train.beta,
             cfg.train.gradient_checkpointing) == ("generate", "hard", "grpo", 0.04, True)
     rubicap.run(cfg)
     assert (out / "preflight.md").read_text().startswith("# Reward preflight")  # it ran before step 1

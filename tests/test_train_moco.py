@@ -61,6 +61,34 @@ def test_rows_carry_two_references_and_facts():
         assert r["prompt"][0]["content"][0] == {"type": "image"}
 
 
+def test_the_reward_is_the_rubric_family_of_the_one_reward():
+    """MoCo's reward is built through the reward spec and ``build_reward``: the rubric family (its one name),
+    decided under ``judge.*`` by MoCo's Judge on rubrics the served Generator writes, no shaping; the one
+    decision-rule check refuses generate with soft decisions when the config loads."""
+    from captionrl.judges.online_rubric import MocoRubricJudge, OnlineRubricJudge, fixed_roles
+    from captionrl.rewards.reward import Reward
+    from captionrl.rewards.spec import RewardSpec
+    from captionrl.train.moco import online_rubric_reward
+
+    cfg = load_config(MocoConfig, PAPER, ["reward.max_fallback_frac=0.25"])
+    spec = cfg.reward_spec()
+    assert isinstance(spec, RewardSpec) and (spec.family, spec.subject) == ("rubric", "image")
+    assert (spec.rubric.mode, spec.rubric.decision, spec.rubric.max_new_tokens) == (
+        cfg.judge.mode, cfg.judge.decision, cfg.judge.max_new_tokens)
+    assert spec.max_fallback_frac == 0.25 and spec.transcription_penalty == spec.run_penalty == 0.0
+    backend = object()  # building the reward calls no model
+    reward = online_rubric_reward(cfg, fixed_roles(backend, backend))
+    assert isinstance(reward.reward, Reward) and reward.reward.family == "rubric" and reward.__name__ == "moco_rubric"
+    assert isinstance(reward.judge, OnlineRubricJudge) and reward.judge.cfg is cfg.rubric
+    judge = reward.judge.judge_factory(backend)
+    assert type(judge) is MocoRubricJudge and (judge.mode, judge.decision, judge.max_new_tokens, judge.name) == (
+        "generate", "hard", cfg.judge.max_new_tokens, "moco-judge-generate")
+    assert type(cfg.judge.factory(backend)) is MocoRubricJudge  # EvoLM's fixed Judge: the same factory
+    with pytest.raises(ConfigError, match="binary decisions only") as exc:
+        load_config(MocoConfig, PAPER, ["judge.decision=soft"])
+    assert exc.value.field == "judge.decision"
+
+
 @pytest.mark.long  # MoCo training and resume: test_rehearsal_moco.py and the moco-zero3 rehearsal in the default tier
 @pytest.mark.slow
 def test_moco_smoke_trains_with_momentum_judge_and_resumes(tmp_path):

@@ -47,8 +47,9 @@ def forbid_models(monkeypatch):
         ("train.algorithm=rloo", "train.algorithm"),
         ("train.num_generations=1", "train.num_generations"),
         ("train.per_device_train_batch_size=3", "train.per_device_train_batch_size"),
-        ("reward.mode=vote", "reward.mode"),
-        ("reward.mode=generate", "reward.decision"),  # the CPU config's soft decisions need a graded mode
+        ("reward.rubric.mode=vote", "reward.rubric.mode"),
+        ("reward.rubric.mode=generate", "reward.rubric.decision"),  # the CPU config's soft decisions need a graded mode
+        ("reward.mode=choose", "reward.mode"),  # the rubric judge's mode is reward.rubric.mode
         ("rubrics.source=store", "rubrics.store"),
         ("rubrics.source=build", "rubrics.committee"),
         ("rubrics.committee=[{kind: openai, model: m}]", "backend.base_url"),
@@ -193,12 +194,13 @@ class _DeadJudgeBackend:
 
 def test_judge_outage_is_unscored_not_zero(tmp_path):
     from captionrl.judges.rubric import RubricJudge
+    from captionrl.rewards.reward import Reward
     from captionrl.train.logging import SampleLog, load_samples
 
     cfg = load_config(RubicapConfig, None, ["data.items=scenes:2:0", f"train.out_dir={tmp_path / 'run'}"])
     rows = build_data(cfg).rows
     samples = SampleLog(tmp_path)
-    reward = RubricReward(RubricJudge(_DeadJudgeBackend(), mode="likelihood"), samples)
+    reward = RubricReward(Reward(RubricJudge(_DeadJudgeBackend(), mode="likelihood"), family="rubric"), samples)
     logged: dict[str, float] = {}
     out = reward(prompts=[r["prompt"] for r in rows], completions=[[{"role": "assistant", "content": "A red circle."}]] * 2,
                  rubric=[r["rubric"] for r in rows], item_id=[r["item_id"] for r in rows],

@@ -34,7 +34,7 @@ from typing import Any
 from captionrl.errors import ConfigError
 from captionrl.rewards.reward import Reward
 from captionrl.rewards.spec import RewardSetup
-from captionrl.serve.failure import FailurePolicy, Settled, finite_logs, judge_through_outages_sync, settle
+from captionrl.serve.failure import FailurePolicy, Settled, score_labels_sync
 
 CONFIG_ENV = "CAPTIONRL_REWARD_CONFIG"
 UNSCORED_ENV = "CAPTIONRL_UNSCORED_REWARD"
@@ -88,20 +88,15 @@ def failure_policy() -> FailurePolicy:
 
 def scores(captions: Sequence[str], labels: Sequence[Any]) -> list[tuple[Settled, dict[str, float]]]:
     """Each caption's finite reward and its log fields (``unscored`` and the reward's fixed key set), scored
-    by the one reward and settled under ``serve.failure``; a malformed label raises ``DataError``."""
-    from captionrl.serve.labels import check_row, label_columns
+    by the one reward through the service's label scoring (``serve.labels.label_rows``,
+    ``serve.failure.score_labels``); a malformed label raises ``DataError``."""
+    from captionrl.serve.labels import label_rows
 
     cfg = setup()
-    family = cfg.reward.family
-    needs_main = family != "judge" or cfg.reward.judge.use_reference
-    rows = [label_columns(lab, family, i) for i, lab in enumerate(labels)]
-    for i, row in enumerate(rows):
-        check_row(row, family, i, needs_main=needs_main)
+    rows = label_rows(labels, cfg.reward.family, needs_main=cfg.needs_main_column())
     keys = sorted({k for r in rows for k in r})
-    r, policy = reward(), failure_policy()
-    judgments = judge_through_outages_sync(
+    r = reward()
+    got = score_labels_sync(
         lambda idx: r.score([captions[i] for i in idx], {k: [rows[i].get(k) for i in idx] for k in keys}),
-        len(captions), policy)
-    settled = settle(judgments, policy)
-    logs = finite_logs(judgments, settled, r.log_keys())
-    return [(s, {k: v[i] for k, v in logs.items()}) for i, s in enumerate(settled)]
+        len(captions), failure_policy(), r.log_keys())
+    return [(s, {k: v[i] for k, v in got.logs.items()}) for i, s in enumerate(got.settled)]

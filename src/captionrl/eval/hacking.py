@@ -1,8 +1,10 @@
 """Reward-hacking probes: which reward can a policy exploit without describing anything?
 
-Every reward of the project (built through ``REWARDS``, a small registry; a reward that raises
-``NotApplicable`` for these probes is skipped with a note, nothing else is) scores the same items under six
-captions, and series items under a seventh:
+Every reward of the project scores the same items under six captions, and series items under a seventh.
+``REWARDS``, a small registry, names each reward by its judge family (``rewards.spec.FAMILIES``; the
+identification family once per verifier) and builds it as training does, through ``rewards.spec.RewardSpec``
+and ``rewards.reward.build_reward``, with every shaping term off (the guard's column is computed apart); a
+reward that raises ``NotApplicable`` for these probes is skipped with a note, nothing else is:
 
 - ``honest``: the describer's caption (time series: ``describe_series``) or the reference caption
   (images: the scene's / easy-vqa item's reference);
@@ -18,7 +20,7 @@ The report puts each reward's mean on each probe next to its mean on the honest 
 probe that scores at least as high as honest: that is a way for a policy to gain reward without
 describing the item. Expected (and shown, not hidden): the likelihood verifier prefers the number dump;
 the letter verifier scores the injected answer at exactly chance (1/K) because the true series visits
-every letter; reference-free scalar judges may like self-praise.
+every letter; a reference-free judge family may like self-praise.
 """
 
 from __future__ import annotations
@@ -126,63 +128,57 @@ def image_probes(n: int = 4, seed: int = 0) -> ProbeSet:
 
 # ---------------------------------------------------------------------- the reward registry
 class NotApplicable(Exception):
-    """Raised by a ``RewardSpec.build`` whose reward cannot judge these probes (e.g. no rubric column):
+    """Raised by a ``ProbedReward.build`` whose reward cannot judge these probes (e.g. no rubric column):
     the only reason a reward is skipped; any other exception is a bug and propagates."""
 
 
 @dataclass(frozen=True)
-class RewardSpec:
-    """How to build one reward's judge for a domain; ``build`` raises NotApplicable when it cannot apply."""
+class ProbedReward:
+    """How to build one reward for a domain; ``build`` raises NotApplicable when it cannot apply."""
 
     domains: tuple[str, ...]
     build: Callable[[Any, ProbeSet], Any]
     note: str = ""
 
 
-REWARDS: Registry[RewardSpec] = Registry("reward")
+REWARDS: Registry[ProbedReward] = Registry("reward")
+
+RENAMED_REWARDS = {"identify-letter": "identification-letter", "identify-likelihood": "identification-likelihood",
+                   "identify-claims": "identification-claims"}
+"""Older names of the probed rewards (with ``rewards.spec.RENAMED_FAMILIES``: scalar, ngram, qa)."""
 
 
-def _identify(mode: str) -> Callable[[Any, ProbeSet], Any]:
+def family_reward(family: str, verifier: Callable[[Any], Any] | None = None,
+                  **settings: Callable[[ProbeSet], Any]) -> Callable[[Any, ProbeSet], Any]:
+    """Builds the ``family`` reward of ``rewards.reward.build_reward`` for a probe set, its shaping off:
+    ``settings`` map a ``RewardSpec`` field to its value for the probes; ``verifier`` replaces the backend
+    (a code verifier)."""
+
     def build(backend: Any, probes: ProbeSet) -> Any:
-        from captionrl.judges.identification import IdentificationJudge, IdentifyConfig
+        from captionrl.rewards.reward import build_reward
+        from captionrl.rewards.shaping import ShapingConfig
+        from captionrl.rewards.spec import RewardSpec
 
-        return IdentificationJudge(backend, IdentifyConfig(mode=mode, k=probes.meta["k"]))
+        spec = RewardSpec(family=family, subject="time series" if probes.domain == "series" else "image",
+                          **{k: v(probes) for k, v in settings.items()}, **ShapingConfig.OFF)
+        return build_reward(spec, verifier(backend) if verifier else backend, seed=probes.meta.get("seed", 0),
+                            cider_corpus=probes.columns["references"] if family == "cider" else None)
 
     return build
 
 
-def _claims(backend: Any, probes: ProbeSet) -> Any:
+def _claims_verifier(backend: Any) -> Any:
     from captionrl.judges.claims_verifier import ClaimsVerifier
-    from captionrl.judges.identification import IdentifyConfig
 
-    return ClaimsVerifier().identification_judge(IdentifyConfig(k=probes.meta["k"]))
-
-
-def _scalar(backend: Any, probes: ProbeSet) -> Any:
-    from captionrl.judges.scalar import ScalarConfig, ScalarJudge
-
-    subject = "a time series" if probes.domain == "series" else "an image"
-    return ScalarJudge(backend, ScalarConfig(use_reference=False, subject=subject))
+    return ClaimsVerifier()
 
 
-def _ngram(backend: Any, probes: ProbeSet) -> Any:
-    from captionrl.judges.ngram import NgramJudge
-
-    return NgramJudge(corpus=probes.columns["references"])
-
-
-def _qa(backend: Any, probes: ProbeSet) -> Any:
-    from captionrl.judges.qa import QAConfig, QAJudge
-
-    return QAJudge(backend, QAConfig(n_questions=4, seed=probes.meta.get("seed", 0)))
-
-
-def _rubric(backend: Any, probes: ProbeSet) -> Any:
-    from captionrl.judges.rubric import RubricJudge
+def _rubric_settings(probes: ProbeSet) -> Any:
+    from captionrl.rewards.spec import RubricFamilyConfig
 
     if "rubric" not in probes.columns:
         raise NotApplicable("the items carry no rubric column")
-    return RubricJudge(backend)
+    return RubricFamilyConfig(mode="choose")
 
 
 def _entail(backend: Any, probes: ProbeSet) -> Any:
@@ -191,14 +187,39 @@ def _entail(backend: Any, probes: ProbeSet) -> Any:
     return EntailmentJudge(backend)
 
 
-REWARDS.add("identify-letter", RewardSpec(("series",), _identify("letter"), "hard accuracy over K rotations"))
-REWARDS.add("identify-likelihood", RewardSpec(("series",), _identify("likelihood"), "argmax log p(caption | series)"))
-REWARDS.add("identify-claims", RewardSpec(("series",), _claims, "code-checked claims, no model (claims:rules)"))
-REWARDS.add("scalar", RewardSpec(DOMAINS, _scalar, "grade 1-9 without a reference, normalised"))
-REWARDS.add("ngram", RewardSpec(DOMAINS, _ngram, "CIDEr-D against the honest caption as reference"))
-REWARDS.add("qa", RewardSpec(("images",), _qa, "answerability: accuracy of a text-only answerer"))
-REWARDS.add("rubric", RewardSpec(("images",), _rubric, "rubric judge"))
-REWARDS.add("entail", RewardSpec(DOMAINS, _entail, "entailment of references"))
+def _k(probes: ProbeSet) -> int:
+    return int(probes.meta["k"])
+
+
+def _no_reference(probes: ProbeSet) -> Any:
+    from captionrl.rewards.spec import JudgeFamilyConfig
+
+    return JudgeFamilyConfig(mode="choose", use_reference=False, show_series=False)
+
+
+REWARDS.add("identification-letter", ProbedReward(("series",), family_reward("identification", mode=lambda p: "letter", k=_k),
+                                                  "hard accuracy over K rotations"))
+REWARDS.add("identification-likelihood", ProbedReward(("series",), family_reward("identification", k=_k),
+                                                      "argmax log p(caption | series)"))
+REWARDS.add("identification-claims", ProbedReward(("series",), family_reward("identification", _claims_verifier, k=_k),
+                                                  "code-checked claims, no model (claims:rules)"))
+REWARDS.add("judge", ProbedReward(DOMAINS, family_reward("judge", judge=_no_reference),
+                                  "grade 1-9 without a reference, normalised"))
+REWARDS.add("cider", ProbedReward(DOMAINS, family_reward("cider"), "CIDEr-D against the honest caption as reference"))
+REWARDS.add("answerability", ProbedReward(("images",), family_reward("answerability"),
+                                          "accuracy of a text-only answerer"))
+REWARDS.add("rubric", ProbedReward(("images",), family_reward("rubric", rubric=_rubric_settings), "rubric judge"))
+REWARDS.add("entail", ProbedReward(DOMAINS, _entail, "entailment of references (an evaluation judge, no reward family)"))
+
+
+def probed_reward(name: str) -> ProbedReward:
+    """The registered reward ``name``; an older name's error names its one name."""
+    from captionrl.rewards.spec import RENAMED_FAMILIES
+
+    new = RENAMED_REWARDS.get(name) or RENAMED_FAMILIES.get(name)
+    if new is not None and name not in REWARDS.names():
+        raise ConfigError("rewards", name, f"was renamed to {new}", f"write rewards: [{new}] (the same reward)")
+    return REWARDS.get(name)
 
 
 # ---------------------------------------------------------------------- the protocol
@@ -222,7 +243,7 @@ class HackingEvalConfig:
             if d not in DOMAINS:
                 raise ConfigError("domains", d, "unknown domain", f"use {' and/or '.join(DOMAINS)}")
         for r in self.rewards:
-            REWARDS.get(r)
+            probed_reward(r)
         for p in self.probes:
             if p not in ALL_PROBES:
                 from captionrl.registry import suggest

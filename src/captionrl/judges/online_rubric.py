@@ -46,7 +46,7 @@ from captionrl.errors import ConfigError, DataError
 from captionrl.judges import prompts as P
 from captionrl.judges.base import Columns, require_columns, unscored
 from captionrl.judges.roles import generator_messages, judge_messages, rubric_schema, structured
-from captionrl.judges.rubric import RubricJudge, extract_json, validate_rubric
+from captionrl.judges.rubric import RubricJudge, RubricJudgeSettings, extract_json, validate_rubric
 from captionrl.judges.rubric_build import RubricWriterSettings
 from captionrl.records import RecordWriter
 from captionrl.types import Judgment, RubricItem
@@ -110,6 +110,13 @@ class MocoRubricJudge(RubricJudge):
 
     def generate_prompt(self, caption: str, rubric: Sequence[RubricItem]) -> list[dict[str, Any]]:
         return judge_messages([r.to_dict() for r in rubric], caption.strip())
+
+
+def moco_judge_factory(settings: RubricJudgeSettings) -> Callable[[Backend], RubricJudge]:
+    """Builds MoCo's Judge (``MocoRubricJudge``, named ``moco-judge-<mode>``) under ``settings`` on a served
+    Judge backend: the online rubric reward's ``judge_factory``, and EvoLM's fixed Judge."""
+    return lambda backend: settings.rubric_judge(backend, name=f"moco-judge-{settings.mode}",
+                                                 judge_class=MocoRubricJudge)
 
 
 # ---------------------------------------------------------------------- pure helpers

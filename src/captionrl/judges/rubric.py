@@ -184,12 +184,31 @@ class RubricJudgeSettings:
         if self.structured_output not in STRUCTURED_OUTPUTS:
             raise ConfigError(f"{f}.structured_output", self.structured_output, "unknown style",
                               f"use one of {', '.join(STRUCTURED_OUTPUTS)}")
-        if self.mode not in ("choose", "generate", "likelihood"):
-            raise ConfigError(f"{f}.mode", self.mode, "unknown rubric judge mode", "use choose, generate or likelihood")
-        if self.decision not in ("hard", "soft"):
-            raise ConfigError(f"{f}.decision", self.decision, "unknown decision rule", "use hard or soft")
+        check_decision_rule(self.mode, self.decision, f)
         if self.temperature < 0:
             raise ConfigError(f"{f}.temperature", self.temperature, "must be >= 0", "use 0 (greedy) or e.g. 1.0")
+
+    def rubric_judge(self, backend: Backend, *, store: RubricStore | None = None, name: str | None = None,
+                     judge_class: type[RubricJudge] | None = None) -> RubricJudge:
+        """The rubric judge these settings describe, on ``backend``: the one place a judge is built from them
+        (the rubric reward family, RubiCap's end-of-run check, MoCo's Judge with ``judge_class``
+        ``MocoRubricJudge``)."""
+        return (judge_class or RubricJudge)(
+            backend, mode=self.mode, decision=self.decision, threshold=self.threshold,  # type: ignore[arg-type]
+            max_new_tokens=self.max_new_tokens, structured_output=self.structured_output,
+            temperature=self.temperature, store=store, name=name)
+
+
+def check_decision_rule(mode: str, decision: str, prefix: str = "judge") -> None:
+    """A known mode and decision rule, and one the mode can give (generate replies are yes/no, never a
+    probability); errors name ``<prefix>.mode`` / ``<prefix>.decision``."""
+    if mode not in DEFAULT_THRESHOLDS:
+        raise ConfigError(f"{prefix}.mode", mode, "unknown rubric judge mode", "use choose, generate or likelihood")
+    if decision not in ("hard", "soft"):
+        raise ConfigError(f"{prefix}.decision", decision, "unknown decision rule", "use hard or soft")
+    if mode == "generate" and decision == "soft":
+        raise ConfigError(f"{prefix}.decision", decision, "generate mode returns binary decisions only",
+                          f"use {prefix}.decision: hard with {prefix}.mode: generate")
 
 
 class RubricJudge:
@@ -214,13 +233,7 @@ class RubricJudge:
         structured_output: str = "none",
         temperature: float = 0.0,
     ) -> None:
-        if mode not in DEFAULT_THRESHOLDS:
-            raise ConfigError("judge.mode", mode, "unknown rubric judge mode", "use choose, generate or likelihood")
-        if decision not in ("hard", "soft"):
-            raise ConfigError("judge.decision", decision, "unknown decision rule", "use hard or soft")
-        if mode == "generate" and decision == "soft":
-            raise ConfigError("judge.decision", decision, "generate mode returns binary decisions only",
-                              "use decision=hard with mode=generate")
+        check_decision_rule(mode, decision)
         self.backend = backend
         self.mode = mode
         self.decision = decision

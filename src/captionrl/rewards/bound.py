@@ -80,7 +80,7 @@ class RewardHealth:
 
 
 def health_of(reward: Any) -> RewardHealth | None:
-    """The ``RewardHealth`` a reward callable keeps (the TRL face ``rewards.RewardFunction`` keeps one), or ``None``."""
+    """The ``RewardHealth`` a reward callable keeps (the TRL face ``rewards.trl_face.RewardFunction`` keeps one), or ``None``."""
     health = getattr(reward, "health", None)
     return health if isinstance(health, RewardHealth) else None
 

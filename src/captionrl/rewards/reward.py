@@ -5,7 +5,7 @@
 0), ``extra`` holds the judge's own fields (hard/soft, accuracy, grade...) and every shaping term
 (``base``, ``masked``, ``length_penalty``, ``transcription_penalty``, ``red_share``, ...), and ``raw``,
 ``decision``, ``error`` keep the judge's evidence. It knows nothing of TRL, HTTP or engines: the TRL reward
-function (``rewards.trl_face``), the reward service (``serve``) and the OpenRLHF/verl functions
+function (``rewards.trl_face.RewardFunction``), the reward service (``serve``) and the OpenRLHF/verl functions
 (``adapters``) are thin faces over it, so a caption is shaped exactly as in training wherever it is scored,
 the numbers-masked pass included (the object makes its second judge call itself).
 
@@ -16,13 +16,16 @@ it as one.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from captionrl.errors import DataError
 from captionrl.judges.base import Columns, Judge
 from captionrl.rewards.shaping import Shaper, ShapingConfig, mask_numbers, terms
 from captionrl.rewards.spec import RewardSpec, SeriesPrint
 from captionrl.types import Judgment
+
+if TYPE_CHECKING:
+    from captionrl.judges.online_rubric import OnlineRubricConfig
 
 FAMILY_FIELDS = {"identification": ("hard", "soft"), "answerability": ("accuracy", "cannot_answer_rate"),
                  "judge": ("expected_grade", "grade"), "rubric": (), "cider": ()}
@@ -112,24 +115,31 @@ class Reward:
 
 def build_reward(spec: RewardSpec, verifier: Any = None, *, series: SeriesPrint | None = None, seed: int = 0,
                  cider_corpus: Sequence[Sequence[str]] | None = None, name: str | None = None,
-                 series_rows: bool | None = None, instruction: str | None = None) -> Reward:
-    """The reward ``spec`` describes, its judge on ``verifier`` (a backend; unused by ``cider``).
+                 series_rows: bool | None = None, instruction: str | None = None,
+                 online: OnlineRubricConfig | None = None, records: Any = None) -> Reward:
+    """The reward ``spec`` describes, its judge on ``verifier`` (a backend, or a code verifier such as
+    ``judges.claims_verifier.ClaimsVerifier`` for identification; unused by ``cider``).
 
     Args:
         series: how the verifier prints candidate series (identification, and the judge family's context).
-        seed: seeds the answerability family's question draws (combined with each item's id).
+        seed: seeds the answerability family's question draws (combined with each item's id) unless
+            ``reward.answerability.seed`` is set.
         cider_corpus: reference sets the CIDEr-D document frequencies are fitted on, once; default: the file
             or folder ``spec.cider.references`` names (the service and adapters refuse CIDEr-D without one).
         series_rows: every row describes a series, so a missing ``series`` column is an error rather than the
             series terms switching off (default: identification rows; ``train lineup`` says so for every family).
         instruction: the captioning instruction the policy reads (the degenerate check catches its echo).
+        online: the rubric family's rubrics are written per group by a Generator (MoCo): ``verifier`` is then a
+            ``judges.online_rubric.RoleServer`` serving the Generator and the Judge, these its settings;
+            ``records`` writes one record per group. Without it a rubric comes with each row (or its store).
     """
-    judge = family_judge(spec, verifier, series or SeriesPrint(), seed, cider_corpus)
+    judge = family_judge(spec, verifier, series or SeriesPrint(), seed, cider_corpus, online, records)
     return Reward(judge, spec, family=spec.family, name=name, series_rows=series_rows, instruction=instruction)
 
 
 def family_judge(spec: RewardSpec, verifier: Any, series: SeriesPrint, seed: int,
-                 cider_corpus: Sequence[Sequence[str]] | None) -> Judge:
+                 cider_corpus: Sequence[Sequence[str]] | None, online: OnlineRubricConfig | None = None,
+                 records: Any = None) -> Judge:
     """The judge of ``spec.family`` (``rewards.spec.FAMILIES``)."""
     family = spec.family
     if family == "cider":
@@ -146,8 +156,9 @@ def family_judge(spec: RewardSpec, verifier: Any, series: SeriesPrint, seed: int
         from captionrl.judges.qa import QAConfig, QAJudge
 
         a = spec.answerability
-        return QAJudge(verifier, QAConfig(n_questions=a.n_questions, seed=seed, cannot_answer=a.cannot_answer,
-                                          shuffle_options=a.shuffle_options, subject=spec.subject))
+        return QAJudge(verifier, QAConfig(n_questions=a.n_questions, seed=seed if a.seed is None else a.seed,
+                                          cannot_answer=a.cannot_answer, shuffle_options=a.shuffle_options,
+                                          subject=spec.subject))
     if family == "judge":
         from captionrl.judges.scalar import ScalarConfig, ScalarJudge
 
@@ -157,25 +168,19 @@ def family_judge(spec: RewardSpec, verifier: Any, series: SeriesPrint, seed: int
                                                   max_new_tokens=j.max_new_tokens, subject=f"{article} {spec.subject}",
                                                   context_column="series_text" if j.show_series and series_subject(spec)
                                                   else None))
-    from captionrl.judges.rubric import RubricJudge, RubricStore
-
     r = spec.rubric
-    return RubricJudge(verifier, mode=r.mode, decision=r.decision, threshold=r.threshold,  # type: ignore[arg-type]
-                       max_new_tokens=r.max_new_tokens, structured_output=r.structured_output,
-                       temperature=r.temperature, store=RubricStore(r.store) if r.store else None)
+    if online is not None:
+        from captionrl.judges.online_rubric import OnlineRubricJudge, moco_judge_factory
+
+        return OnlineRubricJudge(verifier, online, judge_factory=moco_judge_factory(r), records=records)
+    from captionrl.judges.rubric import RubricStore
+
+    return r.rubric_judge(verifier, store=RubricStore(r.store) if r.store else None)
 
 
 def series_subject(spec: RewardSpec) -> bool:
     """Whether the captions describe series (``reward.subject``), so the judge family shows the values."""
     return "series" in spec.subject.lower()
-
-
-def reward_of_judge(judge: Judge, name: str | None = None) -> Reward:
-    """A judge's scores as they are, as a ``Reward`` (no shaping) named ``name`` (its metrics' prefix, e.g.
-    ``rubric/unscored_frac``): for recipes whose reward has no series terms (RubiCap's families, MoCo's
-    online rubric)."""
-    family = name or str(getattr(judge, "name", "judge"))
-    return Reward(judge, None, family=family, name=family)
 
 
 def sample_extras(judgment: Judgment) -> Mapping[str, Any]:

@@ -164,10 +164,13 @@ class ShapingConfig:
         return FactualityTerm(weight=self.factuality_penalty, bonus=self.factuality_bonus,
                               tolerance=self.factuality_tolerance, backend=backend)
 
+    OFF: ClassVar[dict[str, float]] = {"transcription_penalty": 0.0, "run_penalty": 0.0}
+    """The settings that switch off the terms that are on by default (the transcription guard)."""
+
     @classmethod
     def off(cls) -> ShapingConfig:
         """Every term off, the guard included: a judge's score as it is (rubric, CIDEr-D and the image judges)."""
-        return cls(transcription_penalty=0.0, run_penalty=0.0)
+        return cls(**cls.OFF)
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,12 @@
 """The reward's one configuration: family, identification scoring, shaping and the lost-reward bound.
 
-``RewardSpec`` is the ``reward:`` section of every YAML that describes a reward: ``train lineup``'s, the
-reward service's (``captionrl serve reward``) and the engine adapters' (``CAPTIONRL_REWARD_CONFIG``), one
-spelling everywhere. ``rewards.reward.build_reward`` turns it (with the verifier backend and how series
-are printed) into the one ``Reward`` object those three faces wrap, so "shaped exactly as in training"
-holds by construction.
+``RewardSpec`` is the ``reward:`` section of every YAML that describes a reward: ``train lineup``'s and
+``train rubicap``'s (``RubicapRewardConfig`` extends it with image defaults), the reward service's
+(``captionrl serve reward``) and the engine adapters' (``CAPTIONRL_REWARD_CONFIG``), one spelling and one
+name per judge family everywhere (``FAMILIES``). ``train moco`` and ``eval hacking`` describe their rewards
+with it too. ``rewards.reward.build_reward`` turns it (with the verifier backend and how series are
+printed) into the one ``Reward`` object every face wraps, so "shaped exactly as in training" holds by
+construction.
 
 ``RewardSetup`` is what a process needs to build that reward on its own: the verifier, the spec and how
 series are printed (``series``). The service's config extends it; the adapters' YAML is one.
@@ -32,8 +34,25 @@ LLM-as-judge baselines; a rubric judge (RubiCap); CIDEr-D against references (RL
 SERIES_FAMILIES = ("identification", "answerability", "judge")
 """The families ``train lineup`` trains with (LineupRL's own and Table 4's two RL baselines)."""
 
-RENAMED_FAMILIES = {"scalar": "judge", "likert": "judge"}
-"""Older names of a family (the reward service said ``scalar``, RubiCap says ``likert``)."""
+IMAGE_FAMILIES = ("rubric", "cider", "judge", "answerability")
+"""The families ``train rubicap`` trains with (RubiCap's rubric and the paper's three baselines)."""
+
+RENAMED_FAMILIES = {"scalar": "judge", "likert": "judge", "ngram": "cider", "qa": "answerability"}
+"""Older names of a family (the judges' own names: ``scalar``, ``ngram``, ``qa``; RubiCap's ``likert``)."""
+
+
+def check_family(family: str, choices: tuple[str, ...], field: str = "reward.family") -> None:
+    """``family`` is one of ``choices``; a renamed family's error names its one name (``RENAMED_FAMILIES``)."""
+    if family in choices:
+        return
+    new = RENAMED_FAMILIES.get(family)
+    if new is not None:
+        raise ConfigError(field, family, f"was renamed to {new}", f"write {field}: {new} (the same judge)")
+    if family in FAMILIES:
+        raise ConfigError(field, family, "is not a family this command trains", f"use one of {', '.join(choices)}")
+    from captionrl.registry import suggest
+
+    raise ConfigError(field, family, "unknown reward family", suggest(family, list(choices)))
 
 
 @dataclass
@@ -43,6 +62,7 @@ class AnswerabilityConfig(SeriesQuestionsConfig):
     questions per series (``judges.series_qa``); the service and the adapters read them from the label."""
 
     n_questions: int = help_field(4, "questions drawn per caption (with replacement) from the item's verified ones")
+    seed: int | None = help_field(None, "seed of the question draws and option shuffles, combined with each item's id (null = the run's seed)")
     cannot_answer: bool = help_field(True, "add a 'cannot be answered from the description' option to every question")
     shuffle_options: bool = help_field(True, "shuffle the options of every drawn question")
 
@@ -78,12 +98,6 @@ class RubricFamilyConfig(RubricJudgeSettings):
 
     store: str | None = help_field(None, "rubric store JSONL for rows that give an item_id instead of a rubric")
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.decision == "soft" and self.mode == "generate":
-            raise ConfigError("reward.rubric.decision", self.decision, "generate mode returns binary decisions only",
-                              "use reward.rubric.decision: hard with reward.rubric.mode: generate")
-
 
 @dataclass
 class RewardSpec(ShapingConfig, RewardBound, IdentifyScoring):
@@ -93,7 +107,7 @@ class RewardSpec(ShapingConfig, RewardBound, IdentifyScoring):
 
     FIELD_PREFIX: ClassVar[str] = "reward"
 
-    family: str = help_field("identification", "which judge gives the base score: identification (LineupRL: find the series among K from the caption), answerability (accuracy on the item's verified questions answered from the caption), judge (a 1-10 grade of the caption), rubric (RubiCap: weighted binary criteria; service and adapters) or cider (CIDEr-D against references; service and adapters)")
+    family: str = help_field("identification", "which judge gives the base score: identification (LineupRL: find the series among K from the caption), answerability (accuracy on the item's verified questions answered from the caption), judge (a 1-10 grade of the caption), rubric (RubiCap, MoCo: weighted binary criteria) or cider (CIDEr-D against references)")
     subject: str = help_field("time series", "what the captions describe, as the answerer's and the grader's prompts name it (time series, image)")
     answerability: AnswerabilityConfig = field(default_factory=AnswerabilityConfig, metadata={"help": "family answerability: question writing (train lineup), verification and drawing"})
     judge: JudgeFamilyConfig = field(default_factory=JudgeFamilyConfig, metadata={"help": "family judge: how the grade is asked and read"})
@@ -102,13 +116,7 @@ class RewardSpec(ShapingConfig, RewardBound, IdentifyScoring):
 
     def __post_init__(self) -> None:
         RewardBound.__post_init__(self)  # the bound's checks, then (cooperatively) IdentifyScoring's
-        if self.family not in FAMILIES:
-            if self.family in RENAMED_FAMILIES:
-                raise ConfigError("reward.family", self.family, f"was renamed to {RENAMED_FAMILIES[self.family]}",
-                                  f"write reward.family: {RENAMED_FAMILIES[self.family]} (the same judge)")
-            from captionrl.registry import suggest
-
-            raise ConfigError("reward.family", self.family, "unknown reward family", suggest(self.family, list(FAMILIES)))
+        check_family(self.family, FAMILIES)
         if not self.subject.strip():
             raise ConfigError("reward.subject", self.subject, "must name what the captions describe",
                               "set reward.subject: time series (or image)")
@@ -150,3 +158,8 @@ class RewardSetup:
     verifier: BackendConfig = field(default_factory=BackendConfig, metadata={"help": "the frozen model behind the reward's judge (unused by cider)"})
     reward: RewardSpec = field(default_factory=RewardSpec, metadata={"help": "the reward: family, identification scoring, shaping (the reward.* keys of train lineup)"})
     series: SeriesPrint = field(default_factory=SeriesPrint, metadata={"help": "identification: how the verifier prints the candidate series"})
+
+    def needs_main_column(self) -> bool:
+        """Whether every label must carry the family's main column (the judge family grades without a reference
+        when ``reward.judge.use_reference`` is off)."""
+        return self.reward.family != "judge" or self.reward.judge.use_reference

@@ -11,7 +11,7 @@
 The caption is the query with its prompt prefix removed. A label is the item's judge columns: a JSON
 object (``{"candidates": [[true series], [distractor], ...]}`` for identification,
 ``{"references": [...]}`` for CIDEr-D, ``{"questions": [...], "id": ...}`` for answerability,
-``{"rubric": [...]}`` for a rubric, ``{"reference": ...}`` for the scalar judge), or the reward's main
+``{"rubric": [...]}`` for a rubric, ``{"reference": ...}`` for the judge family), or the reward's main
 column alone, as a JSON value or a string holding JSON. Any other top-level list as long as ``query`` is
 a column too. Labels are checked before anything is judged (``serve.labels``): JSON that does not parse,
 a wrong type or a missing column is HTTP 400 with ``{"error": {"field", "value", "problem", "fix"}}``.
@@ -22,7 +22,7 @@ re-judged until ``outage_deadline_s``, then the request is HTTP 503 (the engine'
 gives up the run stops naming the cause). A caption the judge answered for but could not score gets
 ``unscored_reward`` (a value you choose for the engine), with ``scored: false``, ``extra_logs.unscored``
 1 and its error, counted in ``/health``; with no value chosen the request is HTTP 422. Never NaN, never a
-fabricated 0. CIDEr-D fits its document frequencies once, at start, on ``ngram.references`` (the
+fabricated 0. CIDEr-D fits its document frequencies once, at start, on ``reward.cider.references`` (the
 training references: a prepared folder or a reference file) and refuses to start without them.
 
 Requests from all clients are pooled for ``batch_window_ms`` into one judge call (per-sample callers such

@@ -26,14 +26,8 @@ from starlette.routing import Route
 from captionrl.backends.base import as_model_failure
 from captionrl.errors import UserInputError
 from captionrl.serve.config import RewardServiceConfig
-from captionrl.serve.failure import (
-    UnscorableCaption,
-    VerifierOutage,
-    finite_logs,
-    judge_through_outages,
-    settle,
-)
-from captionrl.serve.labels import check_row, label_columns
+from captionrl.serve.failure import UnscorableCaption, VerifierOutage, score_labels
+from captionrl.serve.labels import label_rows
 from captionrl.serve.text import strip_end
 from captionrl.types import Judgment
 
@@ -115,18 +109,13 @@ def parse_request(data: Any, reward: str, *, needs_main: bool = True,
             raise UserInputError(f"query[{i}]", q[:80], "does not start with its prompt (prompts[i])",
                                  "send query = prompt + response (OpenRLHF does), or the response alone with prompt ''")
     captions = [strip_end(q[len(p):], strip_suffixes) for q, p in zip(query, prompts, strict=True)]
-    rows: list[dict[str, Any]] = [label_columns(label, reward, i) for i, label in enumerate(labels or [None] * n)]
-    for key, values in data.items():
-        if key in RESERVED:
-            continue
+    columns = {key: values for key, values in data.items() if key not in RESERVED}
+    for key, values in columns.items():
         if not isinstance(values, list) or len(values) != n:
             raise UserInputError(key, values if not isinstance(values, list) else f"{len(values)} items",
                                  f"an extra field is a column: a list of {n} values, one per query",
                                  f"send {key!r} as a list aligned with query, or drop it")
-        for i, v in enumerate(values):
-            rows[i][key] = v
-    for i, row in enumerate(rows):
-        check_row(row, reward, i, needs_main=needs_main)
+    rows = label_rows(labels or [None] * n, reward, needs_main=needs_main, columns=columns)
     keys = {frozenset(r) for r in rows}
     if len(keys) > 1:
         raise UserInputError("labels", sorted(map(sorted, keys))[:3], "items of one request give different columns",
@@ -296,8 +285,7 @@ def create_app(cfg: RewardServiceConfig, judge: Any) -> Starlette:
             return job.future.result()
 
         try:
-            judgments, retries = await judge_through_outages(judge_subset, len(captions), policy)
-            settled = settle(judgments, policy, waited_s=time.perf_counter() - t0)
+            scored_labels = await score_labels(judge_subset, len(captions), policy, log_keys)
         except UserInputError as exc:
             return error_response(400, f"labels.{exc.field}", exc.value, exc.problem, exc.fix)
         except (VerifierOutage, UnscorableCaption) as exc:
@@ -317,10 +305,10 @@ def create_app(cfg: RewardServiceConfig, judge: Any) -> Starlette:
         except Exception as exc:  # a bug in the judge: say so (HTTP 500), do not score the batch as unscored
             return error_response(500, "judge", cfg.family, f"raised {type(exc).__name__}: {exc}",
                                   "this is a bug in captionrl: report it with the service's records")
+        settled, retries, extra = scored_labels.settled, scored_labels.retries, scored_labels.logs
         rewards = [s.reward for s in settled]
         scored = [s.scored for s in settled]
         errors = [s.error for s in settled]
-        extra = finite_logs(judgments, settled, log_keys)
         batcher.stats.requests += 1
         batcher.stats.captions += len(captions)
         batcher.stats.unscored += scored.count(False)

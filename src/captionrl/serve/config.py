@@ -53,11 +53,6 @@ class RewardServiceConfig(RewardSetup):
     def family(self) -> str:
         return self.reward.family
 
-    def needs_main_column(self) -> bool:
-        """Whether every label must carry the family's main column (the judge family grades without a reference
-        when ``reward.judge.use_reference`` is off)."""
-        return self.reward.family != "judge" or self.reward.judge.use_reference
-
     def failure_policy(self) -> FailurePolicy:
         """The ``serve.failure`` policy these settings choose (one policy for every path to an engine)."""
         return FailurePolicy(unscored_reward=self.unscored_reward, outage_deadline_s=self.outage_deadline_s,

@@ -137,30 +137,63 @@ def _pending(judgments: Sequence[Judgment]) -> list[int]:
 
 
 async def judge_through_outages(judge: Callable[[list[int]], Awaitable[list[Judgment]]], n: int,
-                                policy: FailurePolicy) -> tuple[list[Judgment], int]:
+                                policy: FailurePolicy, sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+                                ) -> tuple[list[Judgment], int]:
     """Judge captions ``0..n-1`` (``judge(indices)`` scores a subset), re-judging those an outage left
     unscored until the deadline; returns the judgments and the number of retries made."""
     deadline = time.monotonic() + policy.outage_deadline_s
     judgments = list(await judge(list(range(n))))
     retries = 0
     while (pending := _pending(judgments)) and time.monotonic() + policy.retry_interval_s <= deadline:
-        await asyncio.sleep(policy.retry_interval_s)
+        await sleep(policy.retry_interval_s)
         retries += 1
         for i, j in zip(pending, await judge(pending), strict=True):
             judgments[i] = j
     return judgments, retries
 
 
-def judge_through_outages_sync(judge: Callable[[list[int]], list[Judgment]], n: int,
-                               policy: FailurePolicy) -> list[Judgment]:
-    """``judge_through_outages`` for in-process callers without an event loop (the adapters)."""
-    deadline = time.monotonic() + policy.outage_deadline_s
-    judgments = list(judge(list(range(n))))
-    while (pending := _pending(judgments)) and time.monotonic() + policy.retry_interval_s <= deadline:
-        time.sleep(policy.retry_interval_s)
-        for i, j in zip(pending, judge(pending), strict=True):
-            judgments[i] = j
-    return judgments
+@dataclass(frozen=True)
+class LabelScores:
+    """One request's captions as an engine receives them: the judgments, their finite rewards, the log
+    fields (``finite_logs``) and how many re-judgings an outage took."""
+
+    judgments: list[Judgment]
+    settled: list[Settled]
+    logs: dict[str, list[float]]
+    retries: int
+
+
+async def score_labels(judge: Callable[[list[int]], Awaitable[list[Judgment]]], n: int, policy: FailurePolicy,
+                       log_keys: Sequence[str], *, sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+                       ) -> LabelScores:
+    """Label scoring on every path to an engine (the reward service, the adapters): judge captions
+    ``0..n-1`` of rows already parsed from their labels (``serve.labels.label_rows``) through outages,
+    settle them under ``policy`` and give the fixed set of log fields. Raises ``VerifierOutage`` or
+    ``UnscorableCaption`` where no reward may be given."""
+    t0 = time.monotonic()
+    judgments, retries = await judge_through_outages(judge, n, policy, sleep)
+    settled = settle(judgments, policy, waited_s=time.monotonic() - t0)
+    return LabelScores(judgments, settled, finite_logs(judgments, settled, log_keys), retries)
+
+
+def score_labels_sync(judge: Callable[[list[int]], list[Judgment]], n: int, policy: FailurePolicy,
+                      log_keys: Sequence[str]) -> LabelScores:
+    """``score_labels`` for in-process callers without an event loop (the adapters, often in an engine's
+    worker thread): the same code, its awaits completing at once (a blocking judge call, a blocking sleep)."""
+
+    async def judged(indices: list[int]) -> list[Judgment]:
+        return judge(indices)
+
+    async def slept(seconds: float) -> None:
+        time.sleep(seconds)
+
+    coroutine = score_labels(judged, n, policy, log_keys, sleep=slept)
+    try:
+        coroutine.send(None)  # never suspends: nothing in it waits on an event loop
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    coroutine.close()
+    raise RuntimeError("score_labels_sync: the scoring coroutine waited on an event loop")
 
 
 def finite_logs(judgments: Sequence[Judgment], settled: Sequence[Settled], keys: Sequence[str]) -> dict[str, list[float]]:

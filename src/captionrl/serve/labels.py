@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from captionrl.errors import DataError
@@ -39,6 +39,19 @@ def label_columns(label: Any, reward: str, i: int) -> dict[str, Any]:
             raise DataError(f"labels[{i}]", text, f"is not valid JSON ({exc})",
                             f"store json.dumps of the item's columns as its label, e.g. {EXAMPLES[reward]}") from exc
     return dict(value) if isinstance(value, dict) else {MAIN_COLUMN[reward]: value}
+
+
+def label_rows(labels: Sequence[Any], reward: str, *, needs_main: bool = True,
+               columns: Mapping[str, Sequence[Any]] | None = None) -> list[dict[str, Any]]:
+    """One row of judge columns per label (``label_columns``), with each of ``columns`` (a value per label)
+    added, every row checked (``check_row``): what the reward service and the adapters judge."""
+    rows = [label_columns(label, reward, i) for i, label in enumerate(labels)]
+    for key, values in (columns or {}).items():
+        for row, value in zip(rows, values, strict=True):
+            row[key] = value
+    for i, row in enumerate(rows):
+        check_row(row, reward, i, needs_main=needs_main)
+    return rows
 
 
 def check_row(row: dict[str, Any], reward: str, i: int, *, needs_main: bool = True) -> None:

@@ -1,7 +1,7 @@
 """``captionrl serve reward --config FILE``: run the reward service (see ``captionrl.serve``).
 
-Exposes ``CONFIG`` and ``run_command(cfg)`` (the command convention) and, until every command is
-converted, the legacy ``add_arguments``/``main`` pair that reads ``--config`` and ``key=value`` overrides.
+Exposes ``CONFIG`` (``serve.config.RewardServiceConfig``) and ``run_command(cfg)``, the command
+convention every ``captionrl`` command follows, and ``make_server``, the uvicorn server tests run in a thread.
 """
 
 from __future__ import annotations

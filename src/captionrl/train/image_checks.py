@@ -23,7 +23,7 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-PREFLIGHT_KEYS = ("reward.family", "reward.mode", "reward.decision", "reward.threshold", "rubrics.source", "judge")
+PREFLIGHT_KEYS = ("reward.family", "reward.rubric.mode", "reward.rubric.decision", "reward.rubric.threshold", "rubrics.source", "judge")
 MOCO_PREFLIGHT_KEYS = ("judge.mode", "judge.decision", "judge.threshold", "rubric.fallback", "rubric.max_attempts",
                        "momentum.variant", "policy.model")
 """MoCo config keys that change what the preflight finds (its Generator and Judge are the momentum Policy)."""

@@ -57,22 +57,23 @@ from captionrl.config import help_field
 from captionrl.domains.image_data import ImageDataConfig, ImageLoadResult, load_image_items
 from captionrl.errors import ConfigError, DataError
 from captionrl.judges.online_rubric import (
-    MocoRubricJudge,
     OnlineRubricConfig,
-    OnlineRubricJudge,
     RoleServer,
     choose_subset,
     fixed_roles,
+    moco_judge_factory,
     parse_generator_reply,
     rubric_stats,
     stable_int,
 )
 from captionrl.judges.roles import generator_messages, policy_messages
-from captionrl.judges.rubric import RubricJudgeSettings
+from captionrl.judges.rubric import RubricJudge, RubricJudgeSettings
 from captionrl.momentum import VARIANTS, MomentumSettings, reward_interval_steps
-from captionrl.rewards import RewardFunction, completion_text
 from captionrl.rewards.bound import RewardBound, RewardHealth
-from captionrl.rewards.reward import reward_of_judge
+from captionrl.rewards.reward import Reward, build_reward
+from captionrl.rewards.shaping import ShapingConfig
+from captionrl.rewards.spec import RewardSpec, RubricFamilyConfig
+from captionrl.rewards.trl_face import RewardFunction, completion_text
 from captionrl.train import common
 from captionrl.train.common import (
     GRPOTrainConfig,
@@ -122,10 +123,9 @@ class MocoJudgeConfig(RubricJudgeSettings):
     mode: str = help_field("generate", "generate (the paper: reason + yes/no JSON per criterion), choose (p(yes) per criterion from one forward pass: small models) or likelihood")
     max_new_tokens: int = help_field(512, "longest Judge reply (generate mode)")
 
-    def factory(self, backend: Any) -> MocoRubricJudge:
-        return MocoRubricJudge(backend, mode=self.mode, decision=self.decision, threshold=self.threshold,  # type: ignore[arg-type]
-                               max_new_tokens=self.max_new_tokens, name=f"moco-judge-{self.mode}",
-                               structured_output=self.structured_output, temperature=self.temperature)
+    def factory(self, backend: Any) -> RubricJudge:
+        """The Judge on a served backend (``judges.online_rubric.moco_judge_factory``: EvoLM's fixed Judge)."""
+        return moco_judge_factory(self)(backend)
 
 
 @dataclass
@@ -236,6 +236,14 @@ class MocoConfig:
         if not adapter and lora_momentum:
             raise ConfigError("momentum.init_from", str(path), "is a full model, but the momentum is a LoRA adapter on the Policy's own base weights",
                               "set momentum.implementation: full_copy (the separate model's own weights), or give a LoRA adapter folder")
+
+    def reward_spec(self) -> RewardSpec:
+        """MoCo's reward as the one reward spec: the rubric family (its rubrics written online per group, see
+        ``online_rubric_reward``) decided under the Judge's settings (``judge``), on image captions, with no
+        shaping term and this run's lost-reward bound (``reward``)."""
+        judge = {f.name: getattr(self.judge, f.name) for f in dataclasses.fields(RubricJudgeSettings)}
+        return RewardSpec(family="rubric", subject="image", rubric=RubricFamilyConfig(**judge),
+                          **dataclasses.asdict(self.reward), **ShapingConfig.OFF)
 
     def reward_interval(self) -> int:
         t = self.train
@@ -350,8 +358,8 @@ class MocoReward(RewardFunction):
 
     weights: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
 
-    def __init__(self, judge: Any, name: str = "moco_rubric", log_fields: Sequence[str] = ()) -> None:
-        super().__init__(reward_of_judge(judge, name=name), log_fields=log_fields)
+    def __init__(self, reward: Reward) -> None:
+        super().__init__(reward, log_fields=())
 
     def __call__(self, prompts: Sequence[Any] | None = None, completions: Sequence[Any] = (),
                  completion_ids: Any = None, **kwargs: Any) -> list[float | None]:
@@ -368,6 +376,12 @@ class MocoReward(RewardFunction):
             for key, value in rubric_stats(groups).items():
                 log_metric(key, value)
         return scores
+
+
+def online_rubric_reward(cfg: MocoConfig, roles: RoleServer, records: Any = None) -> MocoReward:
+    """MoCo's reward for TRL: ``cfg.reward_spec()`` built by ``rewards.reward.build_reward`` with the rubrics
+    written online by the Generator that ``roles`` serves (``cfg.rubric``), judged by its Judge."""
+    return MocoReward(build_reward(cfg.reward_spec(), roles, online=cfg.rubric, records=records, name="moco_rubric"))
 
 
 def records_path(out: Path, name: str = "rubrics") -> Path:
@@ -413,8 +427,7 @@ class MocoRecipe(Recipe):
         roles = momentum_roles(self.box, run.processing)
         if self.wrap_roles is not None:
             roles = self.wrap_roles(roles)
-        judge = OnlineRubricJudge(roles, cfg.rubric, judge_factory=cfg.judge.factory, records=self.records)
-        self.reward = MocoReward(judge, name="moco_rubric", log_fields=())
+        self.reward = online_rubric_reward(cfg, roles, self.records)
         return [self.reward]
 
     def build_trainer(self, run: Run) -> Any:
@@ -672,8 +685,7 @@ class EvolmRecipe(MocoRecipe):
             # Policy phase: online rubrics from the current Generator, fixed Judge.
             pcfg = dataclasses.replace(cfg.train, out_dir=str(out / "evolm" / f"phase{phase}-policy"), max_steps=steps,
                                        save_steps=10**9, resume="auto")
-            judge = OnlineRubricJudge(roles, cfg.rubric, judge_factory=cfg.judge.factory, records=self.records)
-            reward = MocoReward(judge, name="moco_rubric", log_fields=())
+            reward = online_rubric_reward(cfg, roles, self.records)
             pt = common.build_trainer(pcfg, common.trainer_args(pcfg, seed=int(cfg.train.seed or 0) + phase), model,
                                       processing, [reward], rows_dataset(rows),
                                       callbacks=[MetricsLog(Path(pcfg.out_dir) / "metrics.jsonl")], bound=cfg.reward)

@@ -18,13 +18,15 @@ kept in ``out_dir/rubrics/rubrics.jsonl``-style stores and copied into the datas
 each per-caption sample record carries the rubric it was judged against. An item whose rubric the writer
 could not produce is left out of training and counted (a rubric-less item has no reward to learn from).
 
-Reward families (``reward.family``): ``rubric`` (the above) or one of the paper's baselines through the same
-recipe, data, preflight and checks: ``cider`` (CIDEr-D against the item's references), ``likert`` (the
-judge LLM's 1-10 grade of the caption next to its reference) and ``answerability`` (the judge LLM answers
-the item's multiple-choice questions from the caption). Each goes through one reward callable
-(``RubricReward``: ``None`` for unscored, never 0), names its metrics ``<family>/...`` and
-``rewards/<family>/mean``, and the result file records ``reward_family``. The rubric judge then becomes
-the end-of-run check the baseline was not trained on (next to CIDEr-D, unless CIDEr-D was the reward).
+Reward families (``reward.family``, the one reward spec's: ``rewards.spec.RewardSpec``, built by
+``rewards.reward.build_reward``): ``rubric`` (the above) or one of the paper's baselines through the same
+recipe, data, preflight and checks: ``cider`` (CIDEr-D against the item's references), ``judge`` (the
+judge LLM's 1-10 grade of the caption next to its reference: RL-Judge / Reference-Likert) and
+``answerability`` (the judge LLM answers the item's multiple-choice questions from the caption). Each goes
+through one reward callable (``RubricReward``: ``None`` for unscored, never 0), names its metrics
+``<family>/...`` and ``rewards/<family>/mean``, and the result file records ``reward_family``. The rubric
+judge then becomes the end-of-run check the baseline was not trained on (next to CIDEr-D, unless CIDEr-D
+was the reward).
 
 Run folder (``train.out_dir``): ``config.yaml``, ``rubrics/`` (store and build records), ``checkpoints/``,
 ``metrics.jsonl``, ``samples.rank*.jsonl`` (step, item, caption, reward, per-criterion decisions),
@@ -47,14 +49,10 @@ from captionrl.config import help_field
 from captionrl.domains.captioning import IMAGE_CAPTION_INSTRUCTION
 from captionrl.domains.image_data import ImageDataConfig, ImageLoadResult
 from captionrl.errors import ConfigError, DataError
-from captionrl.judges.ngram import NgramConfig
-from captionrl.judges.qa import QAConfig
-from captionrl.judges.rubric import RubricJudgeSettings
 from captionrl.judges.rubric_build import RubricWriterSettings
-from captionrl.judges.scalar import ScalarConfig
-from captionrl.rewards import RewardFunction
-from captionrl.rewards.bound import RewardBound
-from captionrl.rewards.reward import reward_of_judge
+from captionrl.rewards.reward import Reward, build_reward
+from captionrl.rewards.spec import IMAGE_FAMILIES, JudgeFamilyConfig, RewardSpec, check_family
+from captionrl.rewards.trl_face import RewardFunction
 from captionrl.train import common
 from captionrl.train.common import (
     GRPOTrainConfig,
@@ -75,10 +73,10 @@ CURVE_KEYS = ("reward", "frac_reward_zero_std", "rubric/unscored_frac", "complet
 """Panels of ``curves.png``: mean reward, zero-std group fraction, unscored fraction, caption length
 (``rubric/`` keys are renamed to the reward family's prefix, ``RubicapRecipe.curve_keys``)."""
 
-REWARD_FAMILIES = ("rubric", "cider", "likert", "answerability")
+REWARD_FAMILIES = IMAGE_FAMILIES
 """``reward.family``: which judge produces the GRPO reward. ``rubric`` is RubiCap; the others are the paper's
 baselines through the same recipe: ``cider`` (RL-NLP: CIDEr-D against the item's reference captions),
-``likert`` (RL-Judge / Reference-Likert: a 1-10 grade of the caption next to its reference by the judge
+``judge`` (RL-Judge / Reference-Likert: a 1-10 grade of the caption next to its reference by the judge
 LLM, ``judges.scalar``) and ``answerability`` (CapRL: the judge LLM answers the item's multiple-choice
 questions from the caption alone, ``judges.qa``)."""
 
@@ -182,27 +180,37 @@ class RubricsConfig(RubricWriterSettings):
 
 
 @dataclass
-class RubicapRewardConfig(RewardBound, RubricJudgeSettings):
-    """Which reward family trains the policy (``family``), and how the rubric judge decides each criterion
-    (``RubricJudge``; reward = satisfied weight fraction). The rubric settings also serve the other
-    families' end-of-run check: there the rubric judge is the score the policy was not trained on. The
-    lost-reward bound (``RewardBound``) is the one every recipe shares."""
+class ImageJudgeFamilyConfig(JudgeFamilyConfig):
+    """The judge family on image captions: the grade read from the logits by default (small judges)."""
 
-    FIELD_PREFIX: ClassVar[str] = "reward"
+    mode: str = help_field("choose", "choose (expected grade over the digits 1-9 from the logits; never unparseable) or generate (parse an integer grade 1-10, the paper's)")
 
-    family: str = help_field("rubric", "the reward: rubric (RubiCap), cider (CIDEr-D vs the references: RL-NLP baseline), likert (1-10 grade of the caption next to its reference by the judge LLM: RL-Judge baseline) or answerability (the judge LLM answers the item's multiple-choice questions from the caption: CapRL)")
-    cider: NgramConfig = field(default_factory=NgramConfig, metadata={"help": "family cider: CIDEr-D settings (document frequencies fitted on the training references)"})
-    likert: ScalarConfig = field(default_factory=ScalarConfig, metadata={"help": "family likert: how the judge LLM is asked for the grade (choose: expected digit 1-9 from the logits; generate: parse 1-10)"})
-    answerability: QAConfig = field(default_factory=QAConfig, metadata={"help": "family answerability: questions drawn per caption, seed, 'cannot answer' option"})
+
+@dataclass
+class RubicapRewardConfig(RewardSpec):
+    """The reward spec (``rewards.spec.RewardSpec``, the ``reward:`` section of every recipe) with RubiCap's
+    defaults: the rubric family on image captions, every shaping term off. ``reward.rubric`` decides each
+    criterion (reward = satisfied weight fraction) and also serves the other families' end-of-run check:
+    there the rubric judge is the score the policy was not trained on."""
+
+    MERGED_SECTIONS: ClassVar[dict[str, str]] = {
+        "likert": "judge", **dict.fromkeys(("decision", "threshold", "max_new_tokens", "structured_output", "temperature"),
+                                           "rubric")}
+    """RubiCap's keys before its reward was the one spec, and where they went (``config.from_dict`` names it)."""
+
+    family: str = help_field("rubric", "the reward: rubric (RubiCap), cider (CIDEr-D vs the references: RL-NLP baseline), judge (1-10 grade of the caption next to its reference by the judge LLM: RL-Judge baseline) or answerability (the judge LLM answers the item's multiple-choice questions from the caption: CapRL)")
+    subject: str = help_field("image", "what the captions describe, as the answerer's and the grader's prompts name it")
+    judge: ImageJudgeFamilyConfig = field(default_factory=ImageJudgeFamilyConfig, metadata={"help": "family judge: how the judge LLM is asked for the grade"})
+    transcription_penalty: float = help_field(0.0, "penalty per copied series value (image captions have no series: off)")
+    run_penalty: float = help_field(0.0, "penalty for a run of copied series values (image captions have no series: off)")
 
     def __post_init__(self) -> None:
+        if self.mode not in ("letter", "likelihood"):  # the rubric judge's mode, written where it was before
+            raise ConfigError("reward.mode", self.mode, "is the identification verifier's mode; the rubric judge's is reward.rubric.mode",
+                              f"write reward.rubric.mode: {self.mode}")
         super().__post_init__()
-        if self.family not in REWARD_FAMILIES:
-            raise ConfigError("reward.family", self.family, f"unknown reward family (choices: {', '.join(REWARD_FAMILIES)})",
-                              "use reward.family: rubric (RubiCap), cider, likert or answerability")
-        if self.mode == "generate" and self.decision == "soft":
-            raise ConfigError("reward.decision", self.decision, "generate mode returns binary decisions only",
-                              "use reward.decision: hard with reward.mode: generate")
+        check_family(self.family, REWARD_FAMILIES)
+
 
 @dataclass
 class RubicapTrainConfig(GRPOTrainConfig):
@@ -223,7 +231,7 @@ class RubicapConfig:
     judge: BackendConfig = field(default_factory=BackendConfig, metadata={"help": "the text-only LLM that decides each rubric criterion"})
     data: RubicapDataConfig = field(default_factory=RubicapDataConfig, metadata={"help": "training images"})
     rubrics: RubricsConfig = field(default_factory=RubricsConfig, metadata={"help": "where rubrics come from"})
-    reward: RubicapRewardConfig = field(default_factory=RubicapRewardConfig, metadata={"help": "rubric judging"})
+    reward: RubicapRewardConfig = field(default_factory=RubicapRewardConfig, metadata={"help": "the reward (the reward spec of every recipe): family, its judge (reward.rubric, reward.judge, ...), lost-reward bound"})
     train: RubicapTrainConfig = field(default_factory=RubicapTrainConfig, metadata={"help": "TRL trainer settings (algorithm grpo)"})
 
     def __post_init__(self) -> None:
@@ -297,14 +305,14 @@ def ensure_rubrics(cfg: RubicapConfig, items: Sequence[Any], *, allow_models: bo
 
 def family_columns(reward: RubicapRewardConfig, item: Any) -> dict[str, Any]:
     """The dataset columns the reward family's judge reads, checked now (before any model loads):
-    ``references`` (cider), ``reference`` (likert with use_reference) or ``questions`` (answerability)."""
+    ``references`` (cider), ``reference`` (judge with use_reference) or ``questions`` (answerability)."""
     from captionrl.judges.qa import to_question
 
     refs = [str(r) for r in getattr(item, "references", ()) or ()]
-    if reward.family == "cider" or (reward.family == "likert" and reward.likert.use_reference):
+    if reward.family == "cider" or (reward.family == "judge" and reward.judge.use_reference):
         if not refs:
             fix = ("give every item reference captions (manifest 'captions'), or leave it out"
-                   + ("" if reward.family == "cider" else ", or set reward.likert.use_reference: false"))
+                   + ("" if reward.family == "cider" else ", or set reward.judge.use_reference: false"))
             raise DataError(f"data.items[{item.id}].references", [], f"reward family {reward.family!r} needs reference captions", fix)
         return {"references": refs} if reward.family == "cider" else {"reference": refs[0]}
     if reward.family == "answerability":
@@ -375,44 +383,28 @@ def to_dataset(data: RubicapData) -> Any:
 
 # ---------------------------------------------------------------------- reward
 def make_judge(cfg: RubicapConfig, backend: Any) -> Any:
-    """The rubric judge of this run: the reward of family ``rubric`` (the same object scores training
-    captions and re-checks them), the held-out end-of-run check of every other family."""
-    from captionrl.judges.rubric import RubricJudge
+    """The rubric judge of this run (``reward.rubric``): the held-out end-of-run check of every family
+    other than ``rubric`` (whose reward judge, built by ``make_reward``, re-checks its own captions)."""
+    return cfg.reward.rubric.rubric_judge(backend)
 
+
+def make_reward(cfg: RubicapConfig, backend: Any, rows: Sequence[Mapping[str, Any]]) -> Reward:
+    """The reward ``cfg.reward`` describes (``rewards.reward.build_reward``); CIDEr-D fits its document
+    frequencies once, here, on the training references (``reward.cider.references`` when set, else the
+    run's training rows), never per batch. The answerability draws are seeded with the run's seed."""
     r = cfg.reward
-    return RubricJudge(backend, mode=r.mode, decision=r.decision, threshold=r.threshold,  # type: ignore[arg-type]
-                       max_new_tokens=r.max_new_tokens, name=f"rubric-{r.mode}", structured_output=r.structured_output,
-                       temperature=r.temperature)
-
-
-def make_reward_judge(cfg: RubicapConfig, backend: Any, rows: Sequence[Mapping[str, Any]]) -> Any:
-    """The judge of ``reward.family``; CIDEr-D fits its document frequencies once, here, on the training
-    references (``reward.cider.references`` when set, else the run's training rows), never per batch."""
-    family = cfg.reward.family
-    if family == "cider":
-        from captionrl.judges.ngram import NgramJudge
-
-        own = None if cfg.reward.cider.references else [list(r["references"]) for r in rows]  # fitted once, here
-        return NgramJudge(cfg.reward.cider, corpus=own, field_prefix="reward.cider")
-    if family == "likert":
-        from captionrl.judges.scalar import ScalarJudge
-
-        return ScalarJudge(backend, cfg.reward.likert)
-    if family == "answerability":
-        from captionrl.judges.qa import QAJudge
-
-        return QAJudge(backend, cfg.reward.answerability)
-    return make_judge(cfg, backend)
+    own = [list(row["references"]) for row in rows] if r.family == "cider" and not r.cider.references else None
+    return build_reward(r, backend, seed=cfg.seed, cider_corpus=own, name=r.family)
 
 
 class RubricReward(RewardFunction):
-    """The RubiCap reward for TRL, for any reward family: the TRL face over the family's judge (``None`` when
+    """The RubiCap reward for TRL, for any reward family: the TRL face over the run's reward (``None`` when
     the judge failed: skipped, never 0), plus per-step metrics (``<family>/unscored_frac``,
     ``<family>/caption_chars``; for rubrics ``rubric/criteria_met`` and ``rubric/size``) and one sample record
     per caption (the rubric's per-criterion decisions, or the other judges' own fields under ``judgment``)."""
 
-    def __init__(self, judge: Any, samples: Any = None, name: str = "rubric") -> None:
-        super().__init__(reward_of_judge(judge, name=name), name=name, log_fields=(), samples=samples)
+    def __init__(self, reward: Reward, samples: Any = None) -> None:
+        super().__init__(reward, log_fields=(), samples=samples)
 
     def metrics(self, captions: Sequence[str], columns: Mapping[str, Sequence[Any]],
                 judgments: Sequence[Any]) -> dict[str, float]:
@@ -507,7 +499,7 @@ class RubicapRecipe(Recipe):
             self.judge_backend = make_backend(self.cfg.judge)
         family = self.cfg.reward.family
         self.samples = SampleLog(run.out)
-        self.reward = RubricReward(make_reward_judge(self.cfg, self.judge_backend, run.data.rows), self.samples, name=family)
+        self.reward = RubricReward(make_reward(self.cfg, self.judge_backend, run.data.rows), self.samples)
         logger.info(f"reward family: {family} ({type(self.reward.judge).__name__})")
         return [self.reward]
 
