@@ -67,3 +67,16 @@ def test_command_scores_probes_a_captioners_samples_and_every_term_switched_off(
         assert row in out, out
     honest = next(line for line in out.splitlines() if line.startswith("| honest |"))
     assert 0.0 <= float(honest.split("|")[3]) <= 1.0  # the verifier's probability on the true series
+
+
+def test_minimal_terms_keeps_only_what_a_probe_needs_given_the_others_off():
+    from captionrl.commands.preflight import minimal_terms
+
+    def means_without(off):  # the dump wins once both guards are off; the hedge once coverage is off
+        return {"honest": 1.0, "dump": 1.0 if {"transcription", "degenerate"} <= set(off) else 0.0,
+                "hedge": 1.0 if "coverage" in off else 0.0}
+
+    kept, steps = minimal_terms(means_without, ["transcription", "length", "degenerate", "coverage"], 0.25)
+    assert kept == ["degenerate", "coverage"]
+    assert [t for t, _ in steps] == ["transcription", "length (with transcription)",
+                                     "degenerate (with transcription, length)", "coverage (with transcription, length)"]

@@ -162,12 +162,34 @@ def run_command(cfg: PreflightCommandConfig) -> int:
     won = winners(full, margin)
     print(f"\nprobes within {margin:g} of the honest reference or above: {', '.join(won) or 'none'}")
     if cfg.ablate:
-        print("\n| switched off | honest | probes that would win (mean) |\n|---|---|---|")
-        for term in switchable_terms(cfg.reward):
-            spec = dataclasses.replace(cfg.reward, **{term: 0.0})
-            means = shaped_means(reward, spec, captions, base, masked, rows)
-            won = winners(means, margin)
-            h = means.get("honest")
-            print(f"| {term} | {'' if h is None else f'{h:.3f}'} | "
-                  + (", ".join(f"{p} ({means[p]:.3f})" for p in won) or "none") + " |")
+        def report(title: str, steps: Sequence[tuple[str, dict[str, float | None]]]) -> None:
+            print(f"\n{title}\n| switched off | honest | probes that would win (mean) |\n|---|---|---|")
+            for term, means in steps:
+                won, h = winners(means, margin), means.get("honest")
+                print(f"| {term} | {'' if h is None else f'{h:.3f}'} | "
+                      + (", ".join(f"{p} ({means[p]:.3f})" for p in won) or "none") + " |")
+
+        one = [(t, shaped_means(reward, dataclasses.replace(cfg.reward, **{t: 0.0}), captions, base, masked, rows))
+               for t in switchable_terms(cfg.reward)]
+        report("Each term alone switched off:", one)
+        kept, steps = minimal_terms(lambda off: shaped_means(reward, dataclasses.replace(cfg.reward, **dict.fromkeys(
+            off, 0.0)), captions, base, masked, rows), switchable_terms(cfg.reward), margin)
+        report("Terms switched off one after another, each kept off while no probe wins:", steps)
+        print(f"\nterms no probe needs together: {', '.join(t for t in switchable_terms(cfg.reward) if t not in kept) or 'none'}"
+              f"; terms a probe needs: {', '.join(kept) or 'none'}")
     return 0
+
+
+def minimal_terms(means_without: Any, terms: Sequence[str], margin: float) -> tuple[list[str],
+                                                                                   list[tuple[str, dict[str, Any]]]]:
+    """Greedy: switch the terms off one after another (``means_without(off)`` gives each probe's mean with the
+    terms ``off`` switched off), keeping each off while no probe wins; returns the terms that had to stay on
+    (a probe wins without each, given the others off) and each step's means."""
+    off: list[str] = []
+    kept: list[str] = []
+    steps = []
+    for term in terms:
+        means = means_without([*off, term])
+        steps.append((term if not off else f"{term} (with {', '.join(off)})", means))
+        (kept if winners(means, margin) else off).append(term)
+    return kept, steps
