@@ -40,11 +40,15 @@ class PreflightCommandConfig(LineupConfig):
     ablate: bool = help_field(True, "also re-score the probes with each reward term switched off, one at a time")
     captioner: str | None = help_field(None, "a model folder whose own captions are scored too (e.g. RUN/warm_start/model): does the lineup still pay at RL's start point")
     samples: int = help_field(4, "captions per row from the captioner, sampled at train.temperature as RL's first step samples")
+    probes: bool = help_field(True, "score the honest reference and the hacking probes (false: only the captioner's captions, to measure a lineup quickly)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.samples < 1:
             raise ConfigError("samples", self.samples, "must be >= 1", "set samples: 4")
+        if not self.probes and not self.captioner:
+            raise ConfigError("probes", False, "leaves nothing to score without a captioner",
+                              "set probes: true, or name a captioner (captioner=RUN/warm_start/model)")
 
 
 CONFIG = PreflightCommandConfig
@@ -118,7 +122,8 @@ def run_command(cfg: PreflightCommandConfig) -> int:
     data = build_lineup_data(cfg.data, cfg.reward.k, cfg.seed)
     rows = sample_rows(data.rows["train"], max(cfg.train.preflight_items, 1), cfg.seed)
     honest, dumps = series_references(rows, cfg.data.precision)
-    captions = probe_captions(honest, dumps, series_extra_probes(rows, cfg.instruction(), cfg.data.precision))
+    captions = probe_captions(honest, dumps, series_extra_probes(rows, cfg.instruction(), cfg.data.precision)) \
+        if cfg.probes else {}
     by_row: dict[str, list[list[str]]] = {}
     if cfg.captioner:
         by_row["captioner"] = captioner_captions(cfg, rows)
@@ -154,14 +159,17 @@ def run_command(cfg: PreflightCommandConfig) -> int:
     margin = cfg.train.preflight_margin
     print(f"reward preflight of {len(rows)} training rows (K={cfg.reward.k}, {cfg.reward.mode}, "
           f"pinned distractors: {cfg.data.pin_endpoints})\n")
-    print("| caption | mean reward | identification (soft) | minus honest |\n|---|---|---|---|")
+    lam = cfg.reward.lam or 1.0
+    print("| caption | mean reward | identification (soft) | numbers masked (soft) | minus honest |\n|---|---|---|---|---|")
     for p in captions:
         r, s, h = full[p], _mean(soft[p]), full.get("honest")
+        m = _mean([None if v is None else v / lam for v in masked[p]]) if masked is not None else None
         gap = "" if r is None or h is None else f"{r - h:+.3f}"
-        print(f"| {p} | {'unscored' if r is None else f'{r:.3f}'} | {'' if s is None else f'{s:.3f}'} | {gap} |")
+        print(f"| {p} | {'unscored' if r is None else f'{r:.3f}'} | {'' if s is None else f'{s:.3f}'} | "
+              f"{'' if m is None else f'{m:.3f}'} | {gap} |")
     won = winners(full, margin)
     print(f"\nprobes within {margin:g} of the honest reference or above: {', '.join(won) or 'none'}")
-    if cfg.ablate:
+    if cfg.ablate and cfg.probes:
         def report(title: str, steps: Sequence[tuple[str, dict[str, float | None]]]) -> None:
             print(f"\n{title}\n| switched off | honest | probes that would win (mean) |\n|---|---|---|")
             for term, means in steps:
