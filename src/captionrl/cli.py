@@ -43,6 +43,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("eval", "paper"): ("captionrl.eval.paper", "the paper's evaluation of caption files: identification, entailment, Table 3, bottleneck + p-values"),
     ("eval", "sweep"): ("captionrl.train.sweep", "alias of 'train sweep', kept for existing scripts"),
     ("eval", "hacking"): ("captionrl.eval.hacking", "reward-hacking probes for every reward"),
+    ("eval", "recheck"): ("captionrl.eval.recheck", "finished LineupRL runs' held-out captions judged again by today's final checks, with a mean and 95% interval over runs"),
     ("train", "lineup"): ("captionrl.train.lineup", "LineupRL: RLOO/GRPO with the identification reward"),
     ("train", "rubicap"): ("captionrl.train.rubicap", "RubiCap: GRPO with rubric rewards"),
     ("train", "moco"): ("captionrl.train.moco", "MoCo Rubric: GRPO with a momentum Generator-Judge"),
