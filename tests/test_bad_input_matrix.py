@@ -321,6 +321,9 @@ CASES: list[Case] = [
     *file_cases("qa", "caption", lambda t, f: ["eval", "qa", out(t), "--captions", str(f)], CAPTION_KINDS),
     Case("qa-questions-missing", lambda t: ["eval", "qa", out(t), "--qa", f"bench={t / 'caps.jsonl'}"],
          [r"caps\.jsonl", r"not found"]),
+    Case("qa-questions-id-list", lambda t: ["eval", "qa", out(t), "--captions", str(good(t, "caption")),
+                                            "--qa", f"bench={_questions(t, [{'id': ['it0'], 'question': 'Colour?', 'answers': ['red']}])}"],
+         [r"questions\.jsonl:line 1\.id", r"it0", r"(text|string)"]),
     Case("qa-unreachable", lambda t: ["eval", "qa", out(t), "--answerer", DEAD], [URL, r"answer"]),
     # ---- eval agreement: human labels {id, label}, judge decisions {id, decision}
     *[Case(f"agreement-{kind}", lambda t, kind=kind: ["eval", "agreement", out(t), f"labels={labels(t, kind)}",
@@ -436,6 +439,12 @@ def images(tmp: Path, bad: dict[str, object] | None) -> list[str]:
 def _pixmo_wrong(tmp: Path) -> Path:
     p = tmp / "pixmo.jsonl"
     p.write_text(json.dumps({"image_url": "https://a.org/b.jpg", "text": "no caption column"}) + "\n")
+    return p
+
+
+def _questions(tmp: Path, rows: list[dict[str, object]]) -> Path:
+    p = tmp / "questions.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return p
 
 
