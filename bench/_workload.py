@@ -83,6 +83,36 @@ def cpu_line() -> str:
             f"(native bf16: {cpu_native_bf16()[0]})")
 
 
+def ref_tree(ref: str, out: Path) -> Path:
+    """``ref``'s ``src`` and ``configs`` extracted under ``out`` with ``git archive`` (no git state of this
+    checkout is touched), for a bench's side that runs another commit's code and config."""
+    import subprocess
+
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", f"{ref}^{{commit}}"], capture_output=True,
+                            text=True, check=False)
+    if commit.returncode != 0:
+        raise SystemExit(f"--ref {ref}: not a commit of this repository ({commit.stderr.strip()})")
+    dest = out / f"ref-src-{commit.stdout.strip()}"
+    if not (dest / "src").is_dir():
+        dest.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "src", "configs"], capture_output=True,
+                                 check=False)
+        if archive.returncode != 0:
+            raise SystemExit(f"--ref {ref}: git archive failed ({archive.stderr.decode().strip()})")
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    return dest
+
+
+def add_ref_flags(ap: argparse.ArgumentParser, what: str, overrides: bool = True) -> None:
+    """``--ref REF`` (required: the commit the bench compares this checkout with; ``--old_ref`` is the same
+    flag) and, with ``overrides``, ``--overrides`` (``key=value`` settings for this checkout's side)."""
+    ap.add_argument("--ref", "--old_ref", dest="ref", required=True,
+                    help=f"commit, tag or branch of this repository to compare with ({what})")
+    if overrides:
+        ap.add_argument("--overrides", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="settings for this checkout's side only, e.g. train.beta=0.0")
+
+
 def record_result(bench: str, flags: str, output: str, wall_s: float | None = None,
                   path: str | Path | None = None) -> None:
     """Append one run's printed output to ``path`` (the bench's ``--record FILE``) under a dated heading

@@ -1,27 +1,21 @@
-"""The README's whole main command (``configs/lineup-cpu.yaml``: preflight, training, final checks) with the
-config as it stood before issue 21 against today's, side by side in one run: wall time, its ratio, and the
+"""The README's whole main command (``configs/lineup-cpu.yaml``: preflight, training, final checks) as a given
+commit runs it and as this checkout runs it, side by side in one run: wall and CPU time, their ratio, and the
 checks each trained model gets that did not produce its reward.
 
-Issue 21 asks for the main command in at most a third of its wall time on the day the issue was filed,
-on the same machine. Old, by default: the command as a user ran it then, the code *and* config of
-``OLD_REF`` (e6c58d9, whose README command the issue timed: 32 steps of 2 series x 4 captions, 128-token
-captions, 12 test windows), extracted with ``git archive`` into the output folder and run from there.
-``--old_ref current`` is the stricter baseline: the old config
-(``bench/baselines/lineup-cpu-before-issue21.yaml``, the same file) on today's code with TRL's own loss pass
-(``train.shared_prompt_forward=false``), which credits the old side with every later speedup of shared
-code (verifier prefix sharing, the skipped old-policy pass, the batched preflight). New: the config as it is. By default both
-verifiers are held to float32 (what ``dtype: auto`` picks on a CPU without native bf16; ``--native_dtype``
-lets each config choose) and both runs start at once with one torch thread each, so they share the
-machine's conditions (``--sequential`` runs them one after the other with the machine to themselves).
-``--record FILE`` also appends the printed table to FILE.
+The reference side is ``--ref``'s code *and* config (``git archive`` of its ``src`` and ``configs`` into the
+output folder, its ``src`` first on ``PYTHONPATH``); the new side is this checkout with ``--config`` and
+``--overrides``. By default both verifiers are held to float32 (what ``dtype: auto`` picks on a CPU without
+native bf16; ``--native_dtype`` lets each config choose) and both runs start at once with one torch thread
+each, so they share the machine's conditions (``--sequential`` runs them one after the other with the machine
+to themselves). ``--record FILE`` also appends the printed table to FILE.
 
-    .venv/bin/python bench/bench_main_job.py --out /tmp/bench-main-job
+    .venv/bin/python bench/bench_main_job.py --ref main --out /tmp/bench-main-job --overrides train.beta=0.0
 
-Each run's CPU time (user + system, from ``wait4``) is printed beside its wall time: it does not grow
-when other jobs share the cores. Each run's wall time runs from its launch to the moment its process exits (the runs are polled, so the one
-that ends first is timed when it ends). ``--collect`` prints and records the table from finished run folders
-under ``--out`` without running anything, taking each wall time from its log's creation and last write
-(``stat``): for a bench whose own process was stopped while its runs went on.
+Each run's CPU time (user + system, from ``wait4``) is printed beside its wall time: it does not grow when
+other jobs share the cores. Each run's wall time runs from its launch to the moment its process exits (the
+runs are polled, so the one that ends first is timed when it ends). ``--collect`` prints and records the table
+from finished run folders under ``--out`` without running anything, taking each wall time from its log's
+creation and last write (``stat``): for a bench whose own process was stopped while its runs went on.
 """
 
 from __future__ import annotations
@@ -37,30 +31,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _workload import ROOT, add_record_flag, cpu_line, record_result
+from _workload import ROOT, Printed, add_record_flag, add_ref_flags, cpu_line, ref_tree
 from bench_main_job_step import AVX2_ENV, child_env
 
-OLD_CONFIG = ROOT / "bench" / "baselines" / "lineup-cpu-before-issue21.yaml"
-OLD_OVERRIDES = ["train.shared_prompt_forward=false"]
-"""On today's code the old command runs TRL's own loss pass (the shared-prompt forward came with issue 21)."""
-MAIN_JOB_BUDGET_S = 600.0
-"""Issue 32: the main command within 10 minutes on 2 cores of a CPU without native bf16, one torch thread."""
-OLD_REF = "e6c58d9"
-"""The commit whose README main command issue 21 timed (its configs/lineup-cpu.yaml is OLD_CONFIG)."""
-
-
-def old_checkout(ref: str, out: Path) -> Path:
-    """``ref``'s tree extracted under ``out`` (no git state is touched): its ``src`` and ``configs``."""
-    dest = out / f"old-src-{ref}"
-    if not (dest / "src").is_dir():
-        dest.mkdir(parents=True, exist_ok=True)
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "src", "configs"], capture_output=True,
-                                 check=False)
-        if archive.returncode != 0:
-            raise SystemExit(f"--old_ref {ref}: git archive failed ({archive.stderr.decode().strip()}); "
-                             "give a commit of this repository, or --old_ref current")
-        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
-    return dest
 CHECKS = ("red", "red_of_checkable", "green", "c2s[claims]", "transcription", "ends_with_stop", "clipped_ratio",
           "length_chars", "bottleneck_mse", "c2s[train]")
 """Final-check columns, the training verifier's own ``c2s[train]`` last (it produced the reward)."""
@@ -76,7 +49,7 @@ def command(config: str, overrides: list[str], out_dir: Path, threads: int | Non
 def launch(name: str, cmd: list[str], log: Path, env_extra: dict[str, str], threads: int | None,
            src: Path | None = None) -> subprocess.Popen:
     env = child_env(env_extra, threads)
-    if src is not None:  # the old commit's package ahead of this checkout's
+    if src is not None:  # the reference commit's package ahead of this checkout's
         env["PYTHONPATH"] = str(src) + os.pathsep + env["PYTHONPATH"]
     print(f"{name}: {' '.join(cmd[3:])}", flush=True)
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
@@ -92,7 +65,7 @@ def collect(name: str, run_dir: Path, log: Path, rc: int, wall: float, cpu: floa
     rows = {r["system"]: r for r in checks["rows"]}
     timing = json.loads((run_dir / "timing.json").read_text())
     return {"name": name, "wall_s": wall, "cpu_s": cpu, "train_s": res["train_seconds"], "steps": res["steps"],
-            "step_s": res["step_seconds"], "rows": rows, "timing": timing}
+            "step_s": res["step_seconds"], "rows": rows, "timing": timing, "verdict": checks.get("verdict")}
 
 
 def log_wall(log: Path) -> float:
@@ -132,61 +105,52 @@ def wait_all(pending: dict[str, tuple[subprocess.Popen, Path, Path, float]]) -> 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default=str(ROOT / "configs" / "lineup-cpu.yaml"))
-    ap.add_argument("--old_config", default=None,
-                    help="old side's config (default: the old commit's configs/lineup-cpu.yaml, or OLD_CONFIG "
-                         "with --old_ref current)")
-    ap.add_argument("--old_ref", default=OLD_REF,
-                    help="commit whose code and config are the old side (default: %(default)s, the command "
-                         "issue 21 timed); 'current': the old config on today's code")
-    add_record_flag(ap)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_ref_flags(ap, "its code and its config run as the reference side")
+    ap.add_argument("--config", default=str(ROOT / "configs" / "lineup-cpu.yaml"), help="this checkout's config")
+    ap.add_argument("--ref_config", default="configs/lineup-cpu.yaml",
+                    help="the reference side's config, a path inside --ref's tree (default: %(default)s)")
+    ap.add_argument("--ref_overrides", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="settings for the reference side only (keys its code knows)")
     ap.add_argument("--sequential", action="store_true", help="one run after the other, torch's default threads")
     ap.add_argument("--threads", type=int, default=None,
-                    help="torch threads per run (default: 1 side by side, torch's default with --sequential; "
-                         "--sequential --threads 1 is issue 32's condition with the machine to each run)")
+                    help="torch threads per run (default: 1 side by side, torch's default with --sequential)")
     ap.add_argument("--native_dtype", action="store_true", help="let each config choose its verifier dtype")
     ap.add_argument("--avx2", action="store_true", help="torch, oneDNN and MKL held to AVX2 kernels (no AVX512, no native bf16)")
     ap.add_argument("--out", default=None, help="keep the runs here (default: a temporary folder)")
     ap.add_argument("--collect", action="store_true",
                     help="run nothing: print and record the table from the finished runs under --out")
+    add_record_flag(ap)
     args = ap.parse_args()
 
     threads = args.threads if args.threads else (None if args.sequential else 1)
     dtype = [] if args.native_dtype else ["verifier.dtype=float32"]
-    setups = {"old": (args.old_config or str(OLD_CONFIG), OLD_OVERRIDES + dtype), "new": (args.config, dtype)}
     env_extra = AVX2_ENV if args.avx2 else {}
-    lines: list[str] = []
-
-    def say(text: str = "") -> None:
-        print(text, flush=True)
-        lines.append(text)
-
+    say = Printed(__file__)
     say(cpu_line())
-    old_code = "today's code, TRL's loss pass" if args.old_ref == "current" else f"the code and config of {args.old_ref}"
-    say(f"old: {old_code}; new: this checkout")
+    say(f"ref: the code and config of {args.ref} {' '.join(args.ref_overrides)}".rstrip()
+        + f"; new: this checkout, {Path(args.config).name} {' '.join(args.overrides)}".rstrip())
     say(f"{'sequential' if args.sequential else 'side by side'}, {threads or 'default'} torch thread(s) each; verifier "
         f"{'as configured' if args.native_dtype else 'float32 in both'}; kernels {'AVX2 only' if args.avx2 else 'native'}")
+    names = ("ref", "new")
     if args.collect:
         if not args.out:
             raise SystemExit("--collect needs --out, the folder holding the finished runs")
         out = Path(args.out)
         say(f"collected from {out}: wall times from each run log's creation and last write")
         results = {name: collect(name, out / name, out / f"{name}.log", 0, log_wall(out / f"{name}.log"))
-                   for name in setups}
+                   for name in names}
     else:
         with tempfile.TemporaryDirectory(prefix="bench-main-job-") as tmp:
             out = Path(args.out) if args.out else Path(tmp)
             out.mkdir(parents=True, exist_ok=True)
+            tree = ref_tree(args.ref, out)
+            setups = {"ref": (str(tree / args.ref_config), [*dtype, *args.ref_overrides], tree / "src"),
+                      "new": (args.config, [*dtype, *args.overrides], None)}
             results, pending = {}, {}
-            srcs: dict[str, Path | None] = {"old": None, "new": None}
-            if args.old_ref != "current":
-                tree = old_checkout(args.old_ref, out)
-                srcs["old"] = tree / "src"
-                setups["old"] = (args.old_config or str(tree / "configs" / "lineup-cpu.yaml"), dtype)
-            for name, (config, overrides) in setups.items():
+            for name, (config, overrides, src) in setups.items():
                 run_dir, log = out / name, out / f"{name}.log"
-                proc = launch(name, command(config, overrides, run_dir, threads), log, env_extra, threads, srcs[name])
+                proc = launch(name, command(config, overrides, run_dir, threads), log, env_extra, threads, src)
                 pending[name] = (proc, run_dir, log, time.perf_counter())
                 if args.sequential:
                     results.update(wait_all(pending))
@@ -198,13 +162,9 @@ def main() -> None:
         vd = next((v["dtype"] for k, v in r["timing"].get("dtypes", {}).items() if k.startswith("hf:")), "?")
         cpu = f"{r['cpu_s']:>8.0f}" if r["cpu_s"] is not None else f"{'-':>8}"
         say(f"{r['name']:<5} {r['wall_s']:>8.0f} {cpu} {r['train_s']:>8.0f} {r['steps']:>6} {r['step_s']:>7.1f} {vd:>15}")
-    ratio = results["new"]["wall_s"] / results["old"]["wall_s"]
-    say(f"\nwall time new/old: {ratio:.2f}x (issue 21's target against e6c58d9: <= 0.33x)")
-    new_wall = results["new"]["wall_s"]
-    say(f"new wall time: {new_wall:.0f} s ({'within' if new_wall <= MAIN_JOB_BUDGET_S else 'OVER'} issue 32's "
-        f"{MAIN_JOB_BUDGET_S:.0f} s on 2 cores without native bf16, one torch thread)")
+    say(f"\nwall time new/ref: {results['new']['wall_s'] / results['ref']['wall_s']:.2f}x")
     if all(r["cpu_s"] for r in results.values()):
-        say(f"CPU time new/old: {results['new']['cpu_s'] / results['old']['cpu_s']:.2f}x "
+        say(f"CPU time new/ref: {results['new']['cpu_s'] / results['ref']['cpu_s']:.2f}x "
             "(user + system seconds of each run: unchanged by other jobs on the machine)")
     say("\nfinal checks (each run's own test windows; c2s[train] is the training verifier, the rest did not "
         "produce the reward)")
@@ -217,10 +177,10 @@ def main() -> None:
     for r in results.values():
         controls = {s: r["rows"][s]["bottleneck_mse"] for s in ("naive", "empty caption", "shuffled caption")
                     if s in r["rows"]}
-        say(f"{r['name']}: bottleneck controls {json.dumps(controls)}; "
-            f"old-policy log-probs {r['timing'].get('old_policy_logprobs', '?')[:40]}; "
-            f"shared-prompt forward {json.dumps(r['timing'].get('shared_prompt_forward', '?'))}")
-    record_result("bench_main_job.py", " ".join(sys.argv[1:]), "\n".join(lines), path=args.record)
+        say(f"{r['name']}: bottleneck controls {json.dumps(controls)}")
+        if r.get("verdict"):
+            say(f"{r['name']}: {r['verdict']['line']}")
+    say.record(args)
 
 
 if __name__ == "__main__":

@@ -1,18 +1,18 @@
-"""The README main job's RLOO step (``configs/lineup-cpu.yaml``) with the old and the new defaults, side by
-side in one run on the machine at hand: seconds per step, their ratio and where a step goes (reward share).
+"""The README main job's RLOO step (``configs/lineup-cpu.yaml``) as a given commit runs it and as this checkout
+runs it, one after the other on the machine at hand: seconds per step, their ratio and where a step goes
+(reward share).
 
-Old defaults (the config before issues 11 and 12): verifier ``dtype: bfloat16`` whatever the CPU,
-``max_completion_length: 48``, the default captioning instruction, no factuality or unfinished-sentence
-terms. New: the config as it is (``dtype: auto``, 128 tokens, the short-answer instruction, all terms).
-Both run ``train.max_steps`` steps with evaluation and the reward preflight off (they are not the step),
-one torch thread, no checkpoints; each run is its own process (``captionrl train lineup``) and the
-numbers come from its ``timing.json``.
+The reference side is ``--ref``'s code and config (``git archive`` of its ``src`` and ``configs``, its ``src``
+first on ``PYTHONPATH``); the new side is this checkout with ``--config`` and ``--overrides``. Both run
+``train.max_steps`` steps with evaluation and the reward preflight off (they are not the step), one torch
+thread, no checkpoints; each run is its own process (``captionrl train lineup``) and the numbers come from its
+``timing.json`` (or, for a run cut by its timeout, from its console lines).
 
-``--avx2`` adds the same two runs with torch, oneDNN and MKL held to AVX2 kernels (``ATEN_CPU_CAPABILITY=avx2``,
-``ONEDNN_MAX_CPU_ISA=AVX2``, ``MKL_ENABLE_INSTRUCTIONS=AVX2``): the CPU then behaves like one without native bf16 (a laptop or a common
-cloud VM, as in issue 12), where ``dtype: auto`` picks float32 and the old bf16 verifier is emulated.
+``--avx2`` adds the same two runs with torch, oneDNN and MKL held to AVX2 kernels (``AVX2_ENV``): the CPU then
+behaves like one without AVX512 or native bf16 (a laptop or a common cloud VM), where ``dtype: auto`` picks
+float32.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_main_job_step.py --steps 2 --avx2
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_main_job_step.py --ref main --steps 2 --avx2
 """
 
 from __future__ import annotations
@@ -29,18 +29,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _workload import ROOT, Printed, add_record_flag, cpu_line
+from _workload import ROOT, Printed, add_record_flag, add_ref_flags, cpu_line, ref_tree
 
-OLD = ["verifier.dtype=bfloat16", "train.max_completion_length=48", "data.instruction=null",
-       "reward.factuality_penalty=0.0", "reward.factuality_bonus=0.0", "reward.unfinished_penalty=0.0",
-       "reward.number_penalty=0.0"]
-"""The old defaults, as overrides of today's config (``git log -p configs/lineup-cpu.yaml``)."""
-NEW: list[str] = []
 AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 """A CPU without AVX512 or native bf16, emulated: torch's own kernels, oneDNN's, and MKL's (torch's float32
 GEMMs go to MKL, which ignores the other two: without ``MKL_ENABLE_INSTRUCTIONS`` a 1800x576 by 576x1536
-float32 matmul ran at 106 GFLOPS on the AMX Xeon, with it at 66, one thread; before 2026-12-06 the benches
-held only the first two, so their "AVX2" float32 times were an AVX512 CPU's without native bf16)."""
+float32 matmul ran at 106 GFLOPS on an AMX Xeon, with it at 66, one thread)."""
 PARTS = ("generation", "reward", "verifier", "logprobs", "backward", "optimizer", "step")
 STEP_LINE = re.compile(r"step (\d+) time: generation ([\d.]+)s \| reward ([\d.]+)s \(verifier ([\d.]+)s\) \| "
                        r"logprobs ([\d.]+)s \| forward/backward ([\d.]+)s \| optimizer ([\d.]+)s \| step ([\d.]+)s")
@@ -67,14 +61,17 @@ def child_env(env_extra: dict[str, str], threads: int | None = None) -> dict[str
 
 
 def run_job(name: str, config: str, overrides: list[str], steps: int, out: Path, env_extra: dict[str, str],
-            timeout: float | None) -> dict:
-    """One ``captionrl train lineup`` run; its timing.json plus the process's wall time. A run cut by
-    ``timeout`` reports the steps its console lines show (``cut`` true)."""
+            timeout: float | None, src: Path | None = None) -> dict:
+    """One ``captionrl train lineup`` run (``src``: another commit's package, ahead of this checkout's); its
+    timing.json plus the process's wall time. A run cut by ``timeout`` reports the steps its console lines
+    show (``cut`` true)."""
     run_dir = out / name
     common = [f"train.max_steps={steps}", "eval.enabled=false", "train.preflight_items=0", "train.threads=1",
               "train.report_to=[]", "train.save_steps=100000", f"train.out_dir={run_dir}"]
     cmd = [sys.executable, "-m", "captionrl.cli", "train", "lineup", "--config", config, *common, *overrides]
     env = child_env(env_extra)
+    if src is not None:
+        env["PYTHONPATH"] = str(src) + os.pathsep + env["PYTHONPATH"]
     out.mkdir(parents=True, exist_ok=True)
     log = out / f"{name}.log"
     t0 = time.perf_counter()
@@ -93,12 +90,15 @@ def run_job(name: str, config: str, overrides: list[str], steps: int, out: Path,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default=str(ROOT / "configs" / "lineup-cpu.yaml"))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_ref_flags(ap, "its code and its config run as the reference side")
+    ap.add_argument("--config", default=str(ROOT / "configs" / "lineup-cpu.yaml"), help="this checkout's config")
+    ap.add_argument("--ref_config", default="configs/lineup-cpu.yaml",
+                    help="the reference side's config, a path inside --ref's tree (default: %(default)s)")
     ap.add_argument("--steps", type=int, default=2, help="training steps per run (train.max_steps)")
     ap.add_argument("--avx2", action="store_true", help="also run both with AVX2 kernels only (no native bf16)")
     ap.add_argument("--avx2_timeout", type=float, default=300.0,
-                    help="seconds an AVX2-only run may take (the emulated bf16 verifier can be very slow)")
+                    help="seconds an AVX2-only run may take (an emulated bf16 verifier can be very slow)")
     ap.add_argument("--out", default=None, help="keep the runs here (default: a temporary folder)")
     add_record_flag(ap)
     args = ap.parse_args()
@@ -106,15 +106,20 @@ def main() -> None:
 
     say(cpu_line())
     say(f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(unset)')}; {args.steps} steps per run; "
-        f"old overrides: {' '.join(OLD)}")
-    setups = [("old", OLD, {}), ("new", NEW, {})]
-    if args.avx2:
-        setups += [("new-avx2", NEW, AVX2_ENV), ("old-avx2", OLD, AVX2_ENV)]
+        f"ref: the code and config of {args.ref}; new: this checkout {' '.join(args.overrides)}".rstrip())
     with tempfile.TemporaryDirectory(prefix="bench-main-job-") as tmp:
         out = Path(args.out) if args.out else Path(tmp)
+        out.mkdir(parents=True, exist_ok=True)
+        tree = ref_tree(args.ref, out)
+        sides = {"ref": (str(tree / args.ref_config), [], tree / "src"), "new": (args.config, args.overrides, None)}
+        setups = [("ref", {}), ("new", {})]
+        if args.avx2:
+            setups += [("new-avx2", AVX2_ENV), ("ref-avx2", AVX2_ENV)]
         results = []
-        for name, overrides, env_extra in setups:
-            res = run_job(name, args.config, overrides, args.steps, out, env_extra, args.avx2_timeout if env_extra else None)
+        for name, env_extra in setups:
+            config, overrides, src = sides[name.split("-")[0]]
+            res = run_job(name, config, overrides, args.steps, out, env_extra,
+                          args.avx2_timeout if env_extra else None, src)
             results.append(res)
             cut = f" (cut at {res['wall_s']:.0f} s)" if res["cut"] else ""
             if res["steps"]:
@@ -137,13 +142,12 @@ def main() -> None:
         say(f"{res['name']:<9} {dtype:<9} " + " ".join(f"{m[p]:>10.2f}" for p in PARTS) + f" {share:>13.3f}")
     by = {r["name"]: r["mean_seconds"]["step"] for r in results if r["steps"]}
     say()
-    say(f"ratio old/new, this CPU: {by['old'] / by['new']:.2f}x (new takes {by['new'] / by['old']:.2f}x the old step time)")
-    if args.avx2 and "old-avx2" in by:
-        say(f"ratio old/new, AVX2 kernels only: {by['old-avx2'] / by['new-avx2']:.2f}x "
-            f"(new takes {by['new-avx2'] / by['old-avx2']:.2f}x the old step time)")
+    say(f"step time new/ref, this CPU: {by['new'] / by['ref']:.2f}x")
+    if args.avx2 and "ref-avx2" in by:
+        say(f"step time new/ref, AVX2 kernels only: {by['new-avx2'] / by['ref-avx2']:.2f}x")
     elif args.avx2:
-        cut = next(r for r in results if r["name"] == "old-avx2")
-        say(f"ratio old/new, AVX2 kernels only: > {cut['wall_s'] / by['new-avx2']:.1f}x (the old run finished no "
+        cut = next(r for r in results if r["name"] == "ref-avx2")
+        say(f"step time new/ref, AVX2 kernels only: < {by['new-avx2'] / cut['wall_s']:.2f}x (the ref run finished no "
             f"step in {cut['wall_s']:.0f} s; new: {by['new-avx2']:.1f} s/step)")
     for res in results:
         say(f"{res['name']}: dtypes {json.dumps(res['dtypes'])}")

@@ -1,14 +1,13 @@
-"""The default test tier of an earlier commit against this checkout's, each from a clean clone, one after the
+"""The default test tier of a given commit against this checkout's, each from a clean clone, one after the
 other in one run: wall time, CPU time, counts and their ratio.
 
-Issue 26 asks for a suite that is faster than the one it found (``OLD_REF``, e6c58d9) while it tests more.
-Each side is ``git clone``d from this repository into a temporary folder at its commit (HEAD for the new
-side, so commit first), and runs ``python -m pytest -q -p no:cacheprovider`` there with the clone's own
-``pyproject.toml`` options (two xdist workers) and its own ``src`` first on ``PYTHONPATH``, under this
-checkout's virtual environment (``scripts/setup.sh --dev``; its packages cover both commits). Setup is
-excluded from both times.
+Each side is ``git clone``d from this repository into a temporary folder at its commit (``--ref`` for the
+reference side, ``--new_ref``, HEAD by default, for the new one: commit first), and runs ``python -m pytest -q
+-p no:cacheprovider`` there with the clone's own ``pyproject.toml`` options and its own ``src`` first on
+``PYTHONPATH``, under this checkout's virtual environment (``scripts/setup.sh --dev``; its packages must cover
+both commits). Setup is excluded from both times.
 
-    .venv/bin/python bench/bench_suite.py
+    .venv/bin/python bench/bench_suite.py --ref main --out /tmp/bench-suite
 """
 
 from __future__ import annotations
@@ -24,10 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _workload import ROOT, Printed, add_record_flag, cpu_line
+from _workload import ROOT, Printed, add_record_flag, add_ref_flags, cpu_line
 
-OLD_REF = "e6c58d9"
-"""The commit issue 26 was filed against (its README: 656 lines, "644 passed in 12 min 6 s")."""
 SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed|error).*?) in ([\d.]+)s", re.MULTILINE)
 """pytest's last line, with ``-q`` (bare) or without (between ``=`` rules)."""
 
@@ -64,30 +61,30 @@ def run_suite(name: str, tree: Path, log: Path, timeout: float) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--old_ref", default=OLD_REF)
-    ap.add_argument("--new_ref", default="HEAD")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_ref_flags(ap, "its default test tier is the reference side", overrides=False)
+    ap.add_argument("--new_ref", default="HEAD", help="the new side's commit (default: %(default)s)")
     ap.add_argument("--out", default=None, help="keep the clones and logs here (default: a temporary folder)")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per suite before it is killed")
     add_record_flag(ap)
     args = ap.parse_args()
-    refs = {"old": args.old_ref, "new": args.new_ref}
+    refs = {"ref": args.ref, "new": args.new_ref}
     commits = {k: subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", v], capture_output=True,
                                  text=True, check=True).stdout.strip() for k, v in refs.items()}
     say = Printed(__file__)
     say(cpu_line())
-    say(f"default test tier from clean clones, one after the other: old {commits['old']}, new {commits['new']}")
+    say(f"default test tier from clean clones, one after the other: ref {commits['ref']}, new {commits['new']}")
     with tempfile.TemporaryDirectory(prefix="bench-suite-") as tmp:
         out = Path(args.out) if args.out else Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
         results = []
-        for name in ("old", "new"):
+        for name in ("ref", "new"):
             tree = clone(commits[name], out / f"{name}-{commits[name]}")
             results.append(run_suite(name, tree, out / f"{name}.log", args.timeout))
             say(f"{name}: {results[-1]['wall_s']:.0f} s wall, {results[-1]['cpu_s']:.0f} s CPU: {results[-1]['summary']}")
-    old, new = results
+    ref, new = results
     say()
-    say(f"wall time new/old: {new['wall_s'] / old['wall_s']:.2f}x; CPU time new/old: {new['cpu_s'] / old['cpu_s']:.2f}x")
+    say(f"wall time new/ref: {new['wall_s'] / ref['wall_s']:.2f}x; CPU time new/ref: {new['cpu_s'] / ref['cpu_s']:.2f}x")
     if any(r["rc"] != 0 for r in results):
         say("a suite failed: " + ", ".join(f"{r['name']} exit {r['rc']}" for r in results if r["rc"] != 0))
     say.record(args)

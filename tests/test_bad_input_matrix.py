@@ -125,6 +125,10 @@ def bad_file(tmp: Path, kind: str, fmt: str, name: str = "caps.jsonl") -> Path:
         lines[1] = make(0, caption="A second caption of the first item.")
     elif kind == "nofield":
         lines[1] = make(1, caption=None)
+    elif kind == "number":  # a caption that holds a number is not text
+        lines[1] = make(1, caption=3.5)
+    elif kind == "idlist":  # an id that is neither text nor an integer
+        lines[1] = make(1, id=["it1", "x"])
     elif kind not in ("good", "missing", "empty", "nonutf8", "malformed"):
         raise ValueError(kind)
     return write_lines(p, lines, kind, (b"item 1.", b"caf\xe9 1."), cut=25)
@@ -161,6 +165,8 @@ FILE_KINDS = {
     "mixed": [where(2, "it1"), r"length"],
     "dup": [r"caps\.jsonl", r"it0", r"(twice|repeat|duplicate)"],
     "nofield": [where(2, "it1"), r"caption"],
+    "number": [where(2, "it1"), r"caption", r"3\.5", r"(text|string)"],
+    "idlist": [where(2, "it1"), r"\bid\b", r"(text|string)"],
 }
 
 
@@ -174,8 +180,8 @@ def file_cases(cmd: str, fmt: str, argv: Callable[[Path, Path], list[str]], kind
     return out
 
 
-ALL = ["missing", "empty", "malformed", "nonutf8", "nan", "mixed", "dup", "nofield"]
-CAPTION_KINDS = ["missing", "empty", "malformed", "nonutf8", "dup", "nofield"]  # no series in these files
+ALL = ["missing", "empty", "malformed", "nonutf8", "nan", "mixed", "dup", "nofield", "number", "idlist"]
+CAPTION_KINDS = ["missing", "empty", "malformed", "nonutf8", "dup", "nofield", "number", "idlist"]  # no series in these files
 
 
 def good(tmp: Path, fmt: str, name: str = "good.jsonl") -> Path:
@@ -195,6 +201,16 @@ def long_corpus(tmp: Path) -> Path:
 def out(tmp: Path, name: str = "out") -> str:
     """The ``out=DIR`` word; it goes before list flags, which would take it as one more of their values."""
     return f"out={tmp / name}"
+
+
+def taken(tmp: Path) -> Path:
+    """An existing file where a command makes its output folder."""
+    p = tmp / "taken.txt"
+    p.write_text("not a folder\n")
+    return p
+
+
+TAKEN = [r"taken\.txt", r"is a file where a folder is expected", r"folder"]
 
 
 def lineup(tmp: Path, *words: str) -> list[str]:
@@ -233,7 +249,7 @@ CANDIDATE_MUST = {**FILE_KINDS, "nofield": [where(2, "it1"), r"series"], "small"
 
 def lineup_file_cases() -> list[Case]:
     out_ = []
-    for kind in [*ALL, "small"]:
+    for kind in [*(k for k in ALL if k not in ("number", "idlist")), "small"]:  # no caption or id field there
         def make(tmp: Path, kind: str = kind) -> list[str]:
             return lineup(tmp, f"data.candidates_file={candidates_file(tmp, kind)}", "data.window=8")
         out_.append(Case(f"lineup-candidates-{kind}", make, CANDIDATE_MUST[kind]))
@@ -305,6 +321,9 @@ CASES: list[Case] = [
     *file_cases("qa", "caption", lambda t, f: ["eval", "qa", out(t), "--captions", str(f)], CAPTION_KINDS),
     Case("qa-questions-missing", lambda t: ["eval", "qa", out(t), "--qa", f"bench={t / 'caps.jsonl'}"],
          [r"caps\.jsonl", r"not found"]),
+    Case("qa-questions-id-list", lambda t: ["eval", "qa", out(t), "--captions", str(good(t, "caption")),
+                                            "--qa", f"bench={_questions(t, [{'id': ['it0'], 'question': 'Colour?', 'answers': ['red']}])}"],
+         [r"questions\.jsonl:line 1\.id", r"it0", r"(text|string)"]),
     Case("qa-unreachable", lambda t: ["eval", "qa", out(t), "--answerer", DEAD], [URL, r"answer"]),
     # ---- eval agreement: human labels {id, label}, judge decisions {id, decision}
     *[Case(f"agreement-{kind}", lambda t, kind=kind: ["eval", "agreement", out(t), f"labels={labels(t, kind)}",
@@ -380,6 +399,26 @@ CASES: list[Case] = [
     Case("report-missing-field", lambda t: ["report", out(t), str(summary_dir(t, '{"protocol": "x"}'))],
          [r"summary\.json", r"rows"]),
     Case("report-empty", lambda t: ["report", out(t), str(summary_dir(t, ""))], [r"summary\.json", r"json"]),
+    # ---- an output folder given as an existing file's name (or a path under one)
+    Case("identify-out-is-file", lambda t: ["eval", "identify", f"out={taken(t)}", "--captions", str(good(t, "series")),
+                                            "--verifier", "claims:rules"], [r"\bout=", *TAKEN]),
+    Case("identify-out-under-file", lambda t: ["eval", "identify", f"out={taken(t) / 'sub'}", "--captions",
+                                               str(good(t, "series")), "--verifier", "claims:rules"],
+         [r"\bout=", r"cannot be made", *TAKEN]),
+    Case("bottleneck-out-is-file", lambda t: ["eval", "bottleneck", f"out={taken(t)}", "--captions",
+                                              str(good(t, "series")), "--quiet"], [r"\bout=", *TAKEN]),
+    Case("spans-out-is-file", lambda t: ["eval", "spans", f"out={taken(t)}", "--captions", str(good(t, "series")),
+                                         "--quiet"], [r"\bout=", *TAKEN]),
+    Case("entail-out-is-file", lambda t: ["eval", "entail", f"out={taken(t)}", "--captions", str(good(t, "caption")),
+                                          "--quiet"], [r"\bout=", *TAKEN]),
+    Case("report-out-is-file", lambda t: ["report", f"out={taken(t)}", str(summary_dir(t, '{"protocol": "x", "rows": []}'))],
+         [r"\bout=", *TAKEN]),
+    Case("candidates-out-is-file", lambda t: ["candidates", "--corpus", str(long_corpus(t)), "--out", str(taken(t)),
+                                              "--length", "4", "--k", "2", "--quiet"], [r"\bout=", *TAKEN]),
+    Case("lineup-out-dir-is-file", lambda t: ["train", "lineup", f"train.out_dir={taken(t)}", "train.max_steps=1"],
+         [r"train\.out_dir=", *TAKEN]),
+    Case("caption-out-is-folder", lambda t: ["caption", f"out={t}", "captioner=describer", "length=4", "limit=2"],
+         [r"\bout\b", r"folder"]),
 ]
 
 
@@ -400,6 +439,12 @@ def images(tmp: Path, bad: dict[str, object] | None) -> list[str]:
 def _pixmo_wrong(tmp: Path) -> Path:
     p = tmp / "pixmo.jsonl"
     p.write_text(json.dumps({"image_url": "https://a.org/b.jpg", "text": "no caption column"}) + "\n")
+    return p
+
+
+def _questions(tmp: Path, rows: list[dict[str, object]]) -> Path:
+    p = tmp / "questions.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return p
 
 

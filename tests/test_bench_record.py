@@ -37,3 +37,19 @@ def test_printed_lines_are_recorded_under_the_command_only_when_asked(tmp_path, 
                         r"\(\d+ s wall\)", block.split("\n")[0])
     assert block.split("\n", 1)[1] == "\n```\nCPU: demo\n\nratio: 2x\n```\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["draft.md"]  # the run without --record wrote nothing
+
+
+def test_a_reference_side_is_the_given_commits_tree_and_a_bad_ref_is_named(tmp_path):
+    """The benches that compare with another commit take it on the command line (``--ref``, required) and
+    run its ``src`` and ``configs``, extracted without touching this checkout's git state."""
+    import pytest
+
+    tree = _workload.ref_tree("HEAD", tmp_path)
+    assert (tree / "src" / "captionrl" / "cli.py").is_file() and (tree / "configs" / "lineup-cpu.yaml").is_file()
+    with pytest.raises(SystemExit, match="--ref no-such-ref"):
+        _workload.ref_tree("no-such-ref", tmp_path)
+    ap = argparse.ArgumentParser()
+    _workload.add_ref_flags(ap, "test")
+    with pytest.raises(SystemExit):  # no default commit: --ref is required
+        ap.parse_args([])
+    assert ap.parse_args(["--old_ref", "abc"]).ref == "abc"

@@ -75,6 +75,31 @@ def test_the_train_section_is_trls_fields_with_our_overrides_in_one_place():
     assert (args.adam_beta2, args.warmup_steps, args.lr_scheduler_type.value) == (0.98, 2, "constant")
 
 
+@pytest.mark.parametrize("config", ["lineup-cpu", "lineup-paper", "rubicap-cpu", "moco-cpu"])
+def test_the_trainer_arguments_use_no_deprecated_setting(config):
+    """A run prints no warning about our own settings: transformers renamed ``gradient_checkpointing`` to
+    ``activation_checkpointing`` (the old name warns when given), and TRL's config classes default the old name
+    to True, so the arguments must carry the current name (the warm start's SFT arguments too)."""
+    import warnings
+
+    from captionrl.config import load_config
+    from captionrl.train.lineup import LineupConfig
+    from captionrl.train.moco import MocoConfig
+    from captionrl.train.rubicap import RubicapConfig
+    from captionrl.train.sft import SFTDataConfig, SFTRunConfig, sft_args
+
+    cls = {"lineup": LineupConfig, "rubicap": RubicapConfig, "moco": MocoConfig}[config.split("-")[0]]
+    cfg = load_config(cls, ROOT / "configs" / f"{config}.yaml", ["train.use_cpu=true", "train.bf16=false"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        warnings.simplefilter("error", DeprecationWarning)
+        args = trainer_args(cfg.train, seed=0)
+        sft = sft_args(SFTRunConfig(data=SFTDataConfig(path="x.jsonl")), Path("runs/x"))
+    wanted = bool(cfg.train.gradient_checkpointing)  # null: off on CPU
+    assert args.gradient_checkpointing is wanted and getattr(args, "activation_checkpointing", wanted) is wanted
+    assert sft.gradient_checkpointing is False
+
+
 def test_a_setting_of_the_other_algorithm_is_refused_by_name():
     with pytest.raises(ConfigError) as err:
         _train(algorithm="rloo", scale_rewards="batch")

@@ -22,7 +22,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from captionrl.config import add_config_arguments, config_from_args
+from captionrl.config import add_config_arguments, check_output_paths, config_from_args, path_in_the_way
 from captionrl.errors import CaptionRLError
 
 # (command words) -> (module, one-line help)
@@ -44,6 +44,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("eval", "paper"): ("captionrl.eval.paper", "the paper's evaluation of caption files: identification, entailment, Table 3, bottleneck + p-values"),
     ("eval", "sweep"): ("captionrl.train.sweep", "alias of 'train sweep', kept for existing scripts"),
     ("eval", "hacking"): ("captionrl.eval.hacking", "reward-hacking probes for every reward"),
+    ("eval", "recheck"): ("captionrl.eval.recheck", "finished LineupRL runs' held-out captions judged again by today's final checks, with a mean and 95% interval over runs"),
     ("train", "lineup"): ("captionrl.train.lineup", "LineupRL: RLOO/GRPO with the identification reward"),
     ("train", "rubicap"): ("captionrl.train.rubicap", "RubiCap: GRPO with rubric rewards"),
     ("train", "moco"): ("captionrl.train.moco", "MoCo Rubric: GRPO with a momentum Generator-Judge"),
@@ -126,10 +127,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     config_cls = module.CONFIG
     add_config_arguments(leaves[key], config_cls)
     args = parser.parse_args(argv)
+    cfg = None
     try:
-        return int(module.run_command(config_from_args(config_cls, args)) or 0)
+        cfg = config_from_args(config_cls, args)
+        check_output_paths(cfg)  # an output folder that names a file fails here, not after a model loaded
+        return int(module.run_command(cfg) or 0)
     except CaptionRLError as exc:  # input (files, configs, servers): one line, no traceback; bugs keep theirs
         print(f"error: {type(exc).__name__}: {' '.join(str(exc).splitlines())}", file=sys.stderr)
+        return 2
+    except (FileExistsError, NotADirectoryError, IsADirectoryError) as exc:  # a setting's path met later on
+        named = path_in_the_way(exc, cfg)
+        if named is None:
+            raise
+        print(f"error: ConfigError: {named}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted: rerun the same command to resume", file=sys.stderr)

@@ -304,3 +304,64 @@ def config_from_args(cls: type[C], args: argparse.Namespace) -> C:
             raise ConfigError("arguments", bare, "are not key=value settings", "write e.g. out=runs/x, or use the --flags")
         data[positional] = bare
     return from_dict(cls, apply_overrides(data, overrides))
+
+
+# ---------------------------------------------------------------------- output paths
+IN_THE_WAY = {"file": ("is a file where a folder is expected", "give a folder's path (new or existing), or move that file"),
+              "folder": ("is a folder where a file is expected", "give a file's path, or move that folder")}
+
+
+def _output_settings(cfg: object, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted key, value, "folder" or "file") of every output path a config names: a field called ``out`` or
+    ``out_dir`` whose help says which of the two it is."""
+    found: list[tuple[str, str, str]] = []
+    for f in dataclasses.fields(cfg):  # type: ignore[arg-type]
+        value, key, text = getattr(cfg, f.name), f"{prefix}{f.name}", f.metadata.get("help", "")
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            found.extend(_output_settings(value, f"{key}."))
+        elif f.name in ("out", "out_dir") and isinstance(value, str) and value:
+            kind = "folder" if "folder" in text else "file" if "file" in text else None
+            if kind:
+                found.append((key, value, kind))
+    return found
+
+
+def check_output_paths(cfg: object) -> None:
+    """Refuse, before anything loads, an output folder given as an existing file's name (or a path under one)
+    and an output file given as an existing folder's name: named with its setting and the fix."""
+    for key, value, kind in _output_settings(cfg):
+        path = Path(value)
+        if kind == "folder":
+            blocker = next((p for p in (path, *path.parents) if p.is_file()), None)
+            if blocker is not None:
+                problem, fix = IN_THE_WAY["file"]
+                raise ConfigError(key, value, problem if blocker == path else f"cannot be made: {blocker} {problem}", fix)
+        elif path.is_dir():
+            raise ConfigError(key, value, *IN_THE_WAY["folder"])
+
+
+def path_in_the_way(exc: OSError, cfg: object) -> str | None:
+    """The one-line message for a path a command failed to make or write because a file stands where a folder
+    goes (or a folder where a file goes), when that path is one of ``cfg``'s settings or lies under one: the
+    setting, its value and the fix. ``None`` for any other path (a bug: it keeps its traceback)."""
+    if cfg is None or not exc.filename:
+        return None
+    failed = Path(os.path.abspath(os.fsdecode(exc.filename)))
+    if isinstance(exc, IsADirectoryError):
+        blocker, (problem, fix) = failed, IN_THE_WAY["folder"]
+    else:
+        blocker, (problem, fix) = next((p for p in (failed, *failed.parents) if p.is_file()), None), IN_THE_WAY["file"]
+        if blocker is None:
+            return None
+
+    def settings(value: object, prefix: str = "") -> list[tuple[str, str]]:
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return [kv for f in dataclasses.fields(value) for kv in settings(getattr(value, f.name), f"{prefix}{f.name}.")]
+        return [(prefix.rstrip("."), value)] if isinstance(value, str) and value else []
+
+    for key, value in settings(cfg):
+        path = Path(os.path.abspath(value))
+        if path == blocker or (blocker in path.parents and not isinstance(exc, IsADirectoryError)):
+            said = problem if path == blocker else f"cannot be made: {blocker} {problem}"
+            return f"{key}={value!r}: {said}. Fix: {fix}"
+    return None

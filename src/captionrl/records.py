@@ -111,6 +111,9 @@ def _iter_jsonl(p: Path, fh: IO[bytes], appended: bool, unique_key: str | None) 
             if not isinstance(rec, dict):
                 raise DataError(f"{p}:line {n}", _short(text), f"is a JSON {type(rec).__name__}, not an object", fix)
             if unique_key is not None and unique_key in rec:
+                if not isinstance(rec[unique_key], (str, int)) or isinstance(rec[unique_key], bool):
+                    raise DataError(f"{p}:line {n}.{unique_key}", rec[unique_key], "is not a string or an integer",
+                                    f'write the {unique_key} as text, e.g. "{unique_key}": "item-{n}"')
                 value = str(rec[unique_key])
                 if value in seen:
                     raise DataError(f"{p}:line {n}.{unique_key}", value, f"repeats the {unique_key} of line {seen[value]}",

@@ -241,6 +241,10 @@ def load_jsonl(path: str | Path, *, fill: Fill = "error", domain: str | None = N
         # An explicit "caption": "" is a captioner's (empty) output, which evaluations must score, not a
         # missing caption; CSV cells cannot tell the two apart, so only JSONL keeps it.
         given = rec.get("caption", rec.get("captions"))
+        if not (given is None or isinstance(given, str) or (isinstance(given, list) and all(isinstance(c, str) for c in given))):
+            key = "caption" if "caption" in rec else "captions"
+            raise DataError(f"{p}:line {n}.{key}", given, "is not text (a caption is a string, or a list of strings)",
+                            f'write the caption in quotes, e.g. "{key}": "The series rises from 1 to 8."')
         meta: dict[str, Any] = {"captions": [""] if given == "" else _captions(given)}
         if "next" in rec:
             meta["next"] = make_series(rec["next"], id=f"{sid}.next").values.tolist()

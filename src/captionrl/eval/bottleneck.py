@@ -199,7 +199,10 @@ def load_caption_files(files: Sequence[tuple[str, Path]], cfg: BottleneckConfig)
                                     "pass files captioning the same items (same id -> same series)")
             else:
                 items[iid] = item
-            caps[iid] = str(rec["caption"] or "")
+            if rec["caption"] is not None and not isinstance(rec["caption"], str):
+                raise DataError(f"{where}.caption", rec["caption"], "is not text",
+                                'write the caption in quotes, e.g. "caption": "The series rises." ("" for an empty caption)')
+            caps[iid] = rec["caption"] or ""
         if not caps:
             raise DataError("--captions", str(path), "holds no items", "write one JSON object per line")
         captions[name] = caps

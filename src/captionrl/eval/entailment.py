@@ -82,9 +82,12 @@ def load_inputs(specs: Sequence[str], references: str | None) -> tuple[Systems, 
             raise ConfigError("--captions", spec, f"system name {name!r} repeats", "use NAME=PATH to name files")
         caps: dict[str, str] = {}
         for n, rec in enumerate(read_jsonl(p, unique_key="id"), 1):
-            if "id" not in rec or not isinstance(rec.get("caption"), str):
+            if "id" not in rec or "caption" not in rec:
                 raise DataError(f"{p.name}:{n}", sorted(rec), "needs 'id' and a string 'caption'",
                                 'write {"id": "x", "caption": "...", "references": ["..."]}')
+            if not isinstance(rec["caption"], str):
+                raise DataError(f"{p.name}:{n}.caption", rec["caption"], "is not text",
+                                'write the caption in quotes, e.g. "caption": "A red circle." ("" for an empty caption)')
             if str(rec["id"]) in caps:
                 raise DataError(f"{p.name}:{n}.id", str(rec["id"]), "repeats an earlier line's id (which caption counts?)",
                                 "give every item one caption per file")

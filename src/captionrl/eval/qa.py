@@ -83,6 +83,9 @@ def load_qa_file(path: str | Path, benchmark: str, images: str | None = None) ->
         if image_id is None:
             raise DataError(f"{p.name}:line {n + 1}.id", None, "no 'id' (or 'image_id')",
                             "name the image each question is about, matching the caption files' ids")
+        if not isinstance(image_id, (str, int)) or isinstance(image_id, bool):
+            raise DataError(f"{p.name}:line {n + 1}.id", image_id, "is not a string or an integer",
+                            'write the id as text, matching the caption files\' ids, e.g. "id": "img1"')
         q = _parse_question(rec, f"{p.name}:line {n + 1}")
         out.append({"id": str(image_id), "qid": q.qid or str(n), "question": q, "benchmark": benchmark})
     if not out:

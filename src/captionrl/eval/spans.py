@@ -76,9 +76,12 @@ def load_items(specs: Sequence[str]) -> tuple[dict[str, dict[str, str]], dict[st
             raise DataError("--captions", spec, "file not found", "give JSONL files of {id, series, caption}")
         caps = {}
         for n, rec in enumerate(read_jsonl(p, unique_key="id"), 1):
-            if "id" not in rec or not isinstance(rec.get("caption"), str) or "series" not in rec:
+            if "id" not in rec or "caption" not in rec or "series" not in rec:
                 raise DataError(f"{p.name}:{n}", sorted(rec), "needs 'id', 'series' and a string 'caption'",
                                 'write {"id": "x", "series": [1, 2, 3], "caption": "..."}')
+            if not isinstance(rec["caption"], str):
+                raise DataError(f"{p.name}:{n}.caption", rec["caption"], "is not text",
+                                'write the caption in quotes, e.g. "caption": "The series rises." ("" for an empty caption)')
             arr = np.asarray(rec["series"], dtype=float)
             if arr.ndim != 1 or arr.size < 2 or not np.isfinite(arr).all():
                 raise DataError(f"{p.name}:{n}.series", rec["series"], "must be >= 2 finite numbers", "clean it")

@@ -273,6 +273,21 @@ def lora_config(policy: PolicyConfig) -> Any:
     )
 
 
+CHECKPOINTING = ("activation_checkpointing", "activation_checkpointing_kwargs", "gradient_checkpointing",
+                 "gradient_checkpointing_kwargs")
+"""transformers' names for recomputing activations: ``gradient_checkpointing*`` are deprecated aliases of
+``activation_checkpointing*`` (a FutureWarning when given) where the latter exist, the only names before."""
+
+
+def checkpointing_args(cls: type, on: bool, kwargs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Activation checkpointing (``on``, and its keyword arguments) for trainer-arguments class ``cls`` under
+    the names it reads without a deprecation warning: ``activation_checkpointing*`` where ``cls`` has them,
+    ``gradient_checkpointing*`` where those are its only names (older transformers, as a GPU install may pin)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    prefix = "activation" if "activation_checkpointing" in names else "gradient"
+    return {f"{prefix}_checkpointing": on, **({f"{prefix}_checkpointing_kwargs": dict(kwargs)} if kwargs else {})}
+
+
 def trainer_args(train: TrainConfig, seed: int, reward_weights: Sequence[float] | None = None) -> Any:
     """RLOOConfig or GRPOConfig holding every value of ``train`` (TRL validates them), plus what captionrl sets
     itself: the checkpoint folder, the seeds, the device choices and the recipe's reward weights."""
@@ -282,13 +297,16 @@ def trainer_args(train: TrainConfig, seed: int, reward_weights: Sequence[float] 
     on_cpu = train.use_cpu if train.use_cpu is not None else not cuda_available()
     names = {f.name for f in dataclasses.fields(cls) if f.init}
     values = {name: copy.deepcopy(getattr(train, name)) for name in names if hasattr(train, name)}
+    given = [getattr(train, "activation_checkpointing", None), train.gradient_checkpointing]
+    kwargs = getattr(train, "activation_checkpointing_kwargs", None) or getattr(train, "gradient_checkpointing_kwargs", None)
+    values = {k: v for k, v in values.items() if k not in CHECKPOINTING}
     values.update({
         "output_dir": str(Path(train.out_dir) / "checkpoints"),
         "seed": seed,
         "data_seed": train.data_seed if train.data_seed is not None else seed,
         "use_cpu": on_cpu,
         "bf16": train.bf16 if train.bf16 is not None else not on_cpu,
-        "gradient_checkpointing": train.gradient_checkpointing if train.gradient_checkpointing is not None else not on_cpu,
+        **checkpointing_args(cls, next((v for v in given if v is not None), not on_cpu), kwargs),
         "report_to": list(train.report_to) or "none",
         "reward_weights": list(reward_weights) if reward_weights else None,
     })

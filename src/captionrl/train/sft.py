@@ -24,6 +24,7 @@ from captionrl.records import RecordWriter, read_jsonl
 from captionrl.train.common import (
     PolicyConfig,
     check_memory_plan_mode,
+    checkpointing_args,
     cuda_available,
     lora_config,
 )
@@ -214,7 +215,7 @@ def sft_args(cfg: Any, output_dir: Path) -> Any:
     kw: dict[str, Any] = {
         "output_dir": str(output_dir), "seed": cfg.seed, "data_seed": cfg.seed, "use_cpu": on_cpu,
         "bf16": t.bf16 if t.bf16 is not None else not on_cpu, "fp16": False,
-        "gradient_checkpointing": t.gradient_checkpointing if t.gradient_checkpointing is not None else not on_cpu,
+        **checkpointing_args(SFTConfig, t.gradient_checkpointing if t.gradient_checkpointing is not None else not on_cpu),
         "learning_rate": t.learning_rate, "lr_scheduler_type": t.lr_scheduler_type, "warmup_steps": t.warmup_steps,
         "weight_decay": t.weight_decay, "num_train_epochs": t.num_train_epochs, "max_steps": t.max_steps,
         "per_device_train_batch_size": t.per_device_train_batch_size,

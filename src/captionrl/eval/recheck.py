@@ -1,0 +1,213 @@
+"""``captionrl eval recheck RUN_DIR...``: finished LineupRL runs judged again by today's final checks.
+
+The final checks improve (a claim phrasing read, a way of guessing priced) while the runs they judge take
+minutes to hours; a run's own ``eval/final_checks.json`` keeps the verdict of the code that wrote it. This
+command reads each run's held-out captions (``eval/records.jsonl``), rebuilds their series from the run's own
+``config.yaml`` (the same corpus, windows, splits and seed: ``domains.lineup_data.build_lineup_data``), and
+runs the final checks' span audit and description checks on them (``eval.final_checks.caption_checks``,
+``eval.description``) with the settings its final checks used (instruction, claim tolerance, transcription
+guard), then the verdict of the first system against the second (``eval.description.verdict``).
+``bottleneck_mse`` is the run's own: it needs predictors fitted again and does not change with the checks.
+
+Printed (and, with ``--out``, written as ``recheck.md`` and ``recheck.json``): per run, the verdict then and
+now and the trained-minus-initial mean of each check (trained minus the warm start too, when every run has
+one); over the runs, each difference's mean with its 95% t-interval (``eval.stats.mean_interval``) and the
+verdicts counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from captionrl.config import help_field
+from captionrl.errors import ConfigError, DataError
+from captionrl.records import read_jsonl, write_json
+
+CHECKS = (("direction_skill", True), ("other_facts", True), ("direction_right", True), ("key_facts", True),
+          ("red", False), ("same_sentence", False), ("degenerate", False))
+"""The per-item checks whose differences are shown, and whether higher is better."""
+WARM = "warm start"
+"""The final checks' system of the warm-started model, when the run had one."""
+
+
+@dataclass
+class RecheckConfig:
+    """Settings of ``captionrl eval recheck``."""
+
+    runs: list[str] = help_field([], "finished LineupRL run folders (train.out_dir of each run or seed)", positional=True)
+    out: str | None = help_field(None, "folder for recheck.md and recheck.json (default: print only)")
+
+    def __post_init__(self) -> None:
+        if not self.runs:
+            raise ConfigError("runs", [], "no run folders given", "write captionrl eval recheck RUN_DIR [RUN_DIR...]")
+
+
+CONFIG = RecheckConfig
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DataError(str(path), path.name, f"is not valid JSON ({exc})", "rerun that run's evaluation") from None
+    if not isinstance(data, dict):
+        raise DataError(str(path), type(data).__name__, "is not a JSON object", "rerun that run's evaluation")
+    return data
+
+
+def _run_files(run: Path) -> tuple[Path, Path, Path]:
+    """The run's config, caption records and final checks, each checked to exist."""
+    if not run.is_dir():
+        raise DataError("RUN_DIR", str(run), "is not a folder", "give run folders that 'captionrl train lineup' wrote")
+    files = (run / "config.yaml", run / "eval" / "records.jsonl", run / "eval" / "final_checks.json")
+    for f in files:
+        if not f.is_file():
+            raise DataError("RUN_DIR", str(run), f"has no {f.relative_to(run)} (not a finished LineupRL run with "
+                            "final checks)", "give run folders of 'captionrl train lineup' with eval.final_checks on, "
+                            "after the run ended")
+    return files
+
+
+def held_out_series(config_path: Path) -> dict[str, Any]:
+    """item id -> values of every item the run's data holds, rebuilt from its saved config's ``data``,
+    ``reward.k`` and ``seed`` (only those sections are read, so later changes elsewhere do not matter)."""
+    import yaml
+
+    from captionrl.config import from_dict
+    from captionrl.domains.lineup_data import LineupDataConfig, build_lineup_data
+
+    saved = yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}
+    if not isinstance(saved, dict) or not isinstance(saved.get("data"), dict):
+        raise DataError(str(config_path), "data", "has no data section (not a LineupRL run's config)",
+                        "give run folders that 'captionrl train lineup' wrote")
+    try:
+        data_cfg = from_dict(LineupDataConfig, saved["data"], prefix="data.")
+    except ConfigError as exc:
+        raise DataError(str(config_path), exc.value, f"cannot be read by this version ({exc.field}: {exc.problem})",
+                        "recheck with the version that wrote the run, or edit the setting as the message says") from None
+    k = int((saved.get("reward") or {}).get("k", 4))
+    data = build_lineup_data(data_cfg, k, int(saved.get("seed", 0)))
+    return {item_id: s.values for item_id, s in data.pool.items()}
+
+
+def saved_captions(records_path: Path) -> dict[str, dict[str, str]]:
+    """system -> item id -> caption of the run's held-out evaluation (controls left out), systems in the
+    order the run captioned them."""
+    systems: dict[str, dict[str, str]] = {}
+    for rec in read_jsonl(records_path, appended=True):
+        if rec.get("control") or "system" not in rec or "item_id" not in rec or not isinstance(rec.get("caption"), str):
+            continue
+        systems.setdefault(str(rec["system"]), {})[str(rec["item_id"])] = rec["caption"]
+    return systems
+
+
+def _guard(settings: Mapping[str, Any]) -> Any:
+    """The transcription guard the run's final checks used (its saved fields this version still has)."""
+    from captionrl.judges.transcription import TranscriptionConfig
+
+    known = {f.name for f in dataclasses.fields(TranscriptionConfig)}
+    return TranscriptionConfig(**{k: v for k, v in (settings.get("guard") or {}).items() if k in known})
+
+
+def recheck(run: str | Path) -> dict[str, Any]:
+    """One run's verdict then and now, and the per-item mean differences of ``CHECKS`` (trained minus initial,
+    and trained minus the warm start when the run has one)."""
+    from captionrl.eval.description import compare, description_checks, verdict
+    from captionrl.eval.final_checks import caption_checks
+
+    run = Path(run)
+    config_path, records_path, checks_path = _run_files(run)
+    final = _read_json(checks_path)
+    captions = saved_captions(records_path)
+    old = final.get("verdict") or {}
+    names = list(old.get("systems") or [s for s in captions if s != WARM][:2])
+    if len(names) < 2 or any(n not in captions for n in names):
+        raise DataError(str(records_path), sorted(captions), "holds the captions of fewer than two systems",
+                        "recheck runs whose evaluation compared the trained model with its initial one "
+                        "(eval.compare_initial: true)")
+    series = held_out_series(config_path)
+    unknown = sorted({i for caps in captions.values() for i in caps} - set(series))
+    if unknown:
+        raise DataError(str(records_path), unknown[:3], f"{len(unknown)} captioned item(s) are not items of the data "
+                        f"that {config_path} describes", "recheck the run with the data it was trained on "
+                        "(a corpus or prepared folder moved or changed since)")
+    settings = final.get("config") or {}
+    tolerance = float(settings.get("tolerance", 0.35))
+    per_item: dict[str, dict[str, dict[str, float]]] = {}
+    for name in [*names, *([WARM] if WARM in captions and WARM not in names else [])]:
+        red: dict[str, float] = {}
+        caption_checks(captions[name], series, guard=_guard(settings), tolerance=tolerance, red_items=red)
+        checks = description_checks(captions[name], series, instruction=settings.get("instruction"),
+                                    tolerance=tolerance)
+        kept = (final.get("per_item") or {}).get(name, {}).get("bottleneck_mse")
+        per_item[name] = {**checks, "red": red, **({"bottleneck_mse": kept} if kept else {})}
+    now = verdict(per_item[names[0]], per_item[names[1]])
+    pairs = [(names[0], names[1]), *([(names[0], WARM)] if WARM in per_item and WARM not in names else [])]
+    diffs = {}
+    for a, b in pairs:
+        found = {c: compare(per_item[a][c], per_item[b][c], c, up) for c, up in CHECKS}
+        diffs[f"{a} - {b}"] = {c: round(cmp.diff, 4) for c, cmp in found.items() if cmp is not None}
+    return {"run": str(run), "systems": names, "then": old.get("outcome"), "now": now.outcome,
+            "verdict": now.to_json(), "differences": diffs}
+
+
+def aggregate(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Each difference's mean and 95% t-interval over the runs, and the verdicts counted."""
+    from captionrl.eval.description import verdicts_over_runs
+    from captionrl.eval.stats import mean_interval
+
+    pairs = [p for p in rows[0]["differences"] if all(p in r["differences"] for r in rows)]
+    over: dict[str, dict[str, Any]] = {}
+    for pair in pairs:
+        over[pair] = {}
+        for check, _up in CHECKS:
+            mi = mean_interval([r["differences"][pair][check] for r in rows if check in r["differences"][pair]])
+            if mi is not None:
+                over[pair][check] = {"mean": round(mi[0], 4), "lo": round(mi[1], 4), "hi": round(mi[2], 4)}
+    return {"protocol": "recheck", "runs": list(rows), "over_runs": over,
+            "verdicts": verdicts_over_runs([r["verdict"] for r in rows]),
+            "then_better": sum(r["then"] == "better" for r in rows)}
+
+
+def markdown(summary: Mapping[str, Any]) -> str:
+    """One table per comparison: a row per run (verdict then and now, mean differences), then the mean and
+    95% interval over the runs; each run's verdict line below."""
+    rows, n = summary["runs"], len(summary["runs"])
+    lines: list[str] = []
+    for pair, over in summary["over_runs"].items():
+        cols = [c for c, _ in CHECKS if c in over]
+        lines += [f"{pair} (mean over held-out windows; last row: mean [95% t-interval] over runs)", "",
+                  "| run | verdict then | verdict now | " + " | ".join(cols) + " |", "|---|---|---|" + "---|" * len(cols)]
+        for r in rows:
+            d = r["differences"][pair]
+            cells = [f"{d[c]:+.3f}" if c in d else "" for c in cols]
+            lines.append(f"| {r['run']} | {r['then'] or '-'} | {r['now']} | " + " | ".join(cells) + " |")
+        cells = [f"{over[c]['mean']:+.3f} [{over[c]['lo']:+.3f}, {over[c]['hi']:+.3f}]" for c in cols]
+        lines += [f"| over {n} run(s) | {summary['then_better']} better | {summary['verdicts']['better']} better | "
+                  + " | ".join(cells) + " |", ""]
+    counts = summary["verdicts"]
+    lines.append(f"verdicts now over {n} run(s): {counts['better']} better, "
+                 f"{counts['runs'] - counts['better'] - counts['worse']} not better, {counts['worse']} worse "
+                 f"({counts['degenerated']} degenerated)")
+    lines += [f"- {r['run']}: {r['verdict']['line']}" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def run(cfg: RecheckConfig) -> dict[str, Any]:
+    """Recheck every run, aggregate, and write ``recheck.{md,json}`` under ``cfg.out`` when it is set."""
+    summary = aggregate([recheck(r) for r in cfg.runs])
+    if cfg.out:
+        out = Path(cfg.out)
+        write_json(out / "recheck.json", summary)
+        (out / "recheck.md").write_text(markdown(summary))
+    return summary
+
+
+def run_command(cfg: RecheckConfig) -> int:
+    print(markdown(run(cfg)), end="")
+    return 0
