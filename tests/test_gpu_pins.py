@@ -5,8 +5,8 @@ where a CPU can check it.
 CPU install takes 5.24 and 0.2.9. ``scripts/setup.sh --dev`` installs the pinned versions of those packages
 into ``.venv/gpu-pins`` (``pip --target``); the first test here runs every test marked ``gpu_pins`` (the
 GPU-path joints that need no CUDA) in a pytest subprocess with that folder first on ``PYTHONPATH``, and the
-GPU smoke test's dry run under it, so the README's one test command covers both ends of the declared
-transformers range. torch and torchvision are
+GPU smoke test's MoCo joint under it (every joint in the long tier), so the README's test command covers both
+ends of the declared transformers range. torch and torchvision are
 not overlaid (PyPI's torch 2.13.0 is the CUDA build; PyPI's torchvision does not import beside a CPU torch):
 what depends on them is checked on a GPU only (``scripts/gpu_smoke.sh``).
 
@@ -96,23 +96,42 @@ def test_gpu_path_tests_pass_under_the_gpu_extras_versions():
     assert counts.get("passed", 0) >= 10 and not counts.get("skipped"), tail
 
 
-@pytest.mark.slow  # 65 s on an idle core (2026-12-03): the three recipes, ZeRO-3 and the bench, each a process
-@pytest.mark.timeout(2400)
-@requires_deepspeed
-def test_gpu_smoke_dry_run_passes_under_the_gpu_extras_versions(tmp_path):
-    """``scripts/gpu_smoke.sh --dry-run`` (every joint of the GPU path but the device and vLLM) under the pinned
-    versions, in a cache of its own so the tiny models are built by them too (``tests/test_gpu_smoke.py`` runs
-    it under the CPU install's)."""
+def _smoke_under_pins(tmp_path: Path, models: tuple[str, ...], only: tuple[str, ...] = ()) -> dict:
+    """``scripts/gpu_smoke.sh --cpu-rehearsal`` (``--only`` these joints) under the pinned versions, in a cache of
+    its own so the tiny models are built by them too; its report, every joint passed."""
     env = {**overlay_env(), "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "CAPTIONRL_CACHE": str(tmp_path / "cache")}
-    build = "from captionrl.tiny_models import tiny_qwen_vl_dir; [tiny_qwen_vl_dir(f) for f in ('qwen2.5-vl', 'qwen3-vl')]"
+    build = f"from captionrl.tiny_models import tiny_qwen_vl_dir; [tiny_qwen_vl_dir(f) for f in {models!r}]"
     subprocess.run([sys.executable, "-c", build], env=env, check=True, timeout=600)  # once, not raced by the joints
     out = tmp_path / "smoke"
-    returncode, output = run_group(["bash", str(ROOT / "scripts" / "gpu_smoke.sh"), "--dry-run", "--out", str(out),
-                                    "--timeout", "600"], env, timeout=2300)
+    returncode, output = run_group(["bash", str(ROOT / "scripts" / "gpu_smoke.sh"), "--cpu-rehearsal", "--out", str(out),
+                                    "--timeout", "600", *(["--only", *only] if only else [])], env, timeout=2300)
     assert returncode is not None, output[-12000:]
     report = json.loads((out / "report.json").read_text())
     failed = {j["name"]: j["tail"] for j in report["joints"] if not j["passed"]}
     assert returncode == 0 and not failed, (output[-2000:], failed)
+    return report
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+@requires_deepspeed
+def test_gpu_smoke_moco_joint_passes_under_the_gpu_extras_versions(tmp_path):
+    """The cheapest recipe joint of the GPU smoke test under the pinned versions: MoCo (GRPO, a LoRA Policy, the
+    momentum, a tiny Qwen3-VL) trained by ``captionrl train moco`` through ``accelerate launch``."""
+    report = _smoke_under_pins(tmp_path, ("qwen3-vl",), only=("device", "moco"))
+    assert [j["name"] for j in report["joints"]] == ["device", "moco"]
+    assert not any(j.get("skipped") for j in report["joints"])
+
+
+@pytest.mark.long  # every joint under the pinned versions: the moco joint above here, each joint under the CPU install's
+# versions in the default tier (tests/test_launch.py, test_deepspeed_rehearsal.py, test_gpu_smoke.py's plan)
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+@requires_deepspeed
+def test_gpu_smoke_dry_run_passes_under_the_gpu_extras_versions(tmp_path):
+    """``scripts/gpu_smoke.sh --cpu-rehearsal`` (every joint of the GPU path but the device and vLLM) under the
+    pinned versions (``tests/test_gpu_smoke.py`` runs it under the CPU install's in the long tier)."""
+    report = _smoke_under_pins(tmp_path, ("qwen2.5-vl", "qwen3-vl"))
     assert len(report["joints"]) >= 6
 
 

@@ -140,7 +140,7 @@ def test_the_cpu_rehearsal_changes_only_what_a_cpu_lacks(tmp_path):
 
 
 @pytest.mark.long  # the joints it runs are tested once in the default tier: tests/test_launch.py (the launch
-# script, served verifier), test_deepspeed_rehearsal.py (ZeRO-2/3 per recipe); this is the smoke script's own run
+# script, served verifier), test_deepspeed_rehearsal.py (each recipe under ZeRO-2 or ZeRO-3); this is the smoke script's own run
 @pytest.mark.timeout(3600)
 @requires_deepspeed
 @requires_llama_cpp

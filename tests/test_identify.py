@@ -123,8 +123,9 @@ def test_likelihood_mode_identifies_describer_captions_and_not_shuffled_ones(emb
     captions = [describe_series(it) for it in items]
     shuffled = captions[1:] + captions[:1]
     judge = IdentificationJudge(embedded_backend, IdentifyConfig(mode="likelihood", k=4))
-    true_acc = np.mean([j.extra["hard"] for j in judge.judge(captions, {"candidates": candidates})])
-    shuf_acc = np.mean([j.extra["hard"] for j in judge.judge(shuffled, {"candidates": candidates})])
+    # one call: each candidate series' context runs once for the true and the shuffled caption (shared prefix)
+    hard = [j.extra["hard"] for j in judge.judge(captions + shuffled, {"candidates": candidates + candidates})]
+    true_acc, shuf_acc = np.mean(hard[: len(items)]), np.mean(hard[len(items) :])
     print(f"likelihood c2s K=4 on {len(items)} windows: describer {true_acc:.3f}, shuffled {shuf_acc:.3f}")
     assert true_acc >= 0.75
     assert shuf_acc <= 0.5

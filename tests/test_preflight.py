@@ -30,6 +30,27 @@ NUMBERS_ONLY = ["reward.factuality_bonus=1.0", "reward.factuality_penalty=1.0", 
                 "reward.degenerate_penalty=0", "reward.direction_weight=1"]  # the CPU config's reward before issue 32
 
 
+class _Remembered:
+    """The embedded verifier with each (context, continuation) pair scored once: the three preflights below
+    score the same probes of the same rows under three rewards, so only the first pays the model; the
+    shaping terms, the margins and the refusals still run on its real scores."""
+
+    def __init__(self, backend) -> None:
+        self._backend = backend
+        self._scores: dict[tuple[str, str], float | None] = {}
+        self.scored = 0  # pairs the model scored
+
+    def loglikelihood(self, pairs):
+        new = [p for p in dict.fromkeys(pairs) if p not in self._scores]
+        if new:
+            self._scores.update(zip(new, self._backend.loglikelihood(new), strict=True))
+            self.scored += len(new)
+        return [self._scores[p] for p in pairs]
+
+    def __getattr__(self, name):
+        return getattr(self._backend, name)
+
+
 def _setup(backend, overrides):
     cfg = load_config(lineup.LineupConfig, ROOT / "configs" / "lineup-cpu.yaml", ["data.n_train=8", *overrides])
     rows = sample_rows(build_lineup_data(cfg.data, cfg.reward.k, cfg.seed).rows["train"], N_ITEMS, cfg.seed)
@@ -76,7 +97,8 @@ def test_refusal_names_the_winner_and_the_keys_and_unscored_honest_refuses(tmp_p
 
 @pytest.mark.slow
 def test_preflight_passes_the_cpu_config_and_refuses_an_unguarded_likelihood_reward(tmp_path, embedded_backend):
-    _, rows, reward, honest, dumps = _setup(embedded_backend, [])
+    verifier = _Remembered(embedded_backend)
+    _, rows, reward, honest, dumps = _setup(verifier, [])
     from captionrl.preflight import series_extra_probes
 
     cfg = load_config(lineup.LineupConfig, ROOT / "configs" / "lineup-cpu.yaml")
@@ -90,17 +112,19 @@ def test_preflight_passes_the_cpu_config_and_refuses_an_unguarded_likelihood_rew
     assert "honest" in (tmp_path / "ok" / "preflight.md").read_text()
 
     # the main job's reward before issue 32 (a share bonus, no description terms): one copied value wins it
-    _, rows, reward, honest, dumps = _setup(embedded_backend, NUMBERS_ONLY)
+    scored = verifier.scored
+    _, rows, reward, honest, dumps = _setup(verifier, NUMBERS_ONLY)
     with pytest.raises(PreflightError, match="start_only") as err:
         run_preflight(reward, rows, honest, dumps, keys=lineup.PREFLIGHT_KEYS, out_dir=tmp_path / "numbers",
                       extra=series_extra_probes(rows, cfg.instruction()), margin=cfg.train.preflight_margin)
     assert "train.preflight_margin" in str(err.value)
 
-    _, rows, reward, honest, dumps = _setup(embedded_backend, UNGUARDED)
+    _, rows, reward, honest, dumps = _setup(verifier, UNGUARDED)
     with pytest.raises(PreflightError, match="dump") as err:  # the bare verifier: the number dump wins it
         run_preflight(reward, rows, honest, dumps, keys=lineup.PREFLIGHT_KEYS, out_dir=tmp_path / "bad")
     assert "reward.transcription_penalty" in str(err.value)
     assert json.loads((tmp_path / "bad" / "preflight.json").read_text())["winners"][0] == "dump"
+    assert scored > 0 and verifier.scored == scored  # the same probes of the same rows: scored once
 
 
 def test_invented_values_escape_the_guard_and_the_number_budget_prices_them():

@@ -1,4 +1,4 @@
-"""Rehearsal of LineupRL's paper path on CPU (issue 14): every joint of the GPU path, with tiny models.
+"""Rehearsal of LineupRL's paper path on CPU: every joint of the GPU path, with tiny models.
 
 ``configs/lineup-paper.yaml`` as the README's numbered paper path runs it, with only the sizes and the
 models replaced: the policy is a tiny, randomly initialised Qwen2.5-VL (real processor and chat template,
@@ -43,7 +43,7 @@ def test_lineup_paper_path_rehearsal(tmp_path, llama_server, vision_calls):  # n
     served = [f"verifier.base_url={llama_server.base_url}", f"verifier.model={served_id}"]
     assert main(["train", "lineup", "--config", str(ROOT / "configs" / "lineup-paper.yaml"), *served,
                  "policy.model=tiny-qwen2.5-vl", "policy.dtype=float32", f"data.prepared={prep}",
-                 "data.n_train=4", "data.n_val=2", "data.n_test=2", "reward.k=2",
+                 "data.n_train=4", "data.n_val=1", "data.n_test=2", "reward.k=2",
                  "train.num_generations=2", "train.per_device_train_batch_size=2", "train.max_completion_length=8",
                  "train.max_steps=2", "train.save_steps=1", "train.report_to=[]", "train.threads=1",
                  *ON_CPU, "train.gradient_checkpointing=false",
@@ -78,7 +78,7 @@ def test_lineup_paper_path_rehearsal(tmp_path, llama_server, vision_calls):  # n
                  f"verifiers=[claims=claims:rules,smol={served_spec}]", f"train_verifier={served_spec}", "k=2",
                  "reference=lineuprl", "identify.modes=[letter]", f"entail.backend={served_spec}",
                  "bottleneck.seeds=[0,1]", "bottleneck.max_epochs=30", "bottleneck.tasks=[forecast]",
-                 f"reward.runs=[{run}]", "limit=3", "identify.controls=false", f"--out={paper}"]) == 0
+                 f"reward.runs=[{run}]", "limit=2", "identify.controls=false", f"--out={paper}"]) == 0
     ident = json.loads((paper / "identification" / "summary.json").read_text())
     row = next(r for r in ident["rows"] if r["system"] == "lineuprl")
     held_out = [row[f"c2s[{v}]"] for v in ("claims", "smol")]
