@@ -83,7 +83,7 @@ def _windows(n: int) -> dict[str, np.ndarray]:
 def test_verdict_is_taken_against_rl_start_point_with_the_initial_model_as_second_reference(tmp_path):
     """A run whose RL changed nothing over its warm start is 'not better' against that start point, however
     much the warm start beat the untrained model: the warm start's gain is reported as the second reference."""
-    from captionrl.train.lineup_eval import verdict_references
+    from captionrl.eval.final_checks import verdict_references
 
     series = _windows(24)
     honest = {i: describe_series(v) for i, v in series.items()}

@@ -43,6 +43,18 @@ from captionrl.records import write_json
 
 TRAIN_VERIFIER = "train-verifier"
 
+WARM_START = "warm start"
+"""The final checks' row of the warm-started model: the model a warm-started run's RL started from."""
+
+REFERENCE_NAMES = {WARM_START: "RL's start point (the warm start)", "initial": "the initial model"}
+
+
+def verdict_references(systems: Sequence[str]) -> dict[str, str]:
+    """The trained captioner's references in the final checks, the deciding one first: the model its RL
+    started from (the warm start, where the run has one; else the initial model), then the initial model as
+    a second reference, so a warm start's gain is never credited to RL."""
+    return {name: REFERENCE_NAMES[name] for name in (WARM_START, "initial") if name in systems}
+
 
 def _ends_with_stop(caption: str) -> bool:
     return caption.rstrip().endswith((".", "!", "?"))

@@ -31,8 +31,6 @@ from captionrl.records import read_jsonl, write_json
 CHECKS = (("direction_skill", True), ("other_facts", True), ("direction_right", True), ("key_facts", True),
           ("red", False), ("same_sentence", False), ("degenerate", False))
 """The per-item checks whose differences are shown, and whether higher is better."""
-WARM = "warm start"
-"""The final checks' system of the warm-started model, when the run had one."""
 
 
 @dataclass
@@ -118,15 +116,16 @@ def recheck(run: str | Path) -> dict[str, Any]:
     """One run's verdict then and now, and the per-item mean differences of ``CHECKS`` (trained minus initial,
     and trained minus the warm start when the run has one)."""
     from captionrl.eval.description import compare, description_checks, verdict
-    from captionrl.eval.final_checks import caption_checks
+    from captionrl.eval.final_checks import caption_checks, verdict_references
 
     run = Path(run)
     config_path, records_path, checks_path = _run_files(run)
     final = _read_json(checks_path)
     captions = saved_captions(records_path)
     old = final.get("verdict") or {}
-    names = list(old.get("systems") or [s for s in captions if s != WARM][:2])
-    if len(names) < 2 or any(n not in captions for n in names):
+    first = (old.get("systems") or ["trained"])[0]
+    names = [first, *(s for s in captions if s != first)]
+    if len(names) < 2 or first not in captions:
         raise DataError(str(records_path), sorted(captions), "holds the captions of fewer than two systems",
                         "recheck runs whose evaluation compared the trained model with its initial one "
                         "(eval.compare_initial: true)")
@@ -139,15 +138,17 @@ def recheck(run: str | Path) -> dict[str, Any]:
     settings = final.get("config") or {}
     tolerance = float(settings.get("tolerance", 0.35))
     per_item: dict[str, dict[str, dict[str, float]]] = {}
-    for name in [*names, *([WARM] if WARM in captions and WARM not in names else [])]:
+    for name in names:
         red: dict[str, float] = {}
         caption_checks(captions[name], series, guard=_guard(settings), tolerance=tolerance, red_items=red)
         checks = description_checks(captions[name], series, instruction=settings.get("instruction"),
                                     tolerance=tolerance)
         kept = (final.get("per_item") or {}).get(name, {}).get("bottleneck_mse")
         per_item[name] = {**checks, "red": red, **({"bottleneck_mse": kept} if kept else {})}
-    now = verdict(per_item[names[0]], per_item[names[1]])
-    pairs = [(names[0], names[1]), *([(names[0], WARM)] if WARM in per_item and WARM not in names else [])]
+    refs = verdict_references(names[1:]) or {names[1]: f"the {names[1]} model"}
+    ref = next(iter(refs))  # RL's start point where the run has one, as the run's own checks decide
+    now = verdict(per_item[first], per_item[ref], reference=refs[ref])
+    pairs = [(first, r) for r in refs]
     diffs = {}
     for a, b in pairs:
         found = {c: compare(per_item[a][c], per_item[b][c], c, up) for c, up in CHECKS}

@@ -27,13 +27,14 @@ from typing import Any
 
 from captionrl.domains.lineup_data import LineupData, add_charts, build_lineup_data
 from captionrl.errors import ConfigError
+from captionrl.eval.final_checks import WARM_START
 from captionrl.rewards import RewardFunction
 from captionrl.rewards.reward import Reward, build_reward
 from captionrl.rewards.spec import RewardSpec
 from captionrl.train import common
 from captionrl.train.common import probe_servers, run_summary
 from captionrl.train.lineup_config import LineupConfig, LineupEvalConfig, eval_backends
-from captionrl.train.lineup_eval import WARM_START, evaluate, load_checkpoint_policy, select_checkpoint
+from captionrl.train.lineup_eval import evaluate, load_checkpoint_policy, select_checkpoint
 from captionrl.train.progress import ProgressCallback, RunProgress, Stage
 from captionrl.train.skeleton import Recipe, Run, train
 

@@ -20,24 +20,11 @@ import numpy as np
 
 from captionrl.backends import BackendConfig
 from captionrl.domains.lineup_data import LineupData, add_charts
-from captionrl.eval.final_checks import TRAIN_VERIFIER
+from captionrl.eval.final_checks import TRAIN_VERIFIER, WARM_START, verdict_references
 from captionrl.rewards.reward import Reward
 from captionrl.train.lineup_config import LineupConfig, eval_verifier
 
 logger = logging.getLogger(__name__)
-
-WARM_START = "warm start"
-"""The final checks' row of the warm-started model: the model a warm-started run's RL started from."""
-
-REFERENCE_NAMES = {WARM_START: "RL's start point (the warm start)", "initial": "the initial model"}
-
-
-def verdict_references(systems: Sequence[str]) -> dict[str, str]:
-    """The trained captioner's references in the final checks, the deciding one first: the model its RL
-    started from (the warm start, where the run has one; else the initial model), then the initial model as
-    a second reference, so a warm start's gain is never credited to RL."""
-    return {name: REFERENCE_NAMES[name] for name in (WARM_START, "initial") if name in systems}
-
 
 def load_checkpoint_policy(cfg: LineupConfig, ckpt: Path) -> Any:
     """A checkpoint's policy for inference: full weights, or the base model plus the saved LoRA adapters."""

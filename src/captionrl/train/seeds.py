@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from captionrl.errors import ConfigError
+from captionrl.eval.final_checks import WARM_START as WARM  # the warm-started model's row
 from captionrl.records import write_json
-from captionrl.train.lineup_eval import WARM_START as WARM  # the warm-started model's row
 
 logger = logging.getLogger(__name__)
 
