@@ -42,7 +42,10 @@
 #                            "python -m captionrl.testing.trl_standin"
 #   CAPTIONRL_SERVE_MODEL    serve this model in every `serve` server instead of the scripts' hub ids (the served
 #                            names stay the config's; the memory plan still plans the scripts' models)
-#   CAPTIONRL_PYTHON         the Python that runs captionrl and accelerate (default: .venv/bin/python, else python3)
+#   CAPTIONRL_PYTHON         the Python that runs captionrl and accelerate (default: .venv-gpu/bin/python, the GPU
+#                            environment of scripts/setup.sh --gpu, refused while that setup has not finished; else
+#                            .venv/bin/python, the CPU install, with a warning; else python3). Its bin folder goes
+#                            first on PATH when it holds vllm or trl, so the servers come from the same environment.
 #   CAPTIONRL_ACCELERATE_CONFIG, CAPTIONRL_NUM_PROCESSES, CAPTIONRL_MAIN_PROCESS_PORT
 #                            replace the script's accelerate config file and process count; the rendezvous port
 #   CAPTIONRL_READY_TIMEOUT  seconds the servers of one phase get to answer, together (default 1800: a 72B
@@ -91,11 +94,12 @@ launch_init() {  # launch_init TITLE "$@"
     esac
   done
   cd "$LAUNCH_ROOT"
-  PY=${CAPTIONRL_PYTHON:-}
-  if [ -z "$PY" ]; then
-    if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
-  fi
+  pick_python
   export PYTHONPATH="$LAUNCH_ROOT/src${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's captionrl
+  local bin
+  bin=$(cd "$(dirname "$PY")" && pwd)
+  # the servers (vllm, trl) come from the training's environment when it has them, as if it were activated
+  if [ -x "$bin/vllm" ] || [ -x "$bin/trl" ]; then export PATH="$bin:$PATH"; fi
   read -r -a SERVE_CMD <<< "${CAPTIONRL_SERVE_CMD:-vllm serve}"
   read -r -a TRL_SERVE_CMD <<< "${CAPTIONRL_TRL_SERVE_CMD:-trl vllm-serve}"
   READY_TIMEOUT=${CAPTIONRL_READY_TIMEOUT:-1800}
@@ -115,6 +119,25 @@ launch_init() {  # launch_init TITLE "$@"
     trap 'exit 129' HUP  # the terminal closed: still stop everything
     trap '' PIPE         # a closed output pipe fails a write (and set -e exits through cleanup) instead of killing bash
     say "$title; logs in $LOG_DIR"
+  fi
+  [ -z "$PY_WARNING" ] || note "$PY_WARNING"
+}
+
+pick_python() {  # PY: CAPTIONRL_PYTHON, else the GPU environment (.venv-gpu), else .venv, else python3
+  PY=${CAPTIONRL_PYTHON:-}
+  PY_WARNING=""
+  [ -n "$PY" ] && return 0
+  if [ -x .venv-gpu/bin/python ]; then
+    # scripts/setup.sh --gpu writes the marker only once its checks pass: a half-built environment is refused
+    [ -f .venv-gpu/captionrl-gpu-ready ] \
+      || die ".venv-gpu exists but scripts/setup.sh --gpu did not finish (no .venv-gpu/captionrl-gpu-ready)" \
+             "rerun bash scripts/setup.sh --gpu (it says what failed), or set CAPTIONRL_PYTHON to the Python to use"
+    PY=.venv-gpu/bin/python
+  elif [ -x .venv/bin/python ]; then
+    PY=.venv/bin/python
+    PY_WARNING="WARNING: no GPU environment (.venv-gpu): training runs with .venv, the CPU install without vLLM; build it with bash scripts/setup.sh --gpu, or set CAPTIONRL_PYTHON"
+  else
+    PY=python3
   fi
 }
 

@@ -21,7 +21,7 @@ VERIFIER_MEMORY=${VERIFIER_MEMORY:-0.3}
 LAUNCH="accelerate configs/accelerate/multi-gpu-zero2.yaml 1"
 TRAIN_ARGS=(eval.enabled=false "train.vllm_gpu_memory_utilization=${TRAIN_VLLM_MEMORY:-0.15}")
 plan_memory "$LAUNCH" "$CONFIG" --served "$(model_of verifier "$VERIFIER")@$VERIFIER_MEMORY" -- "${TRAIN_ARGS[@]}"
-serve verifier verifier "$GPU" "$VERIFIER" --gpu-memory-utilization "$VERIFIER_MEMORY"
+serve verifier verifier "$GPU" "$VERIFIER" --gpu-memory-utilization "$VERIFIER_MEMORY" --max-model-len 16384
 start_servers lineup "$CONFIG" "${TRAIN_ARGS[@]}"
 run_captionrl "$GPU" "$LAUNCH" train lineup --config "$CONFIG" "${TRAIN_ARGS[@]}"
 stop_servers

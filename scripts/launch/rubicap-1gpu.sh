@@ -23,19 +23,21 @@ STORE=${RUBRIC_STORE:-}
 JUDGE=Qwen/Qwen2.5-7B-Instruct
 JUDGE_NAME=${JUDGE_NAME:-Qwen2.5-7B-Instruct}
 JUDGE_MEMORY=${JUDGE_MEMORY:-0.25}
+CAPTION_LEN=18432  # one image of up to 16,384 tokens + the instruction + a 1,024-token caption (the preset's)
+JUDGE_LEN=8192     # the rubric, one caption of up to 1,024 tokens and the judge's reply: text only
 TRAIN_ARGS=("judge.model=$JUDGE_NAME" policy.lora=true "train.vllm_gpu_memory_utilization=${TRAIN_VLLM_MEMORY:-0.2}")
 PLAN_ARGS=()  # the store is built below when none is given: the plan needs only the training's settings
 [ -n "$STORE" ] && PLAN_ARGS=(rubrics.source=store "rubrics.store=$STORE")
 plan_memory python "$CONFIG" --served "$(model_of judge "$JUDGE")@$JUDGE_MEMORY" -- "${PLAN_ARGS[@]}" "${TRAIN_ARGS[@]}"
 if [ -z "$STORE" ]; then
   note "not the paper: the rubric committee is the config's API teachers only (its open teachers do not fit one GPU)"
-  serve student rubrics.student "$GPU" Qwen/Qwen2.5-VL-7B-Instruct
+  serve student rubrics.student "$GPU" Qwen/Qwen2.5-VL-7B-Instruct --max-model-len "$CAPTION_LEN"
   API_COMMITTEE=1 start_servers rubicap "$CONFIG" build_rubrics=true
   run_captionrl "" python train rubicap --config "$CONFIG" --build-rubrics "$PLAN_OVERRIDE"
   stop_servers
   STORE=$PLAN_STORE
 fi
-serve judge judge "$GPU" "$JUDGE" --gpu-memory-utilization "$JUDGE_MEMORY"
+serve judge judge "$GPU" "$JUDGE" --gpu-memory-utilization "$JUDGE_MEMORY" --max-model-len "$JUDGE_LEN"
 start_servers rubicap "$CONFIG" rubrics.source=store "rubrics.store=$STORE" "${TRAIN_ARGS[@]}"
 run_captionrl "$GPU" python train rubicap --config "$CONFIG" rubrics.source=store "rubrics.store=$STORE" "${TRAIN_ARGS[@]}"
 stop_servers
