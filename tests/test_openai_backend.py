@@ -545,7 +545,7 @@ class ReasoningProvider(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+    def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).seen.append(body)
         if "max_tokens" in body:
@@ -605,7 +605,7 @@ def test_reasoning_models_get_max_completion_tokens_default_sampling_and_room_to
     choice = make_backend(cfg, shared=False).choose([user("Pick one.")], ["A", "B"])[0]
     assert choice.method != "top_logprobs" and "logprobs" not in ReasoningProvider.seen[-1]  # no log-probs asked
 
-    with pytest.raises(ConfigError, match="backend.reasoning_effort"):
+    with pytest.raises(ConfigError, match=r"backend\.reasoning_effort"):
         BackendConfig(kind="openai", base_url=url, reasoning=True, reasoning_effort="max")
     with pytest.raises(ConfigError, match="reasoning: true"):
         BackendConfig(kind="openai", base_url=url, reasoning_budget=1024)
