@@ -97,18 +97,36 @@ def _trains(lines: list[str]) -> list[list[str]]:
 
 def _plan(lines: list[str]) -> dict:
     """The one ``captionrl plan`` line of a dry run (at its index), its flags, and the total the plan printed."""
-    (index,) = [i for i, line in enumerate(lines) if PLAN in line and not line.startswith("#")]
+    (index,) = [i for i, line in enumerate(lines) if PLAN in line and " --config " in line and not line.startswith("#")]
     words = shlex.split(lines[index])
     words = words[words.index("plan") + 1:]
     flags: dict[str, list[str]] = {}
     for i in range(0, len(words), 2):
         flags.setdefault(words[i], []).append(words[i + 1])
-    total = next(re.search(r"\*\*total\*\* \| \*\*([\d.]+)\*\* \| of ([\d.]+) GiB \((fits|does NOT fit)\)", line)
+    total = next(re.search(r"\*\*total\*\* \| \*\*([\d.]+)\*\* \| of ([\d.]+) GiB \((fits|does NOT fit)[;)]", line)
                  for line in lines if "**total**" in line)
     return {"index": index, "config": flags["--config"][0], "accelerate": flags["--accelerate"][0],
             "gpus": int(flags["--gpus"][0]), "gpu_memory": float(flags["--gpu-memory"][0]),
             "set": flags.get("--set", []), "served": flags.get("--served", []),
             "total": float(total.group(1)), "fits": total.group(3) == "fits"}
+
+
+def _server_plans(lines: list[str]) -> list[tuple[int, list[str], list[str]]]:
+    """Each ``captionrl plan --server ...`` of a dry run: its line index, its --server specs and the verdicts it
+    printed (one ``**server NAME**`` row each)."""
+    out = []
+    for i, line in enumerate(lines):
+        if PLAN in line and " --server " in line and not line.startswith("#"):
+            words = shlex.split(line)
+            specs = [words[k + 1] for k, w in enumerate(words) if w == "--server"]
+            verdicts = []
+            for later in lines[i + 1:]:
+                if not later.startswith("#"):
+                    break
+                if "| **server " in later:
+                    verdicts.append(later)
+            out.append((i, specs, verdicts))
+    return out
 
 
 def _documented_plans() -> dict[str, tuple[dict, float]]:
@@ -200,6 +218,16 @@ def test_dry_run_starts_every_server_the_config_needs_and_nothing(script, tmp_pa
                 served_on_trainers.append(f"{s['model']}@{_flag(s['flags'], '--gpu-memory-utilization', default='0.9')}")
         if "accelerate.commands.launch" in train:
             assert int(train[train.index("--num_processes") + 1]) == len(gpus), train
+    # every server is planned (weights + vLLM's own memory + KV at its context) before any of its phase starts
+    servers = _servers(lines)
+    planned = _server_plans(lines)
+    specs = [spec.split("|") for _, ss, _ in planned for spec in ss]
+    assert sorted((s["model"], ",".join(sorted(s["gpus"]))) for s in servers) == sorted(
+        (model, ",".join(sorted(gpus.split(",")))) for _, model, gpus, _ in specs), (servers, specs)
+    for i, ss, verdicts in planned:
+        assert len(verdicts) == len(ss) and all("(fits)" in v for v in verdicts), verdicts
+        assert i < min(k for k, line in enumerate(lines) if k > i and line.endswith(" &"))
+    assert all("--max-model-len" in flags.split() for *_, flags in specs), specs
     # the memory plan, before anything starts, is the plan of the training the script launches
     plan = _plan(lines)
     assert plan["index"] < min(i for i, line in enumerate(lines) if line.endswith(" &") or TRAIN in line)
@@ -234,8 +262,8 @@ def test_dry_run_starts_every_server_the_config_needs_and_nothing(script, tmp_pa
         assert "policy.model=runs/moco-sft/model" in out  # the note: MoCo starts from the shared SFT checkpoint
     # the shares and topology of docs/gpu.md's memory plan
     if script == "lineup-1gpu":
-        assert plan["served"] == ["Qwen/Qwen2.5-14B-Instruct@0.3"]
-        assert "train.vllm_gpu_memory_utilization=0.15" in trains[0] and "eval.enabled=false" in trains[0]
+        assert plan["served"] == ["Qwen/Qwen2.5-14B-Instruct@0.25"]
+        assert "train.vllm_gpu_memory_utilization=0.1" in trains[0] and "eval.enabled=false" in trains[0]
     if script == "rubicap-1gpu":
         assert plan["served"] == ["Qwen/Qwen2.5-7B-Instruct@0.25"]
         assert {"train.vllm_gpu_memory_utilization=0.2", "policy.lora=true"} <= set(trains[1])

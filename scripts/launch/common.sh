@@ -60,7 +60,7 @@ LAUNCH_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 LAUNCH_NAME="$(basename "$0" .sh)"
 DRY_RUN=0
 RUN_ARGS=()        # key=value overrides given to the script: passed to every captionrl command it runs
-SERVER_NAMES=() SERVER_FIELDS=() SERVER_GPUS=() SERVER_MODELS=() SERVER_FLAGS=() SERVER_KINDS=()
+SERVER_NAMES=() SERVER_FIELDS=() SERVER_GPUS=() SERVER_MODELS=() SERVER_FLAGS=() SERVER_KINDS=() SERVER_PLAN_MODELS=()
 STARTED_PIDS=() STARTED_NAMES=()
 TRAIN_PID=""
 
@@ -170,6 +170,7 @@ serve() {  # serve NAME FIELD GPUS MODEL [vLLM flags...]
   SERVER_KINDS+=(openai)
   SERVER_GPUS+=("${!gpus_var:-$gpus}")
   SERVER_MODELS+=("${CAPTIONRL_SERVE_MODEL:-$(model_of "$name" "$model")}")
+  SERVER_PLAN_MODELS+=("$(model_of "$name" "$model")")
   SERVER_FLAGS+=("$* ${!args_var:-}")
 }
 
@@ -184,6 +185,7 @@ serve_trl() {  # serve_trl NAME GPUS [trl vllm-serve flags...]: TRL's vLLM serve
   SERVER_KINDS+=(trl)
   SERVER_GPUS+=("${!gpus_var:-$gpus}")
   SERVER_MODELS+=("")  # policy.model, read from the config by the plan
+  SERVER_PLAN_MODELS+=("")
   SERVER_FLAGS+=("$* ${!args_var:-}")
 }
 
@@ -267,6 +269,45 @@ show() {  # print a command as one copy-pasteable line (words with shell charact
   echo "${out[*]}"
 }
 
+# plan_servers PLAN: `captionrl plan --server ...` for every server of this phase (its weights, vLLM's own memory and
+# one sequence of KV cache at its --max-model-len, inside its --gpu-memory-utilization share of the card), before any
+# starts; a server that does not fit stops the script (train.memory_plan=warn goes on, =off skips), as plan_memory.
+plan_servers() {
+  [ "${#SERVER_NAMES[@]}" -gt 0 ] || return 0
+  local mem source mode i cmd=()
+  read -r mem source <<< "$(gpu_memory)"
+  mode=$(memory_plan_mode)
+  cmd=("$PY" -m captionrl.cli plan --gpu-memory "$mem")
+  for i in "${!SERVER_NAMES[@]}"; do
+    local model=${SERVER_PLAN_MODELS[$i]} flags=${SERVER_FLAGS[$i]}
+    if [ "${SERVER_KINDS[$i]}" = trl ]; then  # trl vllm-serve: the policy, the config's max_model_len, TP over its GPUs
+      local line max_len
+      line=$(awk -v f="${SERVER_FIELDS[$i]}" '$1 == "trl" && $2 == f' <<< "$1")
+      read -r _ _ _ _ max_len model <<< "$line"
+      flags="--tensor-parallel-size $(gpu_count "${SERVER_GPUS[$i]}") $flags"
+      [ "$max_len" != - ] && flags="--max-model-len $max_len $flags"
+    fi
+    local words
+    read -r -a words <<< "$flags"
+    cmd+=(--server "${SERVER_NAMES[$i]}|$model|${SERVER_GPUS[$i]}|${words[*]}")
+  done
+  if [ "$mode" = off ]; then
+    note "server memory plan skipped (train.memory_plan=off): $(show "${cmd[@]}")"
+    return 0
+  fi
+  local out rc=0
+  if [ "$DRY_RUN" = 1 ]; then show "${cmd[@]}"; else say "server memory plan: $(show "${cmd[@]}")"; fi
+  out=$("${cmd[@]}" 2>&1) || rc=$?
+  if [ "$DRY_RUN" = 1 ]; then sed 's/^/# /' <<< "$out"; else echo "$out" >&2; fi
+  [ "$rc" = 0 ] && return 0
+  if [ "$mode" = warn ]; then
+    note "WARNING: the server memory plan refuses (above); going on (train.memory_plan=warn)"
+    return 0
+  fi
+  die "the server memory plan refuses this launch (above): no server of this phase was started" \
+    "follow the plan's fix (--max-model-len, <NAME>_ARGS, <NAME>_GPUS), check CAPTIONRL_GPU_MEMORY ($mem GiB), or give train.memory_plan=warn to launch anyway"
+}
+
 start_servers() {  # start_servers RECIPE CONFIG [overrides...]: check the servers against the config, start, wait
   local recipe=$1 config=$2
   shift 2
@@ -280,6 +321,7 @@ start_servers() {  # start_servers RECIPE CONFIG [overrides...]: check the serve
   PLAN_STORE=$(awk '$1 == "store" { print $2 }' <<< "$plan")
   PLAN_OVERRIDE=$(sed -n 's/^override //p' <<< "$plan")
   grep '^# WARNING' <<< "$plan" || true
+  plan_servers "$plan"
   local waits=() i
   for i in "${!SERVER_FIELDS[@]}"; do
     local name=${SERVER_NAMES[$i]} field=${SERVER_FIELDS[$i]} kind=${SERVER_KINDS[$i]} line host port served cmd
@@ -402,7 +444,7 @@ stop_servers() {  # stop every server started so far (the next phase starts its 
     stop_group "${STARTED_PIDS[$i]}" "${STARTED_NAMES[$i]}"
   done
   STARTED_PIDS=() STARTED_NAMES=()
-  SERVER_NAMES=() SERVER_FIELDS=() SERVER_GPUS=() SERVER_MODELS=() SERVER_FLAGS=() SERVER_KINDS=()
+  SERVER_NAMES=() SERVER_FIELDS=() SERVER_GPUS=() SERVER_MODELS=() SERVER_FLAGS=() SERVER_KINDS=() SERVER_PLAN_MODELS=()
 }
 
 cleanup() {  # the EXIT trap: whatever happened, leave no process of ours behind

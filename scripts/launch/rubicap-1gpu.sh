@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# RubiCap (configs/rubicap-paper.yaml) on one GPU (80-141 GB). Not the paper's scale, and says where:
+# RubiCap (configs/rubicap-paper.yaml) on one GPU, a 141 GB card (H200; the plan refuses an 80 GB card: the
+# colocated engine's 0.2 share cannot hold the 7B policy beside its profiling peak). Not the paper's scale, and says where:
 #  1. the rubric store, unless RUBRIC_STORE names one (built on a node: rubicap-node.sh): the open teachers
 #     (a 72B VL model among them) do not fit one GPU, so the committee is the preset's API teachers only
 #     (GEMINI_API_KEY, OPENAI_API_KEY) with the API writer, and the GPU serves the student Qwen2.5-VL-7B;
 #  2. training: the GPU serves a Qwen2.5-7B judge at 0.25 of it (the preset's 72B does not fit beside a 7B
 #     policy) and trains LoRA adapters in one process (GRPO, vLLM rollouts colocated at 0.2) on the store.
-# Before anything starts, `captionrl plan` plans the training (docs/gpu.md, "Memory plan": 93.2 of 141 GiB)
-# and a plan that does not fit stops the launch.
+# Before anything starts, `captionrl plan` plans the training (docs/gpu.md, "Memory plan": 96.7 of 141 GiB)
+# and every server before it starts, and a plan that does not fit stops the launch.
 #
 #   RUBRIC_STORE=path/rubrics.jsonl scripts/launch/rubicap-1gpu.sh   # train on a store built elsewhere
 #   scripts/launch/rubicap-1gpu.sh                     # build the store with the API committee, then train
