@@ -10,7 +10,7 @@
 #   LAUNCH="accelerate configs/accelerate/multi-gpu-zero2.yaml 1"
 #   plan_memory "$LAUNCH" configs/lineup-paper.yaml --served Qwen/Qwen2.5-14B-Instruct@0.3 -- eval.enabled=false
 #   serve verifier verifier 0 Qwen/Qwen2.5-14B-Instruct --gpu-memory-utilization 0.3
-#   start_servers lineup configs/lineup-paper.yaml eval.enabled=false   # checks against the config, starts, waits
+#   start_servers lineup configs/lineup-paper.yaml eval.enabled=false   # checks against the config, plans, starts, waits
 #   run_captionrl 0 "$LAUNCH" train lineup --config configs/lineup-paper.yaml eval.enabled=false
 #   stop_servers
 #
@@ -21,6 +21,10 @@
 # (--served MODEL@SHARE, given by the script). A plan that does not fit stops the script (status 2) before
 # anything starts; `train.memory_plan=warn` given to the script goes on with a warning, `=off` skips the plan
 # (the training's own check on CUDA follows the same setting).
+#
+# `start_servers` plans every server of its phase first (`captionrl plan --server NAME|MODEL|GPUS|FLAGS`: weights,
+# vLLM's own memory and one sequence of KV cache at its --max-model-len inside its share of the card; plan_servers)
+# and refuses a phase whose plan does not fit before any of its servers starts, as plan_memory does.
 #
 # `serve NAME FIELD GPUS MODEL [vLLM flags]` registers one server: NAME is the script's short name, FIELD the
 # config field whose server it is (its port and served model name are read from the config, never typed
