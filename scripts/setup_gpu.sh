@@ -3,7 +3,8 @@
 # extra resolves (scripts/gpu-pins.txt: vLLM 0.31.0, torch 2.13.0's CUDA 13.0 build, transformers 5.17.0...).
 #
 # 1. Before anything changes: Python >= 3.11, an NVIDIA driver that answers (nvidia-smi) and is new enough
-#    for CUDA 13.0 (>= 580.65.06), a GPU listed, and disk space. A machine without them is refused here.
+#    for CUDA 13.0 (>= 580.65.06), a GPU listed that CUDA 13 supports (not Volta), and disk space. A machine
+#    without them is refused here; an older driver or a V100 is told the CUDA 12 route (CUDA12_ROUTE below).
 # 2. .venv-gpu: torch 2.13.0 from PyPI (the CUDA build vLLM pins; a CPU build found there is replaced), then
 #    captionrl with the gpu, dev, image and serve extras, all under the pins.
 # 3. scripts/gpu_env_check.py: torch is a CUDA build and sees a GPU, `import transformers, torchvision, vllm,
@@ -19,6 +20,11 @@ VENV=.venv-gpu
 PINS=scripts/gpu-pins.txt
 DRIVER_MIN=580.65.06   # CUDA 13.0's minimum Linux driver (torch 2.13.0's PyPI build is CUDA 13.0)
 MIN_FREE_GB=20         # torch's CUDA build and its NVIDIA libraries, vLLM, flashinfer, plus pip's cache
+CUDA12_INDEX=https://download.pytorch.org/whl/cu128  # PyTorch's own index of its CUDA 12.8 builds
+# The route on a driver older than 580 (or a V100): torch's CUDA 12 build, which runs on drivers >= 525.60.13 through
+# CUDA's minor-version compatibility, from PyTorch's index (not PyPI: the node must reach it). vLLM's PyPI wheel is a
+# CUDA 13 build, so that route trains without vLLM rollouts (docs/gpu.md, "Supported GPUs, drivers and CUDA").
+CUDA12_ROUTE="install torch's CUDA 12.8 build from PyTorch's own index, which this node must reach: python3 -m venv .venv-gpu && .venv-gpu/bin/python -m pip install torch==2.13.0 --index-url $CUDA12_INDEX && .venv-gpu/bin/python -m pip install -e '.[dev,image,serve]' -c scripts/gpu-pins.txt (no vLLM: vLLM's PyPI wheel is a CUDA 13 build; train with train.use_vllm=false and serve judges on a node with a newer driver; docs/gpu.md, Supported GPUs, drivers and CUDA)"
 
 fail() {
   echo "setup.sh --gpu: $1. Fix: $2" >&2
@@ -42,9 +48,14 @@ driver=${driver//[[:space:]]/}
 [[ $driver =~ ^[0-9]+(\.[0-9]+)*$ ]] \
   || fail "nvidia-smi lists no GPU (it printed: $line); nothing was changed" \
           "check that the GPU is visible to this machine (nvidia-smi -L), then rerun"
+gpu_name=${line#*,}
 if [ "$(printf '%s\n%s\n' "$DRIVER_MIN" "$driver" | sort -V | head -n1)" != "$DRIVER_MIN" ]; then
   fail "NVIDIA driver $driver is older than $DRIVER_MIN, which torch 2.13.0's CUDA 13.0 build needs; nothing was changed" \
-       "upgrade the driver to >= $DRIVER_MIN (the 580 branch or newer)"
+       "upgrade the driver to >= $DRIVER_MIN (the 580 branch or newer); or, keeping this driver, $CUDA12_ROUTE"
+fi
+if [[ $gpu_name == *V100* ]]; then
+  fail "$(echo "$gpu_name" | sed 's/^ *//') is a Volta GPU (sm_70), which CUDA 13.0 builds (torch 2.13.0's on PyPI) no longer support; nothing was changed" \
+       "use an Ampere or newer GPU (A100, H100, H200, L40S); or $CUDA12_ROUTE"
 fi
 free_gb=$(df -Pk . | awk 'NR == 2 { print int($4 / 1048576) }')
 [ "$free_gb" -ge "$MIN_FREE_GB" ] \

@@ -165,7 +165,12 @@ def _tree(root: Path) -> list[str]:
      r"Fix: load the NVIDIA driver"),
     ("echo '535.104.05, NVIDIA H100 80GB HBM3'",
      r"NVIDIA driver 535\.104\.05 is older than 580\.65\.06, which torch 2\.13\.0's CUDA 13\.0 build needs; "
-     r"nothing was changed\. Fix: upgrade the driver"),
+     r"nothing was changed\. Fix: upgrade the driver.*; or, keeping this driver, install torch's CUDA 12\.8 build from "
+     r"PyTorch's own index, which this node must reach: .*-m pip install torch==2\.13\.0 --index-url "
+     r"https://download\.pytorch\.org/whl/cu128 .*train\.use_vllm=false"),
+    ("echo '590.48.01, Tesla V100-SXM2-32GB'",
+     r"Tesla V100-SXM2-32GB is a Volta GPU \(sm_70\), which CUDA 13\.0 builds .* no longer support; nothing was "
+     r"changed\. Fix: use an Ampere or newer GPU .*; or install torch's CUDA 12\.8 build from PyTorch's own index"),
     ("echo 'No devices were found'",
      r"nvidia-smi lists no GPU \(it printed: No devices were found\); nothing was changed\. Fix:"),
 ])

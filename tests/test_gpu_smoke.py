@@ -121,7 +121,7 @@ def test_the_gpu_plan_runs_what_the_presets_run(gpus, tmp_path, monkeypatch):
     serve = next(line for line in lines if line.endswith(" &"))
     assert f"vllm serve {hf} --served-model-name Qwen2.5-14B-Instruct" in serve
     planned = next(line for line in lines if " -m captionrl.cli plan " in line)  # the memory plan comes first
-    assert f"--served {hf}@0.3" in planned and lines.index(planned) < lines.index(serve)
+    assert f"--served {hf}@0.25" in planned and lines.index(planned) < lines.index(serve)
     train = shlex.split(next(line for line in lines if " -m captionrl.cli train " in line))
     assert "configs/accelerate/multi-gpu-zero2.yaml" in train
     t = _effective("lineup", train).train

@@ -97,18 +97,36 @@ def _trains(lines: list[str]) -> list[list[str]]:
 
 def _plan(lines: list[str]) -> dict:
     """The one ``captionrl plan`` line of a dry run (at its index), its flags, and the total the plan printed."""
-    (index,) = [i for i, line in enumerate(lines) if PLAN in line and not line.startswith("#")]
+    (index,) = [i for i, line in enumerate(lines) if PLAN in line and " --config " in line and not line.startswith("#")]
     words = shlex.split(lines[index])
     words = words[words.index("plan") + 1:]
     flags: dict[str, list[str]] = {}
     for i in range(0, len(words), 2):
         flags.setdefault(words[i], []).append(words[i + 1])
-    total = next(re.search(r"\*\*total\*\* \| \*\*([\d.]+)\*\* \| of ([\d.]+) GiB \((fits|does NOT fit)\)", line)
+    total = next(re.search(r"\*\*total\*\* \| \*\*([\d.]+)\*\* \| of ([\d.]+) GiB \((fits|does NOT fit)[;)]", line)
                  for line in lines if "**total**" in line)
     return {"index": index, "config": flags["--config"][0], "accelerate": flags["--accelerate"][0],
             "gpus": int(flags["--gpus"][0]), "gpu_memory": float(flags["--gpu-memory"][0]),
             "set": flags.get("--set", []), "served": flags.get("--served", []),
             "total": float(total.group(1)), "fits": total.group(3) == "fits"}
+
+
+def _server_plans(lines: list[str]) -> list[tuple[int, list[str], list[str]]]:
+    """Each ``captionrl plan --server ...`` of a dry run: its line index, its --server specs and the verdicts it
+    printed (one ``**server NAME**`` row each)."""
+    out = []
+    for i, line in enumerate(lines):
+        if PLAN in line and " --server " in line and not line.startswith("#"):
+            words = shlex.split(line)
+            specs = [words[k + 1] for k, w in enumerate(words) if w == "--server"]
+            verdicts = []
+            for later in lines[i + 1:]:
+                if not later.startswith("#"):
+                    break
+                if "| **server " in later:
+                    verdicts.append(later)
+            out.append((i, specs, verdicts))
+    return out
 
 
 def _documented_plans() -> dict[str, tuple[dict, float]]:
@@ -185,6 +203,7 @@ def test_dry_run_starts_every_server_the_config_needs_and_nothing(script, tmp_pa
         assert {(s["port"], s["max_len"], s["model"]) for s in servers if s["kind"] == "trl"} == _needed_trl(
             recipe, config, overrides), phase  # TRL's server exactly when the run is in server mode, as configured
         assert all(s["model"].count("/") == 1 for s in servers)  # hub ids (the served names are the config's)
+        assert all("--max-model-len" in s["flags"] for s in openai), openai  # the KV cache sized to what is sent
         if servers:
             assert any(line.startswith("# wait until every server") for line in plines)
         gpus = _gpus(train)
@@ -199,6 +218,16 @@ def test_dry_run_starts_every_server_the_config_needs_and_nothing(script, tmp_pa
                 served_on_trainers.append(f"{s['model']}@{_flag(s['flags'], '--gpu-memory-utilization', default='0.9')}")
         if "accelerate.commands.launch" in train:
             assert int(train[train.index("--num_processes") + 1]) == len(gpus), train
+    # every server is planned (weights + vLLM's own memory + KV at its context) before any of its phase starts
+    servers = _servers(lines)
+    planned = _server_plans(lines)
+    specs = [spec.split("|") for _, ss, _ in planned for spec in ss]
+    assert sorted((s["model"], ",".join(sorted(s["gpus"]))) for s in servers) == sorted(
+        (model, ",".join(sorted(gpus.split(",")))) for _, model, gpus, _ in specs), (servers, specs)
+    for i, ss, verdicts in planned:
+        assert len(verdicts) == len(ss) and all("(fits)" in v for v in verdicts), verdicts
+        assert i < min(k for k, line in enumerate(lines) if k > i and line.endswith(" &"))
+    assert all("--max-model-len" in flags.split() for *_, flags in specs), specs
     # the memory plan, before anything starts, is the plan of the training the script launches
     plan = _plan(lines)
     assert plan["index"] < min(i for i, line in enumerate(lines) if line.endswith(" &") or TRAIN in line)
@@ -233,8 +262,8 @@ def test_dry_run_starts_every_server_the_config_needs_and_nothing(script, tmp_pa
         assert "policy.model=runs/moco-sft/model" in out  # the note: MoCo starts from the shared SFT checkpoint
     # the shares and topology of docs/gpu.md's memory plan
     if script == "lineup-1gpu":
-        assert plan["served"] == ["Qwen/Qwen2.5-14B-Instruct@0.3"]
-        assert "train.vllm_gpu_memory_utilization=0.15" in trains[0] and "eval.enabled=false" in trains[0]
+        assert plan["served"] == ["Qwen/Qwen2.5-14B-Instruct@0.25"]
+        assert "train.vllm_gpu_memory_utilization=0.1" in trains[0] and "eval.enabled=false" in trains[0]
     if script == "rubicap-1gpu":
         assert plan["served"] == ["Qwen/Qwen2.5-7B-Instruct@0.25"]
         assert {"train.vllm_gpu_memory_utilization=0.2", "policy.lora=true"} <= set(trains[1])
@@ -250,6 +279,86 @@ def test_dry_run_starts_every_server_the_config_needs_and_nothing(script, tmp_pa
 
 
 STORE = "runs/rubicap-paper/rubrics/rubrics.jsonl"
+
+
+def _script_commands(path: Path) -> list[str]:
+    """The commands of a shell script, comments dropped and continued lines joined."""
+    text = re.sub(r"\\\n\s*", " ", path.read_text())
+    return [line.split(" # ", 1)[0].strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def test_every_served_model_has_a_context_limit():
+    """vLLM sizes its KV cache for one sequence of max_model_len, the model's whole context when unset
+    (Qwen3-VL-30B-A3B: 262,144 tokens, 24 GiB): every ``serve`` (the scripts' ``vllm serve``) and every literal
+    ``vllm serve`` line of every launch script gives ``--max-model-len``; TRL's server takes the config's."""
+    checked = 0
+    for path in sorted(set(LAUNCH.glob("*.sh")) - {LAUNCH / "common.sh"}):  # common.sh: the helper itself
+        for line in _script_commands(path):
+            words = line.split()
+            if words[0] == "serve" or "vllm serve" in line:
+                assert "--max-model-len" in words or "--max_model_len" in words, f"{path.name}: {line}"
+                checked += 1
+    assert checked >= 9  # lineup 1 + 3, rubicap 2 + 5
+    common = (LAUNCH / "common.sh").read_text()
+    assert 'cmd+=(--max_model_len "$max_len")' in common  # serve_trl: train.vllm_max_model_length
+
+
+def test_glm_verifier_loads_natively():
+    """GLM-4-9B's original repository needs --trust-remote-code and its custom code has broken on past
+    transformers releases; THUDM/glm-4-9b-chat-hf loads natively (transformers' Glm model class)."""
+    for path in [*LAUNCH.glob("*.sh"), ROOT / "configs" / "lineup-paper.yaml"]:
+        text = path.read_text()
+        assert "--trust-remote-code" not in text and "--trust_remote_code" not in text, path
+        assert not re.search(r"THUDM/glm-4-9b-chat(?!-hf)", text), path
+    (glm,) = [line for line in _script_commands(LAUNCH / "lineup-node.sh") if line.startswith("serve glm ")]
+    assert glm.split()[4] == "THUDM/glm-4-9b-chat-hf", glm
+
+
+def _probe_checkout(tmp_path: Path, *envs: str, ready: bool = True) -> Path:
+    """A checkout with only common.sh, a script that reports the Python and server command it picked, and
+    the named environments (stand-in ``bin/python`` and ``bin/vllm`` files: only their paths are read)."""
+    root = tmp_path / "checkout"
+    (root / "scripts" / "launch").mkdir(parents=True)
+    (root / "scripts" / "launch" / "common.sh").write_text((LAUNCH / "common.sh").read_text())
+    (root / "scripts" / "launch" / "probe.sh").write_text(
+        'source "$(dirname "$0")/common.sh"\nlaunch_init probe "$@"\n'
+        'echo "PY=$PY"\necho "VLLM=$(command -v "${SERVE_CMD[0]}" || true)"\n')
+    for env in envs:
+        (root / env / "bin").mkdir(parents=True)
+        for tool in ("python", "vllm"):
+            (root / env / "bin" / tool).write_text("#!/bin/sh\nexit 0\n")
+            (root / env / "bin" / tool).chmod(0o755)
+        if env == ".venv-gpu" and ready:
+            (root / env / "captionrl-gpu-ready").write_text("torch 2.13.0 cuda\n")
+    return root
+
+
+def _probe(root: Path, **env: str) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k not in ("CAPTIONRL_PYTHON", "CAPTIONRL_SERVE_CMD")}
+    return subprocess.run(["bash", str(root / "scripts" / "launch" / "probe.sh"), "--dry-run"], cwd=root,
+                          env={**base, **env}, capture_output=True, text=True, timeout=60)
+
+
+def test_launch_picks_the_gpu_environment_over_the_cpu_one(tmp_path):
+    """scripts/setup.sh --gpu builds .venv-gpu beside the CPU install's .venv: the launch trains and serves
+    with .venv-gpu (its vllm first on PATH), CAPTIONRL_PYTHON still wins, a GPU environment whose setup did not
+    finish is refused, and with only .venv the launch says that it trains without the GPU environment."""
+    root = _probe_checkout(tmp_path, ".venv", ".venv-gpu")
+    out = _probe(root)
+    assert out.returncode == 0, out.stderr
+    assert "PY=.venv-gpu/bin/python" in out.stdout and f"VLLM={root}/.venv-gpu/bin/vllm" in out.stdout, out.stdout
+    assert "WARNING" not in out.stdout
+    mine = _probe(root, CAPTIONRL_PYTHON=str(root / ".venv" / "bin" / "python"))
+    assert f"PY={root}/.venv/bin/python" in mine.stdout, mine.stdout
+
+    half = _probe_checkout(tmp_path / "half", ".venv", ".venv-gpu", ready=False)
+    out = _probe(half)
+    assert out.returncode == 2 and "scripts/setup.sh --gpu did not finish" in out.stderr and "Fix:" in out.stderr, out
+
+    cpu = _probe_checkout(tmp_path / "cpu", ".venv")
+    out = _probe(cpu)
+    assert out.returncode == 0 and "PY=.venv/bin/python" in out.stdout, out
+    assert "# WARNING: no GPU environment (.venv-gpu)" in out.stdout and "setup.sh --gpu" in out.stdout
 
 
 def test_a_plan_that_does_not_fit_stops_the_dry_run_before_any_server():

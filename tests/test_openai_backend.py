@@ -12,6 +12,7 @@ import math
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, ClassVar
 
 import httpx
@@ -519,3 +520,114 @@ def test_replica_killed_mid_batch_all_answers_arrive_then_it_rejoins(llama_serve
     backend.choose(prompts[:6], ["A", "B"])
     after = {s["url"]: s for s in backend.replica_status()}
     assert after[a.base_url]["served"] > served_before and after[a.base_url]["live"]
+
+
+# ---------------------------------------------------------------------- reasoning models (GPT-5, Gemini 2.5)
+GEMINI_THINKING = {"none": 0, "low": 1024, "medium": 8192, "high": 24576}
+"""Gemini's OpenAI-compatible endpoint: reasoning_effort none/low/medium/high -> thinking budgets of 0, 1,024,
+8,192 and 24,576 tokens (Google's OpenAI-compatibility page); the stand-in thinks its whole budget, the worst case."""
+
+
+class ReasoningProvider(BaseHTTPRequestHandler):
+    """A stand-in for a reasoning model's chat completions, replaying what the providers document: OpenAI's
+    GPT-5 family and o-series reject ``max_tokens`` and any temperature but the default with a 400 in OpenAI's
+    error shape; reasoning tokens count against ``max_completion_tokens`` (a limit spent thinking returns empty
+    content, finish_reason "length"), as Gemini 2.5's thinking tokens count against its output limit."""
+
+    seen: ClassVar[list[dict[str, Any]]] = []
+    ANSWER_TOKENS = 40
+
+    def _send(self, code: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).seen.append(body)
+        if "max_tokens" in body:
+            return self._send(400, {"error": {
+                "message": "Unsupported parameter: 'max_tokens' is not supported with this model. Use "
+                           "'max_completion_tokens' instead.",
+                "type": "invalid_request_error", "param": "max_tokens", "code": "unsupported_parameter"}})
+        if body.get("temperature", 1) != 1:
+            return self._send(400, {"error": {
+                "message": f"Unsupported value: 'temperature' does not support {body['temperature']} with this model. "
+                           "Only the default (1) value is supported.",
+                "type": "invalid_request_error", "param": "temperature", "code": "unsupported_value"}})
+        thinking = GEMINI_THINKING[body.get("reasoning_effort") or "medium"]
+        limit = body.get("max_completion_tokens") or 10**9
+        spent = min(thinking, limit)
+        enough = limit - spent >= self.ANSWER_TOKENS
+        self._send(200, {"choices": [{"index": 0, "message": {"role": "assistant",
+                                                               "content": "Two red circles. END more" if enough else ""},
+                                      "finish_reason": "stop" if enough else "length"}],
+                         "usage": {"completion_tokens": spent + (self.ANSWER_TOKENS if enough else 0),
+                                   "completion_tokens_details": {"reasoning_tokens": spent}}})
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def reasoning_provider():
+    ReasoningProvider.seen = []
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), ReasoningProvider)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_reasoning_models_get_max_completion_tokens_default_sampling_and_room_to_think(reasoning_provider):
+    url = reasoning_provider
+    caption = ChatRequest(user("Describe the image."), max_new_tokens=1024, temperature=0.0, stop=("END",))
+    plain = make_backend(BackendConfig(kind="openai", base_url=url, model="gpt-5"), shared=False)
+    g = plain.generate([caption])[0]  # what every GPT-5 caption got before: a 400, unscored
+    assert g.text is None and "Unsupported parameter: 'max_tokens'" in g.error and g.attempts == 1
+
+    tight = make_backend(BackendConfig(kind="openai", base_url=url, model="gpt-5", reasoning=True), shared=False)
+    g = tight.generate([ChatRequest(user("Describe."), max_new_tokens=1024)])[0]  # 8,192 thinking > 1,024
+    assert g.text is None and "spent its limit thinking" in g.error and "reasoning tokens 1024" in g.error
+
+    cfg = BackendConfig(kind="openai", base_url=url, model="gemini-2.5-pro", reasoning=True, reasoning_effort="low",
+                        reasoning_budget=2048)
+    g = make_backend(cfg, shared=False).generate([caption])[0]
+    assert g.text == "Two red circles. " and g.finish_reason == "stop"  # the stop string, applied here
+    sent = ReasoningProvider.seen[-1]
+    assert sent["max_completion_tokens"] == 1024 + 2048 and sent["reasoning_effort"] == "low"
+    assert not {"max_tokens", "temperature", "top_p", "stop"} & set(sent)
+    choice = make_backend(cfg, shared=False).choose([user("Pick one.")], ["A", "B"])[0]
+    assert choice.method != "top_logprobs" and "logprobs" not in ReasoningProvider.seen[-1]  # no log-probs asked
+
+    with pytest.raises(ConfigError, match=r"backend\.reasoning_effort"):
+        BackendConfig(kind="openai", base_url=url, reasoning=True, reasoning_effort="max")
+    with pytest.raises(ConfigError, match="reasoning: true"):
+        BackendConfig(kind="openai", base_url=url, reasoning_budget=1024)
+
+
+def test_the_rubicap_presets_api_teachers_and_writer_are_answered_by_a_reasoning_provider(reasoning_provider):
+    """configs/rubicap-paper.yaml's GPT-5 and Gemini 2.5 Pro roles, sent to the stand-in: each request passes
+    (max_completion_tokens, default sampling) and its limit leaves the caption or rubric its full length after
+    the thinking its effort allows."""
+    import yaml
+
+    from captionrl.config import from_dict
+
+    root = Path(__file__).resolve().parents[1]
+    preset = yaml.safe_load((root / "configs" / "rubicap-paper.yaml").read_text())["rubrics"]
+    roles = {f"committee[{i}]": c for i, c in enumerate(preset["committee"]) if "api_key_env" in c}
+    roles["writer"] = preset["writer"]
+    assert sorted(c["model"] for c in roles.values()) == ["gemini-2.5-pro", "gemini-2.5-pro", "gpt-5"]
+    for role, spec in roles.items():
+        cfg = from_dict(BackendConfig, {**spec, "base_url": reasoning_provider}, prefix="backend.")
+        assert cfg.reasoning and cfg.reasoning_effort in GEMINI_THINKING, role
+        length = preset["writer_max_new_tokens"] if role == "writer" else preset["caption_max_new_tokens"]
+        assert cfg.reasoning_budget >= GEMINI_THINKING[cfg.reasoning_effort], role  # the thinking fits beside the reply
+        g = make_backend(cfg, shared=False).generate([ChatRequest(user("Describe the image."), max_new_tokens=length)])[0]
+        assert g.text and ReasoningProvider.seen[-1]["max_completion_tokens"] == length + cfg.reasoning_budget, (role, g)

@@ -11,7 +11,7 @@ import pytest
 from captionrl.backends.base import ChatRequest, ChoiceResult, Generation
 from captionrl.domains.images import load_images
 from captionrl.domains.scenes import generate_scenes, rubric_from_facts
-from captionrl.errors import DataError
+from captionrl.errors import ConfigError, DataError
 from captionrl.judges.base import Judge
 from captionrl.judges.prompts import WRITER_EXAMPLE_CRITERION
 from captionrl.judges.rubric import (
@@ -23,7 +23,7 @@ from captionrl.judges.rubric import (
     parse_rubric_reply,
     validate_rubric,
 )
-from captionrl.judges.rubric_build import RubricWriter, build_rubrics
+from captionrl.judges.rubric_build import RubricWriter, TeacherFailureError, build_rubrics
 from captionrl.records import read_jsonl
 
 GOOD = [{"criterion": "There are two red circles.", "test": "Yes if the caption says two red circles.", "weight": 3},
@@ -136,6 +136,40 @@ def test_writer_retries_invalid_output_then_records_unscored(tmp_path):
     recs = list(read_jsonl(tmp_path / "rubrics.jsonl"))
     assert summary["unscored"] == 2 and all(r["rubric"] is None for r in recs)
     assert all("no committee captions" in r["error"] for r in recs)
+
+
+def test_a_teacher_failing_on_too_many_items_stops_the_build_or_warns(tmp_path, capsys):
+    """The paper's rubrics are the consensus of a five-teacher committee: a teacher whose captions fail (an API
+    that rejects every request, or a reasoning model that spends its token limit thinking and returns empty
+    content) on more than max_teacher_failure_share of the items stops the build before any rubric is written;
+    'warn' builds from fewer teachers and says so; a rerun retries only the failed captions."""
+    items = load_images("scenes:4:0").items
+    writer = RubricWriter(ScriptedBackend([json.dumps(GOOD)]), max_attempts=1, min_items=2)
+    good = ScriptedBackend(["Two red circles on the left."], name="good")
+    down = ScriptedBackend([None, "", None, "A caption."], name="gpt-5")  # 3 of 4 fail: an error, an empty reply
+    with pytest.raises(TeacherFailureError) as exc:
+        build_rubrics(items, teachers=[good, down], writer=writer, out_dir=tmp_path, progress=False,
+                      max_teacher_failure_share=0.25)
+    message = str(exc.value)
+    assert "gpt-5 failed on 3 of 4 items (75%)" in message and "good failed" not in message and "Fix:" in message
+    assert "max_teacher_failure_share" in message and not (tmp_path / "rubrics.jsonl").exists()
+
+    down.replies, down.calls = [None, "Two circles."], 0  # still one of the 4 failing: 25%, not more than 0.25
+    summary = build_rubrics(items, teachers=[good, down], writer=writer, out_dir=tmp_path, progress=False,
+                            max_teacher_failure_share=0.25)
+    assert down.calls == 3 and good.calls == 4  # only the failed captions were asked again
+    assert summary["teacher_failures"] == {"good": 0, "gpt-5": 1} and summary["warnings"] == []
+
+    strict = tmp_path / "strict"
+    down2 = ScriptedBackend([None], name="gemini-2.5-pro")
+    summary = build_rubrics(items, teachers=[good, down2], writer=writer, out_dir=strict, progress=False,
+                            on_teacher_failure="warn")
+    assert summary["teacher_failures"]["gemini-2.5-pro"] == 4 and summary["rubrics"] == 4
+    (warning,) = summary["warnings"]
+    assert "WARNING: rubrics built from an incomplete committee: gemini-2.5-pro failed on 4 of 4" in warning
+    assert warning in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="on_teacher_failure"):
+        build_rubrics(items, teachers=[good], writer=writer, out_dir=strict, progress=False, on_teacher_failure="skip")
 
 
 # ---------------------------------------------------------------------- real models

@@ -10,7 +10,7 @@
 #   LAUNCH="accelerate configs/accelerate/multi-gpu-zero2.yaml 1"
 #   plan_memory "$LAUNCH" configs/lineup-paper.yaml --served Qwen/Qwen2.5-14B-Instruct@0.3 -- eval.enabled=false
 #   serve verifier verifier 0 Qwen/Qwen2.5-14B-Instruct --gpu-memory-utilization 0.3
-#   start_servers lineup configs/lineup-paper.yaml eval.enabled=false   # checks against the config, starts, waits
+#   start_servers lineup configs/lineup-paper.yaml eval.enabled=false   # checks against the config, plans, starts, waits
 #   run_captionrl 0 "$LAUNCH" train lineup --config configs/lineup-paper.yaml eval.enabled=false
 #   stop_servers
 #
@@ -21,6 +21,10 @@
 # (--served MODEL@SHARE, given by the script). A plan that does not fit stops the script (status 2) before
 # anything starts; `train.memory_plan=warn` given to the script goes on with a warning, `=off` skips the plan
 # (the training's own check on CUDA follows the same setting).
+#
+# `start_servers` plans every server of its phase first (`captionrl plan --server NAME|MODEL|GPUS|FLAGS`: weights,
+# vLLM's own memory and one sequence of KV cache at its --max-model-len inside its share of the card; plan_servers)
+# and refuses a phase whose plan does not fit before any of its servers starts, as plan_memory does.
 #
 # `serve NAME FIELD GPUS MODEL [vLLM flags]` registers one server: NAME is the script's short name, FIELD the
 # config field whose server it is (its port and served model name are read from the config, never typed
@@ -42,7 +46,10 @@
 #                            "python -m captionrl.testing.trl_standin"
 #   CAPTIONRL_SERVE_MODEL    serve this model in every `serve` server instead of the scripts' hub ids (the served
 #                            names stay the config's; the memory plan still plans the scripts' models)
-#   CAPTIONRL_PYTHON         the Python that runs captionrl and accelerate (default: .venv/bin/python, else python3)
+#   CAPTIONRL_PYTHON         the Python that runs captionrl and accelerate (default: .venv-gpu/bin/python, the GPU
+#                            environment of scripts/setup.sh --gpu, refused while that setup has not finished; else
+#                            .venv/bin/python, the CPU install, with a warning; else python3). Its bin folder goes
+#                            first on PATH when it holds vllm or trl, so the servers come from the same environment.
 #   CAPTIONRL_ACCELERATE_CONFIG, CAPTIONRL_NUM_PROCESSES, CAPTIONRL_MAIN_PROCESS_PORT
 #                            replace the script's accelerate config file and process count; the rendezvous port
 #   CAPTIONRL_READY_TIMEOUT  seconds the servers of one phase get to answer, together (default 1800: a 72B
@@ -57,7 +64,7 @@ LAUNCH_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 LAUNCH_NAME="$(basename "$0" .sh)"
 DRY_RUN=0
 RUN_ARGS=()        # key=value overrides given to the script: passed to every captionrl command it runs
-SERVER_NAMES=() SERVER_FIELDS=() SERVER_GPUS=() SERVER_MODELS=() SERVER_FLAGS=() SERVER_KINDS=()
+SERVER_NAMES=() SERVER_FIELDS=() SERVER_GPUS=() SERVER_MODELS=() SERVER_FLAGS=() SERVER_KINDS=() SERVER_PLAN_MODELS=()
 STARTED_PIDS=() STARTED_NAMES=()
 TRAIN_PID=""
 
@@ -91,11 +98,12 @@ launch_init() {  # launch_init TITLE "$@"
     esac
   done
   cd "$LAUNCH_ROOT"
-  PY=${CAPTIONRL_PYTHON:-}
-  if [ -z "$PY" ]; then
-    if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
-  fi
+  pick_python
   export PYTHONPATH="$LAUNCH_ROOT/src${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's captionrl
+  local bin
+  bin=$(cd "$(dirname "$PY")" && pwd)
+  # the servers (vllm, trl) come from the training's environment when it has them, as if it were activated
+  if [ -x "$bin/vllm" ] || [ -x "$bin/trl" ]; then export PATH="$bin:$PATH"; fi
   read -r -a SERVE_CMD <<< "${CAPTIONRL_SERVE_CMD:-vllm serve}"
   read -r -a TRL_SERVE_CMD <<< "${CAPTIONRL_TRL_SERVE_CMD:-trl vllm-serve}"
   READY_TIMEOUT=${CAPTIONRL_READY_TIMEOUT:-1800}
@@ -115,6 +123,25 @@ launch_init() {  # launch_init TITLE "$@"
     trap 'exit 129' HUP  # the terminal closed: still stop everything
     trap '' PIPE         # a closed output pipe fails a write (and set -e exits through cleanup) instead of killing bash
     say "$title; logs in $LOG_DIR"
+  fi
+  [ -z "$PY_WARNING" ] || note "$PY_WARNING"
+}
+
+pick_python() {  # PY: CAPTIONRL_PYTHON, else the GPU environment (.venv-gpu), else .venv, else python3
+  PY=${CAPTIONRL_PYTHON:-}
+  PY_WARNING=""
+  [ -n "$PY" ] && return 0
+  if [ -x .venv-gpu/bin/python ]; then
+    # scripts/setup.sh --gpu writes the marker only once its checks pass: a half-built environment is refused
+    [ -f .venv-gpu/captionrl-gpu-ready ] \
+      || die ".venv-gpu exists but scripts/setup.sh --gpu did not finish (no .venv-gpu/captionrl-gpu-ready)" \
+             "rerun bash scripts/setup.sh --gpu (it says what failed), or set CAPTIONRL_PYTHON to the Python to use"
+    PY=.venv-gpu/bin/python
+  elif [ -x .venv/bin/python ]; then
+    PY=.venv/bin/python
+    PY_WARNING="WARNING: no GPU environment (.venv-gpu): training runs with .venv, the CPU install without vLLM; build it with bash scripts/setup.sh --gpu, or set CAPTIONRL_PYTHON"
+  else
+    PY=python3
   fi
 }
 
@@ -147,6 +174,7 @@ serve() {  # serve NAME FIELD GPUS MODEL [vLLM flags...]
   SERVER_KINDS+=(openai)
   SERVER_GPUS+=("${!gpus_var:-$gpus}")
   SERVER_MODELS+=("${CAPTIONRL_SERVE_MODEL:-$(model_of "$name" "$model")}")
+  SERVER_PLAN_MODELS+=("$(model_of "$name" "$model")")
   SERVER_FLAGS+=("$* ${!args_var:-}")
 }
 
@@ -161,6 +189,7 @@ serve_trl() {  # serve_trl NAME GPUS [trl vllm-serve flags...]: TRL's vLLM serve
   SERVER_KINDS+=(trl)
   SERVER_GPUS+=("${!gpus_var:-$gpus}")
   SERVER_MODELS+=("")  # policy.model, read from the config by the plan
+  SERVER_PLAN_MODELS+=("")
   SERVER_FLAGS+=("$* ${!args_var:-}")
 }
 
@@ -244,6 +273,45 @@ show() {  # print a command as one copy-pasteable line (words with shell charact
   echo "${out[*]}"
 }
 
+# plan_servers PLAN: `captionrl plan --server ...` for every server of this phase (its weights, vLLM's own memory and
+# one sequence of KV cache at its --max-model-len, inside its --gpu-memory-utilization share of the card), before any
+# starts; a server that does not fit stops the script (train.memory_plan=warn goes on, =off skips), as plan_memory.
+plan_servers() {
+  [ "${#SERVER_NAMES[@]}" -gt 0 ] || return 0
+  local mem source mode i cmd=()
+  read -r mem source <<< "$(gpu_memory)"
+  mode=$(memory_plan_mode)
+  cmd=("$PY" -m captionrl.cli plan --gpu-memory "$mem")
+  for i in "${!SERVER_NAMES[@]}"; do
+    local model=${SERVER_PLAN_MODELS[$i]} flags=${SERVER_FLAGS[$i]}
+    if [ "${SERVER_KINDS[$i]}" = trl ]; then  # trl vllm-serve: the policy, the config's max_model_len, TP over its GPUs
+      local line max_len
+      line=$(awk -v f="${SERVER_FIELDS[$i]}" '$1 == "trl" && $2 == f' <<< "$1")
+      read -r _ _ _ _ max_len model <<< "$line"
+      flags="--tensor-parallel-size $(gpu_count "${SERVER_GPUS[$i]}") $flags"
+      [ "$max_len" != - ] && flags="--max-model-len $max_len $flags"
+    fi
+    local words
+    read -r -a words <<< "$flags"
+    cmd+=(--server "${SERVER_NAMES[$i]}|$model|${SERVER_GPUS[$i]}|${words[*]}")
+  done
+  if [ "$mode" = off ]; then
+    note "server memory plan skipped (train.memory_plan=off): $(show "${cmd[@]}")"
+    return 0
+  fi
+  local out rc=0
+  if [ "$DRY_RUN" = 1 ]; then show "${cmd[@]}"; else say "server memory plan: $(show "${cmd[@]}")"; fi
+  out=$("${cmd[@]}" 2>&1) || rc=$?
+  if [ "$DRY_RUN" = 1 ]; then sed 's/^/# /' <<< "$out"; else echo "$out" >&2; fi
+  [ "$rc" = 0 ] && return 0
+  if [ "$mode" = warn ]; then
+    note "WARNING: the server memory plan refuses (above); going on (train.memory_plan=warn)"
+    return 0
+  fi
+  die "the server memory plan refuses this launch (above): no server of this phase was started" \
+    "follow the plan's fix (--max-model-len, <NAME>_ARGS, <NAME>_GPUS), check CAPTIONRL_GPU_MEMORY ($mem GiB), or give train.memory_plan=warn to launch anyway"
+}
+
 start_servers() {  # start_servers RECIPE CONFIG [overrides...]: check the servers against the config, start, wait
   local recipe=$1 config=$2
   shift 2
@@ -257,6 +325,7 @@ start_servers() {  # start_servers RECIPE CONFIG [overrides...]: check the serve
   PLAN_STORE=$(awk '$1 == "store" { print $2 }' <<< "$plan")
   PLAN_OVERRIDE=$(sed -n 's/^override //p' <<< "$plan")
   grep '^# WARNING' <<< "$plan" || true
+  plan_servers "$plan"
   local waits=() i
   for i in "${!SERVER_FIELDS[@]}"; do
     local name=${SERVER_NAMES[$i]} field=${SERVER_FIELDS[$i]} kind=${SERVER_KINDS[$i]} line host port served cmd
@@ -379,7 +448,7 @@ stop_servers() {  # stop every server started so far (the next phase starts its 
     stop_group "${STARTED_PIDS[$i]}" "${STARTED_NAMES[$i]}"
   done
   STARTED_PIDS=() STARTED_NAMES=()
-  SERVER_NAMES=() SERVER_FIELDS=() SERVER_GPUS=() SERVER_MODELS=() SERVER_FLAGS=() SERVER_KINDS=()
+  SERVER_NAMES=() SERVER_FIELDS=() SERVER_GPUS=() SERVER_MODELS=() SERVER_FLAGS=() SERVER_KINDS=() SERVER_PLAN_MODELS=()
 }
 
 cleanup() {  # the EXIT trap: whatever happened, leave no process of ours behind

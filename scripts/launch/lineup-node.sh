@@ -16,11 +16,13 @@ launch_init "LineupRL, one 8-GPU node" "$@"
 CONFIG=${CONFIG:-configs/lineup-paper.yaml}
 VERIFIER_GPUS=${VERIFIER_GPUS:-0,1}
 TRAIN_GPUS=${TRAIN_GPUS:-4,5,6,7}
+VERIFIER_LEN=16384  # K=4 series as numbers + a 1,024-token caption; Phi-4's whole context
 LAUNCH="accelerate configs/accelerate/multi-gpu-zero2.yaml $(gpu_count "$TRAIN_GPUS")"
 plan_memory "$LAUNCH" "$CONFIG" --
-serve verifier verifier "$VERIFIER_GPUS" Qwen/Qwen2.5-14B-Instruct --data-parallel-size "$(gpu_count "$VERIFIER_GPUS")"
-serve glm eval.verifiers.GLM-4-9B 2 THUDM/glm-4-9b-chat --trust-remote-code
-serve phi eval.verifiers.Phi-4-14B 3 microsoft/phi-4
+serve verifier verifier "$VERIFIER_GPUS" Qwen/Qwen2.5-14B-Instruct --data-parallel-size "$(gpu_count "$VERIFIER_GPUS")" \
+  --max-model-len "$VERIFIER_LEN"
+serve glm eval.verifiers.GLM-4-9B 2 THUDM/glm-4-9b-chat-hf --max-model-len "$VERIFIER_LEN"  # loads natively: no remote code
+serve phi eval.verifiers.Phi-4-14B 3 microsoft/phi-4 --max-model-len "$VERIFIER_LEN"        # Phi-4's own context
 start_servers lineup "$CONFIG"
 run_captionrl "$TRAIN_GPUS" "$LAUNCH" train lineup --config "$CONFIG"
 stop_servers

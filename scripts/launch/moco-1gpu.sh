@@ -3,7 +3,7 @@
 # float32 adapters, no DeepSpeed needed) with vLLM rollouts colocated (train.vllm_mode=colocate, the preset's
 # 0.3 share), in one process; no servers (the momentum adapter is the Generator and the Judge). Not the
 # paper's full-parameter run (moco-node.sh). Before anything starts, `captionrl plan` plans it (docs/gpu.md,
-# "Memory plan": 80.4 of 141 GiB on an H200, 62.1 of 80 on an H100) and a plan that does not fit stops it.
+# "Memory plan": 83.2 of 141 GiB on an H200, 64.9 of 80 on an H100) and a plan that does not fit stops it.
 #
 #   scripts/launch/moco-1gpu.sh policy.model=runs/moco-sft/model   # the shared SFT checkpoint (train moco-sft)
 #   scripts/launch/moco-1gpu.sh --dry-run

@@ -21,22 +21,23 @@ launch_init "RubiCap, one 8-GPU node" "$@"
 CONFIG=${CONFIG:-configs/rubicap-paper.yaml}
 TRAIN_GPUS=${TRAIN_GPUS:-4,5,6,7}
 STORE=${RUBRIC_STORE:-}
+CAPTION_LEN=18432  # the teachers' and the student's context: one image of up to 16,384 tokens + instruction + caption
 LAUNCH="accelerate configs/accelerate/multi-gpu-zero3.yaml $(gpu_count "$TRAIN_GPUS")"
 PLAN_ARGS=()  # the store is built below when none is given: the plan needs only the training's settings
 [ -n "$STORE" ] && PLAN_ARGS=(rubrics.source=store "rubrics.store=$STORE")
 plan_memory "$LAUNCH" "$CONFIG" -- "${PLAN_ARGS[@]}"
 if [ -z "$STORE" ]; then
-  serve qwen72 "rubrics.committee[2]" 0,1,2,3 Qwen/Qwen2.5-VL-72B-Instruct --tensor-parallel-size 4
-  serve gemma "rubrics.committee[3]" 4 google/gemma-3-27b-it
-  serve qwen3 "rubrics.committee[4]" 5 Qwen/Qwen3-VL-30B-A3B-Instruct
-  serve student rubrics.student 6 Qwen/Qwen2.5-VL-7B-Instruct
+  serve qwen72 "rubrics.committee[2]" 0,1,2,3 Qwen/Qwen2.5-VL-72B-Instruct --tensor-parallel-size 4 --max-model-len "$CAPTION_LEN"
+  serve gemma "rubrics.committee[3]" 4 google/gemma-3-27b-it --max-model-len "$CAPTION_LEN"
+  serve qwen3 "rubrics.committee[4]" 5 Qwen/Qwen3-VL-30B-A3B-Instruct --max-model-len "$CAPTION_LEN"
+  serve student rubrics.student 6 Qwen/Qwen2.5-VL-7B-Instruct --max-model-len "$CAPTION_LEN"
   start_servers rubicap "$CONFIG" build_rubrics=true
   run_captionrl "" python train rubicap --config "$CONFIG" --build-rubrics
   stop_servers
   STORE=$PLAN_STORE
 fi
 JUDGE_GPUS=${JUDGE_GPUS:-0,1,2,3}
-serve judge judge "$JUDGE_GPUS" Qwen/Qwen2.5-72B-Instruct --tensor-parallel-size "$(gpu_count "$JUDGE_GPUS")"
+serve judge judge "$JUDGE_GPUS" Qwen/Qwen2.5-72B-Instruct --tensor-parallel-size "$(gpu_count "$JUDGE_GPUS")" --max-model-len 8192
 start_servers rubicap "$CONFIG" rubrics.source=store "rubrics.store=$STORE"
 run_captionrl "$TRAIN_GPUS" "$LAUNCH" train rubicap --config "$CONFIG" rubrics.source=store "rubrics.store=$STORE"
 stop_servers

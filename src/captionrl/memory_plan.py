@@ -87,6 +87,20 @@ ZERO12_BUCKET_ELEMENTS = int(5e8) + int(5e8)
 ZERO3_LIVE_ELEMENTS = int(1e9) + int(5e8)
 """DeepSpeed 0.19 defaults: ``stage3_max_live_parameters`` 1e9 + ``reduce_bucket_size`` 5e8 elements."""
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+FRAGMENTATION = 0.05
+"""Allowance for PyTorch's caching allocator: memory it holds in blocks a new tensor cannot use (ours; set
+``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` to keep it small)."""
+HEADROOM = 0.10
+"""A plan fits when it leaves at least this share of the card free: its activations and allowances are
+estimates, and a plan that fits by a few GiB is a plan that runs out of memory."""
+VLLM_GRAPHS_GIB = 1.0
+"""vLLM's CUDA graphs (captured for its decode batch sizes after the KV cache is allocated; vLLM logs the
+size at start): our allowance."""
+VLLM_COLOCATE_BATCHED_TOKENS = 4096
+"""TRL 1.16's colocated engine: ``LLM(max_num_batched_tokens=4096)`` (``trl/generation/vllm_generation.py``)."""
+VLLM_SERVE_BATCHED_TOKENS = 8192
+"""``vllm serve`` without ``--max-num-batched-tokens``: the plan assumes 8,192 (vLLM's default depends on its
+version and the card; give the flag to plan another)."""
 
 
 # ---------------------------------------------------------------------- model shapes
@@ -111,6 +125,9 @@ class ModelShape:
     min_pixels: int = 0
     max_pixels: int = 0
     weights_bytes: int = 2  # the checkpoint's dtype, in which vLLM and servers load it
+    intermediate: int = 0  # the MLP's inner width (0: unknown, the 4h of a GPT-style layer is assumed)
+    vision_intermediate: int = 0
+    vocab: int = 0
 
     @property
     def is_vlm(self) -> bool:
@@ -282,9 +299,11 @@ def shape_from_config(config: Any, name: str, source: str, images: Mapping[str, 
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     dtype = str(getattr(config, "dtype", None) or getattr(text, "dtype", None) or "bfloat16").removeprefix("torch.")
-    kw: dict[str, Any] = {}
+    kw: dict[str, Any] = {"intermediate": int(getattr(text, "intermediate_size", 0) or 0),
+                          "vocab": int(getattr(text, "vocab_size", 0) or 0)}
     if vision is not None:
-        kw = {"vision_hidden": vision.hidden_size,
+        kw |= {"vision_intermediate": int(getattr(vision, "intermediate_size", 0) or 0),
+              "vision_hidden": vision.hidden_size,
               "vision_depth": getattr(vision, "depth", None) or getattr(vision, "num_hidden_layers", 0),
               "patch_size": getattr(vision, "patch_size", 14), "merge_size": getattr(vision, "spatial_merge_size", 1),
               "min_pixels": int(images.get("min_pixels", 0)), "max_pixels": int(images.get("max_pixels", 0))}
@@ -388,6 +407,7 @@ class PlanInputs:
     momentum: Momentum | None = None
     role_kv: tuple[tuple[str, int, int], ...] = ()  # (role, sequences, tokens each) generated on the GPU by transformers
     in_use_gib: float = 0.0  # memory other processes already hold on the GPU (run-time check)
+    images_vary: bool = False  # the data's images come in any size (not charts rendered at one size)
     notes: tuple[str, ...] = ()
 
 
@@ -400,6 +420,7 @@ class Row:
     how: str
     kind: str = "count"  # count (from sizes) | share (a set fraction of the card) | estimate | allowance
     summed: bool = True
+    phase: str = ""  # "": held throughout; "loss": only during the loss pass; "step": only at the optimizer step
 
 
 @dataclass
@@ -414,7 +435,15 @@ class MemoryPlan:
 
     @property
     def total(self) -> float:
-        return sum(r.gib for r in self.rows if r.summed)
+        """What is held throughout, plus the larger of the loss pass's and the optimizer step's peaks (the
+        activations are freed before the step allocates its float32 gradient partition)."""
+        held = sum(r.gib for r in self.rows if r.summed and not r.phase)
+        phase = {ph: sum(r.gib for r in self.rows if r.summed and r.phase == ph) for ph in ("loss", "step")}
+        return held + max(phase.values())
+
+    @property
+    def free(self) -> float:
+        return self.inputs.gpu_gib - self.total
 
     @property
     def fits(self) -> bool:
@@ -430,9 +459,12 @@ class MemoryPlan:
                  "", "| per GPU | GiB | how |", "|---|---:|---|"]
         for r in self.rows:
             value = f"{r.gib:.1f}" if r.summed else f"({r.gib:.1f})"
-            lines.append(f"| {r.name} | {value} | {r.how} [{r.kind}] |")
+            when = {"loss": " (loss pass only)", "step": " (optimizer step only)"}.get(r.phase, "")
+            when = "" if r.phase and r.phase in r.name else when
+            lines.append(f"| {r.name}{when} | {value} | {r.how} [{r.kind}] |")
         lines.append(f"| **total** | **{self.total:.1f}** | of {i.gpu_gib:g} GiB "
-                     f"({'fits' if self.fits else 'does NOT fit'}) |")
+                     f"({'fits' if self.fits else 'does NOT fit'}; {self.free:.1f} GiB free, "
+                     f"{self.free / i.gpu_gib:.0%}) |")
         if self.host_gib:
             lines.append(f"\nHost memory for offloaded states: {self.host_gib:.1f} GiB per process.")
         for note in (*i.notes, *self.warnings):
@@ -466,6 +498,7 @@ def plan(inputs: PlanInputs, *, suggest: bool = True) -> MemoryPlan:
     n = max(1, par.processes)
     rows: list[Row] = []
     problems: list[tuple[str, str, str]] = []
+    warnings: list[str] = []
     host = 0.0
     ds, stage = par.deepspeed, (par.zero_stage if par.deepspeed else 0)
     mixed = ds and i.bf16  # DeepSpeed casts the module to 16-bit and keeps float32 masters (K = 12)
@@ -503,6 +536,12 @@ def plan(inputs: PlanInputs, *, suggest: bool = True) -> MemoryPlan:
     else:
         rows.append(Row(f"trained {trained_name}" if i.lora_r else trained_name, _gib(wt), how_w))
     rows.append(Row("gradients", _gib(gr), how_g))
+    if ds and mixed and not par.offload_optimizer:
+        # DeepSpeed's ZeRO optimizer (stage_1_and_2.py step(); stage3.py alike) copies this rank's 16-bit gradient
+        # partition into a float32 tensor (the master weights' .grad) for the Adam step
+        rows.append(Row("float32 gradient partition", _gib(trained * 4 / _shard(n, stage >= 1)),
+                        f"x 4 B{' /' + str(n) if stage >= 1 else ''} (DeepSpeed's step: the 16-bit gradients as float32 "
+                        "beside the masters)", phase="step"))
     if par.offload_optimizer and ds:
         host += _gib(opt)
         rows.append(Row("optimizer states", 0.0, how_o + "; offloaded to CPU (offload_optimizer_device)"))
@@ -549,29 +588,23 @@ def plan(inputs: PlanInputs, *, suggest: bool = True) -> MemoryPlan:
             rows.append(Row("initial-weights snapshot", _gib(size * mb * m.snapshots),
                             f"{m.snapshots} x {size / 1e6:,.0f}M x {mb} B (distance to the initial weights)"))
 
-    seq = i.prompt_tokens + i.completion_tokens
-    tokens = i.micro_batch * seq
-    per_layer = 34 * tokens * pol.hidden
-    if i.checkpointing:
-        act = pol.layers * 2 * tokens * pol.hidden + per_layer
-        how = (f"{i.micro_batch} x {seq:,} tokens: {pol.layers} layers x 2·s·b·h (checkpointed inputs) + one layer's "
-               "34·s·b·h [Korthikanti et al. 2022]")
-    else:
-        act = pol.layers * per_layer
-        how = f"{i.micro_batch} x {seq:,} tokens: {pol.layers} layers x 34·s·b·h [Korthikanti et al. 2022]"
-    if pol.is_vlm and i.image_tokens:
-        patches = i.micro_batch * i.image_tokens * pol.merge_size**2
-        v_layer = 34 * patches * pol.vision_hidden
-        act += (pol.vision_depth * 2 * patches * pol.vision_hidden + v_layer) if i.checkpointing else pol.vision_depth * v_layer
-        how += f"; vision tower on {patches:,} patches ({i.image_tokens:,} image tokens x {pol.merge_size}²)"
-    rows.append(Row("activations (loss pass)", _gib(act), how, "estimate"))
+    act, how = _activations(pol, i.micro_batch, i.prompt_tokens + i.completion_tokens, i.image_tokens, i.checkpointing)
+    rows.append(Row("activations (loss pass)", _gib(act), how, "estimate", phase="loss"))
+    if pol.is_vlm and i.images_vary and i.image_tokens and pol.max_image_tokens() > i.image_tokens:
+        most = pol.max_image_tokens()
+        worst, _ = _activations(pol, i.micro_batch, i.prompt_tokens - i.image_tokens + most + i.completion_tokens, most,
+                                i.checkpointing)
+        warnings.append(f"images are planned at {i.image_tokens:,} tokens; the processor allows {most:,} "
+                        f"(its max_pixels): a micro-batch of such images needs {_gib(worst - act):.1f} GiB more activations "
+                        "per GPU. Keep the training images near the planned size (resize them when preparing the data), "
+                        "or plan the size you train at with --image-size W H")
 
     if i.role_kv:
         role, seqs, toks = max(i.role_kv, key=lambda r: r[1] * r[2])
         kv = seqs * toks * pol.kv_bytes_per_token()
         rows.append(Row("momentum roles' KV cache", _gib(kv),
                         f"{role}: {seqs} x {toks:,} tokens x {pol.kv_bytes_per_token() / 1024:.0f} KiB/token "
-                        "(transformers generate on the training GPU; the larger role)", "estimate"))
+                        "(transformers generate on the training GPU; the larger role)", "estimate", phase="loss"))
 
     if ds and stage in (1, 2):
         rows.append(Row("ZeRO buckets", _gib(ZERO12_BUCKET_ELEMENTS * 2),
@@ -580,6 +613,12 @@ def plan(inputs: PlanInputs, *, suggest: bool = True) -> MemoryPlan:
         rows.append(Row("ZeRO-3 live parameters", _gib(ZERO3_LIVE_ELEMENTS * 2),
                         "stage3_max_live_parameters 1e9 + reduce bucket 5e8 elements x 2 B (DeepSpeed defaults)", "allowance"))
     rows.append(Row("CUDA context, workspaces, NCCL", CONTEXT_GIB, "per process (our allowance)", "allowance"))
+    torch_rows = [r for r in rows if r.summed and r.kind != "allowance"]
+    held = sum(r.gib for r in torch_rows if not r.phase)
+    peak = max(sum(r.gib for r in torch_rows if r.phase == ph) for ph in ("loss", "step"))
+    rows.append(Row("allocator fragmentation", FRAGMENTATION * (held + peak),
+                    f"{FRAGMENTATION:.0%} of the training's tensors (PyTorch's caching allocator; our allowance)",
+                    "allowance"))
 
     if i.vllm is not None and i.vllm.mode == "colocate":
         _vllm_rows(i, rows, problems)
@@ -588,13 +627,46 @@ def plan(inputs: PlanInputs, *, suggest: bool = True) -> MemoryPlan:
     if i.in_use_gib:
         rows.append(Row("already in use on the GPU", i.in_use_gib, "total - free when the run starts (other processes)", "count"))
 
-    result = MemoryPlan(i, rows, host, problems)
-    if result.total > i.gpu_gib:
-        over = result.total - i.gpu_gib
+    result = MemoryPlan(i, rows, host, problems, warnings)
+    limit = i.gpu_gib * (1 - HEADROOM)
+    if result.total > limit:
+        over = result.total - limit
         fix = _fixes(i, over) if suggest else "see captionrl plan"
-        problems.append(("gpu_memory",
-                         f"{result.total:.1f} GiB per GPU is more than the card's {i.gpu_gib:g} GiB (by {over:.1f})", fix))
+        if result.total > i.gpu_gib:
+            what = f"{result.total:.1f} GiB per GPU is more than the card's {i.gpu_gib:g} GiB (by {result.total - i.gpu_gib:.1f})"
+        else:
+            what = (f"{result.total:.1f} GiB per GPU leaves less than {HEADROOM:.0%} of the card's {i.gpu_gib:g} GiB free "
+                    f"(the margin for the plan's estimates; over by {over:.1f})")
+        problems.append(("gpu_memory", what, fix))
     return result
+
+
+def _activations(pol: ModelShape, batch: int, seq: int, image_tokens: int, checkpointing: bool) -> tuple[float, str]:
+    """Bytes the loss pass stores for the backward, and how. Korthikanti et al.'s 34·s·b·h per layer is
+    15·s·b·h for attention and norms plus 19·s·b·h for a 4h GeLU MLP; a gated (SwiGLU) MLP of inner width I,
+    Qwen's (about 5.3 h), stores its input (2·s·b·h) and four s·b·I tensors (gate, up, the activation's output,
+    the product) at 2 bytes each: (17·h + 8·I)·s·b per layer."""
+    tokens = batch * seq
+
+    def layer(h: int, inner: int, n: int) -> tuple[float, str]:
+        if inner:
+            return n * (17 * h + 8 * inner), "(17·h + 8·I)·s·b"
+        return n * 34 * h, "34·s·b·h"
+
+    per_layer, formula = layer(pol.hidden, pol.intermediate, tokens)
+    if checkpointing:
+        act = pol.layers * 2 * tokens * pol.hidden + per_layer
+        how = (f"{batch} x {seq:,} tokens: {pol.layers} layers x 2·s·b·h (checkpointed inputs) + one layer's "
+               f"{formula}{f', I = {pol.intermediate:,}' if pol.intermediate else ''} [Korthikanti et al. 2022; gated MLP]")
+    else:
+        act = pol.layers * per_layer
+        how = f"{batch} x {seq:,} tokens: {pol.layers} layers x {formula} [Korthikanti et al. 2022; gated MLP]"
+    if pol.is_vlm and image_tokens:
+        patches = batch * image_tokens * pol.merge_size**2
+        v_layer, _ = layer(pol.vision_hidden, pol.vision_intermediate, patches)
+        act += (pol.vision_depth * 2 * patches * pol.vision_hidden + v_layer) if checkpointing else pol.vision_depth * v_layer
+        how += f"; vision tower on {patches:,} patches ({image_tokens:,} image tokens x {pol.merge_size}²)"
+    return act, how
 
 
 def _vllm_rows(i: PlanInputs, rows: list[Row], problems: list[tuple[str, str, str]]) -> None:
@@ -602,7 +674,8 @@ def _vllm_rows(i: PlanInputs, rows: list[Row], problems: list[tuple[str, str, st
     assert v is not None
     share = v.utilization * i.gpu_gib
     weights = _gib(pol.params * pol.weights_bytes / max(1, v.tensor_parallel))
-    room = share - weights
+    overhead, overhead_how = vllm_overhead(pol, VLLM_COLOCATE_BATCHED_TOKENS, v.tensor_parallel)
+    room = share - weights - overhead
     kv_tok = pol.kv_bytes_per_token()
     context = v.max_model_len or pol.max_context
     need_one = _gib(context * kv_tok)
@@ -611,8 +684,8 @@ def _vllm_rows(i: PlanInputs, rows: list[Row], problems: list[tuple[str, str, st
     rows.append(Row("vLLM (colocated) share", share, f"train.vllm_gpu_memory_utilization {v.utilization:g} x {i.gpu_gib:g} GiB", "share"))
     rows.append(Row("  of which weights", weights, f"{pol.params / 1e9:.2f}B x {pol.weights_bytes} B"
                     + (f" / TP {v.tensor_parallel}" if v.tensor_parallel > 1 else ""), "count", summed=False))
-    rows.append(Row("  of which KV room", room, "share - weights (vLLM's profiling peak and CUDA graphs also come out of it)",
-                    "count", summed=False))
+    rows.append(Row("  of which profiling peak, CUDA graphs", overhead, overhead_how, "estimate", summed=False))
+    rows.append(Row("  of which KV room", room, "share - weights - profiling peak - CUDA graphs", "count", summed=False))
     rows.append(Row("  KV for one sequence", need_one,
                     f"max_model_len {context:,} {'(vllm_max_model_length)' if v.max_model_len else '(the model context: vllm_max_model_length unset)'}"
                     f" x {kv_tok / 1024:.0f} KiB/token", "count", summed=False))
@@ -620,12 +693,19 @@ def _vllm_rows(i: PlanInputs, rows: list[Row], problems: list[tuple[str, str, st
                     "estimate", summed=False))
     longest = max(i.longest_prompt_tokens, i.prompt_tokens)
     need_len = _round_up(longest + i.completion_tokens, 1024)
-    if weights >= share:
-        least = (weights + need_batch) / i.gpu_gib
+    if weights + overhead >= share:
+        least = (weights + overhead + need_batch) / i.gpu_gib
         problems.append(("train.vllm_gpu_memory_utilization",
-                         f"vLLM's share ({share:.1f} GiB) cannot hold the policy's weights ({weights:.1f} GiB)",
+                         f"vLLM's share ({share:.1f} GiB) cannot hold the policy's weights ({weights:.1f} GiB) and "
+                         f"its profiling peak and CUDA graphs ({overhead:.1f} GiB)",
                          f"raise train.vllm_gpu_memory_utilization to at least {math.ceil(least * 100) / 100:g}, or use "
                          "train.vllm_mode=server (vLLM on GPUs of its own)"))
+    elif need_one > room and v.max_model_len and v.max_model_len <= need_len:
+        least = math.ceil((weights + overhead + max(need_one, need_batch)) / i.gpu_gib * 100) / 100
+        problems.append(("train.vllm_gpu_memory_utilization",
+                         f"vLLM refuses to start: one sequence of max_model_len {context:,} needs {need_one:.1f} GiB of "
+                         f"KV cache and its share leaves {room:.1f} GiB",
+                         f"raise train.vllm_gpu_memory_utilization to at least {least:g}, or use train.vllm_mode=server"))
     elif need_one > room:
         problems.append(("train.vllm_max_model_length",
                          f"vLLM refuses to start: one sequence of max_model_len {context:,} needs {need_one:.1f} GiB of "
@@ -650,6 +730,25 @@ def _served_rows(i: PlanInputs, shape: ModelShape, share: float, rows: list[Row]
         problems.append(("served", f"{shape.name}'s share ({gib:.1f} GiB) cannot hold its weights ({weights:.1f} GiB)",
                          f"serve it with --gpu-memory-utilization {math.ceil((weights + 2) / i.gpu_gib * 100) / 100:g} or more, "
                          "or on GPUs of its own"))
+
+
+def vllm_overhead(shape: ModelShape, batched_tokens: int, tp: int = 1) -> tuple[float, str]:
+    """GiB of a vLLM engine's share that is neither weights nor KV cache: the peak of its profiling forward
+    (vLLM runs one batch of ``max_num_batched_tokens`` before it sizes the KV cache, and for a VLM the vision
+    encoder on the largest image the processor makes) and its CUDA graphs. The forward's peak is taken as one
+    layer's live tensors, ``T·(4·h + 3·I)`` x 2 B, plus the sampler's float32 logits for up to 256 sequences;
+    the encoder's as ``P·(4·h_v + 3·I_v)`` x 2 B over the image's patches. Estimates, divided by tensor parallelism."""
+    inner = shape.intermediate or 4 * shape.hidden
+    text = batched_tokens * (4 * shape.hidden + 3 * inner) * 2 + min(batched_tokens, 256) * (shape.vocab or 152064) * 4
+    vision = 0
+    if shape.is_vlm:
+        patches = shape.max_image_tokens() * shape.merge_size**2
+        vision = patches * (4 * shape.vision_hidden + 3 * (shape.vision_intermediate or 4 * shape.vision_hidden)) * 2
+    peak = _gib((text + vision) / max(1, tp))
+    how = (f"profiling forward of {batched_tokens:,} tokens"
+           + (f" and the vision encoder on {shape.max_image_tokens() * shape.merge_size**2:,} patches" if vision else "")
+           + f": {peak:.1f} GiB [estimate]; CUDA graphs {VLLM_GRAPHS_GIB:g} GiB [allowance]")
+    return peak + VLLM_GRAPHS_GIB, how
 
 
 def _round_up(x: int, step: int) -> int:
@@ -705,3 +804,178 @@ def _fixes(i: PlanInputs, over: float) -> str:
     if fitting:
         return "any of: " + "; ".join(fitting)
     return ("no single change fits; combine: " + "; ".join(partial)) if partial else "use a larger GPU"
+
+
+# ---------------------------------------------------------------------- served engines on GPUs of their own
+SERVED_SHAPES: dict[str, ModelShape] = {
+    # Models the launch scripts serve but never train: only what a served engine's plan reads (parameters,
+    # attention shape, MLP width, vocabulary, context, vision tower), from each model's config.json on the
+    # Hugging Face hub and the parameter count its hub page shows. MoE: I is the active experts' width.
+    "Qwen/Qwen2.5-72B-Instruct": ModelShape(
+        "Qwen/Qwen2.5-72B-Instruct", "config.json of Qwen/Qwen2.5-72B-Instruct; 72.7B (hub page)", 72_700_000_000,
+        layers=80, hidden=8192, kv_heads=8, head_dim=128, max_context=32768, intermediate=29568, vocab=152064),
+    "Qwen/Qwen2.5-VL-72B-Instruct": ModelShape(
+        "Qwen/Qwen2.5-VL-72B-Instruct", "config.json of Qwen/Qwen2.5-VL-72B-Instruct; 73.4B (hub page)", 73_400_000_000,
+        layers=80, hidden=8192, kv_heads=8, head_dim=128, max_context=128000, intermediate=29568, vocab=152064,
+        vision_hidden=1280, vision_depth=32, vision_intermediate=3420, patch_size=14, merge_size=2,
+        **QWEN25_VL_IMAGES),
+    "google/gemma-3-27b-it": ModelShape(  # 256 tokens per 896x896 image (4x4 pooling of SigLIP's 64x64 patches)
+        "google/gemma-3-27b-it", "config.json of google/gemma-3-27b-it; 27.4B (hub page); KV for every layer (an upper "
+        "bound: 5 of 6 layers attend over a 1,024-token window)", 27_400_000_000,
+        layers=62, hidden=5376, kv_heads=16, head_dim=128, max_context=131072, intermediate=21504, vocab=262208,
+        vision_hidden=1152, vision_depth=27, vision_intermediate=4304, patch_size=14, merge_size=4,
+        min_pixels=896 * 896, max_pixels=896 * 896),
+    "Qwen/Qwen3-VL-30B-A3B-Instruct": ModelShape(
+        "Qwen/Qwen3-VL-30B-A3B-Instruct", "config.json of Qwen/Qwen3-VL-30B-A3B-Instruct; 31.1B (hub page); MoE, 8 of "
+        "128 experts of width 768 active", 31_100_000_000,
+        layers=48, hidden=2048, kv_heads=4, head_dim=128, max_context=262144, intermediate=8 * 768, vocab=151936,
+        vision_hidden=1152, vision_depth=27, vision_intermediate=4304, patch_size=16, merge_size=2, **QWEN3_VL_IMAGES),
+    "THUDM/glm-4-9b-chat-hf": ModelShape(
+        "THUDM/glm-4-9b-chat-hf", "config.json of THUDM/glm-4-9b-chat-hf; 9.4B (hub page)", 9_400_000_000,
+        layers=40, hidden=4096, kv_heads=2, head_dim=128, max_context=131072, intermediate=13696, vocab=151552),
+    "microsoft/phi-4": ModelShape(
+        "microsoft/phi-4", "config.json of microsoft/phi-4; 14.7B (hub page)", 14_700_000_000,
+        layers=40, hidden=5120, kv_heads=10, head_dim=128, max_context=16384, intermediate=17920, vocab=100352),
+}
+"""Hub id -> the shape of a model the launch scripts only serve (``plan_server``); trained and locally
+available models resolve through ``model_shape``."""
+SERVED_CONTEXT_GIB = 1.0
+"""A served engine's CUDA context, cuBLAS workspaces and NCCL buffers, which vLLM counts inside its
+``--gpu-memory-utilization`` (our allowance)."""
+
+
+def served_shape(model: str) -> ModelShape:
+    """The shape of a served model: ``SERVED_SHAPES``, else whatever ``model_shape`` resolves."""
+    return SERVED_SHAPES.get(model) or model_shape(model)
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """One ``vllm serve`` (or ``trl vllm-serve``) the launch starts: its model, GPUs and memory flags."""
+
+    name: str
+    model: str
+    gpus: tuple[str, ...]
+    utilization: float = 0.9
+    max_model_len: int | None = None
+    tensor_parallel: int = 1
+    data_parallel: int = 1
+    batched_tokens: int = VLLM_SERVE_BATCHED_TOKENS
+
+    @classmethod
+    def parse(cls, text: str) -> ServerSpec:
+        """``NAME|MODEL|GPUS|FLAGS``: GPUs comma-separated, FLAGS the server's own (vLLM's dashes or TRL's
+        underscores): --gpu-memory-utilization, --max-model-len, --tensor-parallel-size, --data-parallel-size,
+        --max-num-batched-tokens; the rest is ignored."""
+        import shlex
+
+        parts = text.split("|")
+        if len(parts) != 4 or not parts[1] or not parts[2]:
+            raise ConfigError("server", text, "is not NAME|MODEL|GPUS|FLAGS",
+                              "write e.g. judge|Qwen/Qwen2.5-72B-Instruct|0,1,2,3|--tensor-parallel-size 4 --max-model-len 8192")
+        words = shlex.split(parts[3])
+        get: dict[str, str] = {}
+        for k, w in enumerate(words[:-1]):
+            if w.startswith("--"):
+                get[w[2:].replace("_", "-")] = words[k + 1]
+        try:
+            return cls(parts[0], parts[1], tuple(g for g in parts[2].split(",") if g),
+                       utilization=float(get.get("gpu-memory-utilization", 0.9)),
+                       max_model_len=int(get["max-model-len"]) if "max-model-len" in get else None,
+                       tensor_parallel=int(get.get("tensor-parallel-size", 1)),
+                       data_parallel=int(get.get("data-parallel-size", 1)),
+                       batched_tokens=int(get.get("max-num-batched-tokens", VLLM_SERVE_BATCHED_TOKENS)))
+        except ValueError as exc:
+            raise ConfigError("server", text, f"a flag's value is not a number ({exc})", "give numbers to the flags") from None
+
+
+@dataclass
+class ServerPlan:
+    """What one GPU of a served engine holds, inside its ``--gpu-memory-utilization`` share of the card."""
+
+    spec: ServerSpec
+    shape: ModelShape
+    gpu_gib: float
+    rows: list[Row]
+    problems: list[tuple[str, str, str]] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+    def table(self) -> str:
+        s = self.spec
+        lines = [f"### server {s.name}: {s.model} on GPU(s) {','.join(s.gpus)}", "",
+                 f"{self.shape.params / 1e9:.1f}B parameters ({self.shape.source}); tensor parallel {s.tensor_parallel}, "
+                 f"data parallel {s.data_parallel}; card {self.gpu_gib:g} GiB.", "",
+                 "| per GPU | GiB | how |", "|---|---:|---|"]
+        for r in self.rows:
+            value = f"{r.gib:.1f}" if r.summed else f"({r.gib:.1f})"
+            lines.append(f"| {r.name} | {value} | {r.how} [{r.kind}] |")
+        lines.append(f"| **server {s.name}** | **{self.rows[0].gib:.1f}** | of {self.gpu_gib:g} GiB "
+                     f"({'fits' if self.fits else 'does NOT fit'}) |")
+        for fld, problem, fix in self.problems:
+            lines.append(f"\n**Refused** ({fld}): {problem}. Fix: {fix}")
+        return "\n".join(lines)
+
+
+def plan_server(spec: ServerSpec, gpu_gib: float) -> ServerPlan:
+    """The plan of one served engine: vLLM takes ``utilization`` of each GPU's total memory; in it the
+    weights (divided by tensor parallelism), its profiling peak and CUDA graphs (``vllm_overhead``), its CUDA
+    context, and the KV cache gets the rest, which must hold one sequence of ``max_model_len`` (the model's
+    whole context when the flag is missing) or vLLM refuses to start."""
+    shape = served_shape(spec.model)
+    tp = max(1, spec.tensor_parallel)
+    problems: list[tuple[str, str, str]] = []
+    if len(spec.gpus) != tp * max(1, spec.data_parallel):
+        problems.append(("server", f"{spec.name} is given {len(spec.gpus)} GPU(s) but uses tensor parallel {tp} x data "
+                         f"parallel {spec.data_parallel}", "give it as many GPUs as it uses"))
+    share = spec.utilization * gpu_gib
+    weights = _gib(shape.params * shape.weights_bytes / tp)
+    overhead, overhead_how = vllm_overhead(shape, spec.batched_tokens, tp)
+    room = share - weights - overhead - SERVED_CONTEXT_GIB
+    heads = max(1, shape.kv_heads // tp)
+    kv_tok = 2 * shape.layers * heads * shape.head_dim * 2
+    context = spec.max_model_len or shape.max_context
+    need = _gib(context * kv_tok)
+    rows = [Row("vLLM share", share, f"--gpu-memory-utilization {spec.utilization:g} x {gpu_gib:g} GiB", "share"),
+            Row("  of which weights", weights, f"{shape.params / 1e9:.1f}B x {shape.weights_bytes} B"
+                + (f" / TP {tp}" if tp > 1 else ""), "count", summed=False),
+            Row("  of which profiling peak, CUDA graphs", overhead, overhead_how, "estimate", summed=False),
+            Row("  of which CUDA context, NCCL", SERVED_CONTEXT_GIB, "counted inside the share by vLLM (our allowance)",
+                "allowance", summed=False),
+            Row("  of which KV room", room, "share - the above", "count", summed=False),
+            Row("  KV for one sequence", need,
+                f"max_model_len {context:,} {'(--max-model-len)' if spec.max_model_len else '(the model context: --max-model-len missing)'}"
+                f" x {kv_tok / 1024:.0f} KiB/token ({heads} KV heads per GPU)", "count", summed=False)]
+    if spec.utilization > 1 - HEADROOM + 1e-9:
+        problems.append(("server", f"{spec.name} takes {spec.utilization:g} of the card, leaving less than {HEADROOM:.0%} free",
+                         f"serve it with --gpu-memory-utilization {1 - HEADROOM:g} or less"))
+    if weights + overhead + SERVED_CONTEXT_GIB >= share:
+        least = math.ceil((weights + overhead + SERVED_CONTEXT_GIB + need) / gpu_gib * 100) / 100
+        problems.append(("server", f"{spec.name}'s share ({share:.1f} GiB) cannot hold its weights ({weights:.1f} GiB) and "
+                         "vLLM's own memory", f"give it --gpu-memory-utilization {least:g} or more, more GPUs "
+                         "(--tensor-parallel-size), or a larger card"))
+    elif need > room:
+        fit = int(room * GIB / kv_tok) // 1024 * 1024
+        problems.append(("server", f"vLLM refuses to start {spec.name}: one sequence of max_model_len {context:,} needs "
+                         f"{need:.1f} GiB of KV cache and its share leaves {room:.1f} GiB",
+                         f"give --max-model-len (the longest prompt + reply it serves; at most {fit:,} here), a larger "
+                         "--gpu-memory-utilization, or more GPUs"))
+    return ServerPlan(spec, shape, gpu_gib, rows, problems)
+
+
+def plan_servers(specs: Sequence[ServerSpec], gpu_gib: float) -> tuple[list[ServerPlan], list[tuple[str, str, str]]]:
+    """Each server's plan, and the problems of servers that share a GPU: their shares add up."""
+    plans = [plan_server(s, gpu_gib) for s in specs]
+    shared: list[tuple[str, str, str]] = []
+    by_gpu: dict[str, list[ServerSpec]] = {}
+    for s in specs:
+        for g in s.gpus:
+            by_gpu.setdefault(g, []).append(s)
+    for g, on in sorted(by_gpu.items()):
+        total = sum(s.utilization for s in on)
+        if len(on) > 1 and total > 1 - HEADROOM + 1e-9:
+            shared.append(("server", f"GPU {g} holds {', '.join(s.name for s in on)} at {total:g} of the card together",
+                           f"lower their --gpu-memory-utilization to {1 - HEADROOM:g} together, or give each GPUs of its own"))
+    return plans, shared

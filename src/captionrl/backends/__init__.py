@@ -11,6 +11,9 @@ from captionrl.errors import ConfigError
 from captionrl.registry import Registry
 
 BACKENDS: Registry[Any] = Registry("backend.kind")
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
+"""``reasoning_effort`` values the providers document: OpenAI's (minimal, low, medium, high) and Gemini's
+OpenAI-compatible endpoint's (none, low, medium, high)."""
 
 
 @dataclass
@@ -35,6 +38,9 @@ class BackendConfig:
     gpu_memory_utilization: float = help_field(0.3, "vllm: share of the GPU's memory vllm.LLM may take (weights and KV cache), in (0, 1). vLLM's own default, 0.9, leaves a trainer on the same GPU nothing; 0.3 is TRL's colocate default")
     max_model_len: int | None = help_field(16384, "vllm: longest prompt + reply in tokens (sizes the KV cache; must not exceed the model's context); null: the model's full context, e.g. 262,144 for Qwen3-VL, whose KV cache alone may not fit beside a trainer")
     enforce_eager: bool = help_field(False, "vllm: true skips CUDA-graph capture (less memory and a faster start, slower decoding)")
+    reasoning: bool = help_field(False, "openai: a reasoning model behind an API that takes only its default sampling (OpenAI GPT-5 and o-series; Gemini 2.5 through its OpenAI-compatible endpoint): the token limit is sent as max_completion_tokens, temperature and top_p are left out, stop strings are applied to the reply here, and choose() generates and parses (no log-probs). docs/backends.md, 'Reasoning models'")
+    reasoning_effort: str | None = help_field(None, "openai, reasoning models: sent as reasoning_effort (OpenAI: minimal, low, medium, high; Gemini's OpenAI endpoint: none, low, medium, high, i.e. thinking budgets of 0, 1,024, 8,192 and 24,576 tokens); null sends none (the provider's default)")
+    reasoning_budget: int = help_field(0, "openai, reasoning models: tokens of thinking the limit allows on top of a request's reply length (the provider counts reasoning tokens against max_completion_tokens: without room a 1,024-token caption comes back empty or cut)")
     startup_timeout_s: float | None = help_field(None, "openai: seconds to wait, before the first request, for a server that is still starting (refuses connections or answers 502/503/504); null = the command's default: 600 for training and rubric building (servers often start alongside them: vLLM listens only once its weights are loaded), 5 for one-shot commands; 0 = one probe")
 
     def __post_init__(self) -> None:
@@ -66,6 +72,19 @@ class BackendConfig:
             raise ConfigError("backend.max_model_len", self.max_model_len, "must be a token count >= 1 or null",
                               "set max_model_len: 16384 (the longest prompt + reply the judge sees), or null for the "
                               "model's full context")
+        if self.reasoning_effort is not None and self.reasoning_effort not in REASONING_EFFORTS:
+            from captionrl.registry import suggest
+
+            raise ConfigError("backend.reasoning_effort", self.reasoning_effort, "unknown effort",
+                              suggest(str(self.reasoning_effort), list(REASONING_EFFORTS)))
+        if (self.reasoning_effort is not None or self.reasoning_budget) and not self.reasoning:
+            raise ConfigError("backend.reasoning_effort" if self.reasoning_effort is not None else "backend.reasoning_budget",
+                              self.reasoning_effort if self.reasoning_effort is not None else self.reasoning_budget,
+                              "applies to reasoning models only",
+                              "set reasoning: true too (the model takes max_completion_tokens), or remove it")
+        if isinstance(self.reasoning_budget, bool) or not isinstance(self.reasoning_budget, int) or self.reasoning_budget < 0:
+            raise ConfigError("backend.reasoning_budget", self.reasoning_budget, "must be a token count >= 0",
+                              "set reasoning_budget: 8192 (thinking room on top of each reply's length)")
         if self.startup_timeout_s is not None and not self.startup_timeout_s >= 0:
             raise ConfigError("backend.startup_timeout_s", self.startup_timeout_s, "must be >= 0 seconds (or null)",
                               "set startup_timeout_s: 600 (0 = one probe, null = the command's default)")

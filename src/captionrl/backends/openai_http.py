@@ -232,6 +232,11 @@ class OpenAIBackend:
         fold_case: ``choose`` counts ``a`` as option ``A``.
         progress: show a tqdm bar for calls with more than one request.
         transport: an ``httpx`` transport (tests use ``httpx.MockTransport``).
+        reasoning: a reasoning model that takes only its default sampling (OpenAI GPT-5 and o-series, Gemini 2.5
+            through its OpenAI-compatible endpoint): see ``_chat_payload``.
+        reasoning_effort: sent as ``reasoning_effort`` when given (reasoning models only).
+        reasoning_budget: thinking tokens allowed on top of each request's reply length (reasoning models count
+            their thinking against ``max_completion_tokens``).
     """
 
     def __init__(
@@ -255,6 +260,9 @@ class OpenAIBackend:
         progress: bool = True,
         transport: httpx.AsyncBaseTransport | None = None,
         name: str | None = None,
+        reasoning: bool = False,
+        reasoning_effort: str | None = None,
+        reasoning_budget: int = 0,
     ) -> None:
         urls = split_base_urls(base_url)
         checks: list[tuple[str, Any, bool, str]] = [
@@ -290,11 +298,16 @@ class OpenAIBackend:
         self.choice_max_tokens = choice_max_tokens
         self.fold_case = fold_case
         self.progress = progress
+        if reasoning_budget < 0:
+            raise ConfigError("backend.reasoning_budget", reasoning_budget, "must be >= 0", "set reasoning_budget: 8192")
+        self.reasoning = bool(reasoning)
+        self.reasoning_effort = reasoning_effort
+        self.reasoning_budget = int(reasoning_budget)
         self._transport = transport
         host = httpx.URL(self.base_url).netloc.decode()
         more = f"+{len(urls) - 1}" if len(urls) > 1 else ""
         self.name = name or f"openai:{model}@{host}{more}"
-        self.server_lacks_logprobs = False
+        self.server_lacks_logprobs = self.reasoning  # reasoning models return no log-probs: choose() generates
         """Set when a server answered ``choose`` without log-probs; later calls go straight to generate."""
         self.echo_alignment: float | None = None
         """Mean token log-prob of the echo alignment probe (``None`` until measured)."""
@@ -314,7 +327,8 @@ class OpenAIBackend:
                               "an openai backend needs the server's URL", "set base_url: http://HOST:PORT/v1")
         env = getattr(cfg, "api_key_env", "") or ""
         kw: dict[str, Any] = {}
-        for opt in ("backoff_s", "echo_prefix", "top_logprobs", "cooldown_s"):  # optional fields, used when present
+        for opt in ("backoff_s", "echo_prefix", "top_logprobs", "cooldown_s", "reasoning", "reasoning_effort",
+                    "reasoning_budget"):  # optional fields, used when present
             if getattr(cfg, opt, None) is not None:
                 kw[opt] = getattr(cfg, opt)
         return cls(
@@ -462,16 +476,23 @@ class OpenAIBackend:
             return await self._gather([self._generate_one(client, r) for r in requests], "generate")
 
     def _chat_payload(self, r: ChatRequest) -> dict[str, Any]:
-        payload: dict[str, Any] = {
-            "model": self.model,
-            "messages": to_openai_messages(r.messages),
-            "max_tokens": r.max_new_tokens,
-            "temperature": r.temperature,
-            "top_p": r.top_p,
-        }
+        """The chat-completions body of one request.
+
+        A reasoning model (``reasoning``) gets the limit as ``max_completion_tokens`` (OpenAI's reasoning models
+        reject ``max_tokens``), the reply's length plus ``reasoning_budget`` (their thinking counts against it),
+        no ``temperature``/``top_p`` (they accept only the default) and no ``stop`` (applied to the reply here);
+        ``reasoning_effort`` when set. Any other server gets ``max_tokens``, ``temperature`` and ``top_p``.
+        """
+        payload: dict[str, Any] = {"model": self.model, "messages": to_openai_messages(r.messages)}
+        if self.reasoning:
+            payload["max_completion_tokens"] = r.max_new_tokens + self.reasoning_budget
+            if self.reasoning_effort is not None:
+                payload["reasoning_effort"] = self.reasoning_effort
+        else:
+            payload.update(max_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p)
         if r.seed is not None:
             payload["seed"] = r.seed
-        if r.stop:
+        if r.stop and not self.reasoning:
             payload["stop"] = list(r.stop)
         if r.response_format is not None:
             payload["response_format"] = r.response_format
@@ -489,8 +510,19 @@ class OpenAIBackend:
         except (KeyError, IndexError, TypeError) as exc:
             return Generation(text=None, error=f"malformed reply ({type(exc).__name__}: {exc}): "
                               f"{str(rep.data)[:200]}", latency_s=rep.latency_s, attempts=rep.attempts)
-        return Generation(text=text, finish_reason=choice.get("finish_reason"), latency_s=rep.latency_s,
-                          attempts=rep.attempts)
+        finish = choice.get("finish_reason")
+        if self.reasoning and r.stop:  # the stop strings a reasoning model is not sent
+            cuts = [text.find(s) for s in r.stop if s and s in text]
+            if cuts:
+                text, finish = text[: min(cuts)], "stop"
+        if self.reasoning and not text.strip():
+            usage = rep.data.get("usage") or {}
+            spent = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens")
+            return Generation(text=None, error=(
+                f"empty reply (finish_reason {finish}, reasoning tokens {spent}, max_completion_tokens "
+                f"{r.max_new_tokens + self.reasoning_budget}): the model spent its limit thinking; raise "
+                "reasoning_budget or lower reasoning_effort"), latency_s=rep.latency_s, attempts=rep.attempts)
+        return Generation(text=text, finish_reason=finish, latency_s=rep.latency_s, attempts=rep.attempts)
 
     def generate(self, requests: Sequence[ChatRequest]) -> list[Generation]:
         return run_sync(lambda: self.agenerate(requests))

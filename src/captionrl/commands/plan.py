@@ -1,6 +1,7 @@
 """``captionrl plan``: the GPU memory plan of a preset, before anything loads.
 
     captionrl plan --config configs/moco-paper.yaml --gpus 8 --gpu-memory 141
+    captionrl plan --gpu-memory 80 --server 'qwen3|Qwen/Qwen3-VL-30B-A3B-Instruct|5|--max-model-len 18432'
 
 Reads the preset as its training command would (every field validated), the accelerate config its launch
 line names (ZeRO stage, offload; ``--accelerate`` to choose another, ``--accelerate none`` for one plain
@@ -9,6 +10,11 @@ offline), and prints per GPU what the weights, gradients, optimizer states, refe
 activations, vLLM's share and KV cache take, each with its formula. A plan that does not fit exits non-zero
 with the fix (LoRA, offload, a smaller vLLM share, ``vllm_max_model_length``, ...); a training run on CUDA
 makes the same check before it loads anything (``train.memory_plan``).
+
+``--server NAME|MODEL|GPUS|FLAGS`` (repeatable) plans an engine the launch serves on GPUs of its own: its
+weights, vLLM's profiling peak and CUDA graphs and one sequence of KV cache at its ``--max-model-len`` inside its
+``--gpu-memory-utilization`` share (``memory_plan.plan_server``); the launch scripts plan every server this way
+before they start any. With servers only, ``--config`` may be left out.
 """
 
 from __future__ import annotations
@@ -31,11 +37,12 @@ class PlanConfig:
     gpu_memory: float = help_field(141.0, "memory of one GPU in GiB (H200: 141, H100: 80)")
     accelerate: str | None = help_field(None, "accelerate config of the launch (null: the one the preset's launch line names; none: one process without DeepSpeed)")
     served: list[str] = help_field([], "engines served on the training GPUs, MODEL@SHARE (vllm serve --gpu-memory-utilization SHARE), e.g. Qwen/Qwen2.5-14B-Instruct@0.3")
+    servers: list[str] = help_field([], "engines the launch serves on GPUs of their own, NAME|MODEL|GPUS|FLAGS (the server's flags: --gpu-memory-utilization, --max-model-len, --tensor-parallel-size, --data-parallel-size), each planned against the card", flags=("--server",))
     image_size: list[int] | None = help_field(None, "image recipes: the width and height of a training image the plan assumes (null: 1024 1024)")
     json: bool = help_field(False, "print the plan as one JSON object")
 
     def __post_init__(self) -> None:
-        if not self.preset:
+        if not self.preset and not self.servers:
             raise ConfigError("config", self.preset, "plan needs the run's config", "captionrl plan --config configs/lineup-paper.yaml")
         if self.gpus is not None and self.gpus < 1:
             raise ConfigError("gpus", self.gpus, "must be >= 1", "give the number of training GPUs, e.g. --gpus 8")
@@ -67,6 +74,20 @@ def make_plan(cfg: PlanConfig):  # -> MemoryPlan
 
 def run_command(cfg: PlanConfig) -> int:
     """Print the plan; refuse (non-zero, with the fix) when it does not fit."""
+    if cfg.servers:
+        from captionrl.memory_plan import ServerSpec, plan_servers
+
+        plans, shared = plan_servers([ServerSpec.parse(s) for s in cfg.servers], cfg.gpu_memory)
+        print("\n\n".join(p.table() for p in plans))
+        problems = [x for p in plans for x in p.problems] + shared
+        for _f, problem, fix in shared:
+            print(f"\n**Refused** (server): {problem}. Fix: {fix}")
+        if problems:
+            raise ConfigError("server", "; ".join(cfg.servers), "does not fit: " + "; ".join(p for _f, p, _x in problems),
+                              "; or ".join(dict.fromkeys(x for _f, _p, x in problems)))
+        if not cfg.preset:
+            return 0
+        print()
     result = make_plan(cfg)
     if cfg.json:
         print(json.dumps({"label": result.inputs.label, "gpu_gib": result.inputs.gpu_gib, "total_gib": round(result.total, 2),

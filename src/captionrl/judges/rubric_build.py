@@ -100,7 +100,61 @@ def committee_captions(
 
 def _done(w: RecordWriter, key: str) -> bool:
     rec = w.get(key)
-    return rec is not None and rec.get("caption") is not None
+    return rec is not None and bool(str(rec.get("caption") or "").strip())
+
+
+TEACHER_FAILURE_POLICIES = ("error", "warn")
+
+
+class TeacherFailureError(DataError):
+    """A committee teacher failed on more than the allowed share of the items: the rubrics would be written
+    from fewer teachers than the committee names."""
+
+
+def teacher_failures(path: str | Path, items: Sequence[Any], teachers: Sequence[Backend]) -> dict[str, tuple[int, str]]:
+    """Teacher name -> (items without a caption from it, the last error) over ``items``, from the committee's
+    JSONL records. A record with no caption, an empty one (a reasoning model that spent its whole token limit
+    thinking returns empty content) or no record at all counts as a failure."""
+    got: dict[tuple[str, str], Mapping[str, Any]] = {}
+    with RecordWriter(path) as w:
+        for r in w.records():
+            key = (str(r.get("item_id")), str(r.get("teacher")))
+            if key not in got or str(r.get("caption") or "").strip():
+                got[key] = r
+    out: dict[str, tuple[int, str]] = {}
+    for t in teachers:
+        failed, last = 0, ""
+        for it in items:
+            rec = got.get((str(it.id), t.name))
+            if rec is None or not str(rec.get("caption") or "").strip():
+                failed += 1
+                last = str((rec or {}).get("error") or "empty caption") if rec is not None else "no record"
+        out[t.name] = (failed, last)
+    return out
+
+
+def check_teacher_failures(failures: Mapping[str, tuple[int, str]], n_items: int, *, max_share: float,
+                           policy: str = "error", field: str = "max_teacher_failure_share") -> list[str]:
+    """Stop (``policy='error'``, ``TeacherFailureError``) or warn loudly (``'warn'``: logged and returned)
+    when any teacher failed on more than ``max_share`` of the ``n_items`` items; returns the warnings."""
+    if n_items == 0:
+        return []
+    bad = [(name, failed, last) for name, (failed, last) in failures.items() if failed / n_items > max_share]
+    if not bad:
+        return []
+    what = "; ".join(f"{name} failed on {failed} of {n_items} items ({failed / n_items:.0%}), last error: {last[:200]}"
+                     for name, failed, last in bad)
+    fix = (f"fix the teacher (its key, quota, token limit: a reasoning model needs max_completion_tokens and a "
+           f"reasoning budget, docs/backends.md), then rerun: the build resumes and retries only the failed captions; "
+           f"or raise {field} (now {max_share:g}) to build from fewer teachers")
+    if policy == "error":
+        raise TeacherFailureError(field, max_share, f"the committee is short of a teacher: {what}", fix)
+    import logging
+
+    message = f"WARNING: rubrics built from an incomplete committee: {what}. Fix: {fix}"
+    logging.getLogger(__name__).warning(message)
+    print(message, flush=True)
+    return [message]
 
 
 def _captions_by_item(records: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:
@@ -260,20 +314,35 @@ def build_rubrics(
     seed: int = 0,
     progress: bool = True,
     image_text: str = "none",
+    max_teacher_failure_share: float = 0.05,
+    on_teacher_failure: str = "error",
+    failure_field: str = "max_teacher_failure_share",
 ) -> dict[str, Any]:
     """Committee captions -> (student captions) -> rubrics, all JSONL in ``out_dir``; resumable.
 
     ``writer=None`` builds rubrics from the items' known facts (synthetic scenes) instead of a model.
     Writes ``committee.jsonl``, ``student.jsonl`` (if a student is given), ``rubrics.jsonl`` and
-    ``summary.json``; returns the summary.
+    ``summary.json``; returns the summary. A teacher without a caption for more than
+    ``max_teacher_failure_share`` of the items stops the build before any rubric is written
+    (``on_teacher_failure='error'``, ``TeacherFailureError``) or is reported loudly and in the summary
+    (``'warn'``): the paper's rubrics come from the whole committee's consensus.
     """
     from tqdm.auto import tqdm
 
+    if not 0 <= max_teacher_failure_share <= 1:
+        raise ConfigError(failure_field, max_teacher_failure_share, "must be a share between 0 and 1",
+                          f"set {failure_field}: 0.05")
+    if on_teacher_failure not in TEACHER_FAILURE_POLICIES:
+        raise ConfigError(failure_field.replace("max_teacher_failure_share", "on_teacher_failure"), on_teacher_failure,
+                          "unknown policy", "use error (stop) or warn (build from fewer teachers, loudly)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     committee = committee_captions(items, teachers, out / "committee.jsonl", instruction=instruction,
                                    max_new_tokens=max_new_tokens, seed=seed, progress=progress,
                                    image_text=image_text) if teachers else {}
+    failures = teacher_failures(out / "committee.jsonl", items, teachers) if teachers else {}
+    warnings = check_teacher_failures(failures, len(items), max_share=max_teacher_failure_share,
+                                      policy=on_teacher_failure, field=failure_field)
     students: dict[str, list[str]] = {}
     if student is not None:
         students = committee_captions(items, [student], out / "student.jsonl", instruction=instruction,
@@ -307,10 +376,13 @@ def build_rubrics(
         "unscored": sum(r.get("rubric") is None for r in recs),
         "mean_items": _mean([len(r["rubric"]) for r in recs if r.get("rubric")]),
         "committee": [t.name for t in teachers],
+        "teacher_failures": {name: failed for name, (failed, _) in failures.items()},
+        "warnings": warnings,
         "writer": writer.backend.name if writer else "facts",
         "student": student.name if student else None,
         "config": {"instruction": instruction, "max_new_tokens": max_new_tokens, "seed": seed,
-                   "max_attempts": writer.max_attempts if writer else 0},
+                   "max_attempts": writer.max_attempts if writer else 0,
+                   "max_teacher_failure_share": max_teacher_failure_share, "on_teacher_failure": on_teacher_failure},
     }
     write_json(out / "summary.json", summary)
     store.close()
@@ -337,6 +409,8 @@ class RubricBuildConfig(RubricWriterSettings):
     writer_sees_image: bool = help_field(False, "give the image to a VLM writer too")
     seed: int = help_field(0, "seed of sampled retries (recorded)")
     on_error: str = help_field("raise", "unreadable images: raise (stop) or skip")
+    max_teacher_failure_share: float = help_field(0.05, "largest share of the items a committee teacher may fail on (no caption, or an empty one) before on_teacher_failure applies")
+    on_teacher_failure: str = help_field("error", "a teacher over max_teacher_failure_share: error (stop before writing rubrics; rerun resumes and retries the failed captions) or warn (build from fewer teachers, said loudly and in summary.json)")
     quiet: bool = help_field(False, "no progress bars")
 
     def __post_init__(self) -> None:
@@ -345,6 +419,11 @@ class RubricBuildConfig(RubricWriterSettings):
         super().__post_init__()
         if self.on_error not in ("raise", "skip"):
             raise ConfigError("on_error", self.on_error, "unknown choice", "use raise or skip")
+        if not 0 <= self.max_teacher_failure_share <= 1:
+            raise ConfigError("max_teacher_failure_share", self.max_teacher_failure_share, "must be a share between 0 and 1",
+                              "set max_teacher_failure_share: 0.05")
+        if self.on_teacher_failure not in TEACHER_FAILURE_POLICIES:
+            raise ConfigError("on_teacher_failure", self.on_teacher_failure, "unknown policy", "use error or warn")
         specs = [*(("committee", s) for s in self.committee), *([("writer", self.writer)] if self.writer != "facts" else []),
                  *([("student", self.student)] if self.student else [])]
         for name, spec in specs:
@@ -377,7 +456,9 @@ def run_command(cfg: RubricBuildConfig) -> int:
         raise ConfigError("committee", [], "a rubric writer needs committee captions", "pass --committee SPEC ...")
     student = backend_from_spec(cfg.student) if cfg.student else None
     summary = build_rubrics(items, teachers=teachers, writer=writer, out_dir=cfg.out, student=student,
-                            max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, progress=not cfg.quiet)
+                            max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, progress=not cfg.quiet,
+                            max_teacher_failure_share=cfg.max_teacher_failure_share,
+                            on_teacher_failure=cfg.on_teacher_failure)
     print(json.dumps({k: summary[k] for k in ("items", "rubrics", "unscored", "mean_items")}))
     print(f"rubrics: {Path(cfg.out) / 'rubrics.jsonl'}")
     return 0

@@ -170,7 +170,7 @@ def plan_inputs(recipe: str, cfg: Any, *, parallel: Parallel, gpu_gib: float,
         prompt_tokens=prompt,
         image_tokens=image_tokens, completion_tokens=completion, longest_prompt_tokens=longest, checkpointing=ckpt, vllm=vllm,
         served=tuple((model_shape(name), share) for name, share in served), momentum=momentum, role_kv=role_kv,
-        in_use_gib=in_use_gib, notes=tuple(notes))
+        in_use_gib=in_use_gib, notes=tuple(notes), images_vary=shape.is_vlm and recipe != "lineup")
 
 
 def _moco_parts(cfg: Any, pol: Any, image_tokens: int, completion: int) -> tuple[Momentum, tuple[tuple[str, int, int], ...]]:

@@ -147,6 +147,8 @@ class RubricsConfig(RubricWriterSettings):
     writer_max_new_tokens: int = help_field(1024, "build: rubric reply length")
     image_text: str = help_field("none", "build: none (teachers see the image) or references (language-only teachers read the items' reference captions instead)")
     structured_output: str = help_field("none", "build: constrain the writer's reply to the rubric JSON schema: none, json_schema (OpenAI/vLLM) or json_object (llama.cpp)")
+    max_teacher_failure_share: float = help_field(0.05, "build: largest share of the items a committee teacher may fail on (no caption, or an empty one) before on_teacher_failure applies")
+    on_teacher_failure: str = help_field("error", "build: a teacher over max_teacher_failure_share: error (stop before writing rubrics; rerun resumes and retries the failed captions) or warn (build from fewer teachers, said loudly and in summary.json)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -296,7 +298,8 @@ def ensure_rubrics(cfg: RubicapConfig, items: Sequence[Any], *, allow_models: bo
         student = make_backend(backend_config(r.student, "rubrics.student")) if r.student else None
         build_rubrics(items, teachers=teachers, writer=writer, out_dir=store.parent, student=student,
                       instruction=cfg.data.instruction, max_new_tokens=r.caption_max_new_tokens, seed=cfg.seed,
-                      image_text=r.image_text)
+                      image_text=r.image_text, max_teacher_failure_share=r.max_teacher_failure_share,
+                      on_teacher_failure=r.on_teacher_failure, failure_field="rubrics.max_teacher_failure_share")
     elif cfg.rubrics.source == "store" and not store.is_file():
         raise ConfigError("rubrics.store", str(store), "file not found",
                           "build it first: captionrl rubrics build --items ITEMS --committee ... --writer ... --out DIR")
