@@ -116,10 +116,17 @@ def test_checks_per_corpus_report_each_group_with_its_own_verdict(tmp_path):
     silent = "This is a time series of sixteen values here."
     trained = {i: describe_series(series[i]) if i in groups["first"] else silent for i in ids}
     initial = dict.fromkeys(ids, silent)
-    out = run_final_checks_by_group({"trained": trained, "initial": initial}, series, groups, tmp_path)
+    errors = {"trained": {i: (1.0 if i in groups["first"] else 100.0) for i in ids},
+              "initial": {i: (2.0 if i in groups["first"] else 100.0) for i in ids}}
+    out = run_final_checks_by_group({"trained": trained, "initial": initial}, series, groups, tmp_path,
+                                    bottleneck_items=errors)
     rows = {(r["corpus"], r["system"]): r for r in out["rows"]}
     assert rows[("first", "trained")]["direction_right"] == 1.0 and rows[("first", "trained")]["n"] == 12
     assert rows[("second", "trained")]["direction_right"] == 0.0
+    # the reconstruction errors cross-fitted over every window, averaged per corpus: the second corpus's large
+    # errors do not hide the first's difference
+    assert rows[("first", "trained")]["bottleneck_mse"] == 1.0 and rows[("first", "initial")]["bottleneck_mse"] == 2.0
+    assert rows[("second", "trained")]["bottleneck_mse"] == 100.0
     assert out["verdicts"]["first"][0]["outcome"] == "better"
     assert out["verdicts"]["second"][0]["outcome"] == "worse"  # one silent sentence for every window
     text = (tmp_path / "by_corpus.md").read_text()

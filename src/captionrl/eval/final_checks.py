@@ -165,16 +165,30 @@ def bottleneck_check(systems: Mapping[str, Mapping[str, str]], series: Mapping[s
     return result
 
 
+def summarise_item_errors(items: Mapping[str, Mapping[str, float]], keep: set[str]) -> dict[str, dict[str, Any]]:
+    """``bottleneck_check``'s summary from per-item errors already computed, over the items in ``keep``."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, per_item in items.items():
+        mine = {i: e for i, e in per_item.items() if i in keep}
+        mi = mean_interval(list(mine.values()))
+        if mi is not None:
+            out[name] = {"mse": round(mi[0], 4), "ci": [round(mi[1], 4), round(mi[2], 4)], "n": len(mine), "items": mine}
+    return out
+
+
 def run_final_checks(systems: Mapping[str, Mapping[str, str]], series: Mapping[str, Any], out_dir: str | Path, *,
                      identification: Mapping[str, Any] | None = None, guard: TranscriptionConfig | None = None,
                      tolerance: float = 0.35, clipped: Mapping[str, Mapping[str, bool]] | None = None,
                      bottleneck: bool = False, bottleneck_folds: int = 5,
                      instruction: str | None = None,
-                     references: Mapping[str, str] | None = None) -> dict[str, Any]:
+                     references: Mapping[str, str] | None = None,
+                     bottleneck_items: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, Any]:
     """Every check above for every system, and the first system's verdict against each reference; writes
     ``final_checks.{md,json}`` under ``out_dir``. ``instruction``: the captioning instruction (echo check).
     ``references``: system name -> how the verdict line names it, the deciding reference first (default: the
-    second system, named "the <name> model"); the bottleneck's paired difference is taken against it too."""
+    second system, named "the <name> model"); the bottleneck's paired difference is taken against it too.
+    ``bottleneck_items``: system -> item -> reconstruction error already computed (cross-fitted over a larger
+    set of windows), read for the items of ``series`` instead of fitting the predictor again."""
     from captionrl.eval.description import description_checks, summarise, verdict
 
     out = Path(out_dir)
@@ -199,9 +213,10 @@ def run_final_checks(systems: Mapping[str, Mapping[str, str]], series: Mapping[s
         rows.append(row)
         per_item[name] = {**described, "red": red}
     notes = []
-    if bottleneck:
+    if bottleneck or bottleneck_items:
         try:
-            mse = bottleneck_check(systems, series, out / "bottleneck", bottleneck_folds)
+            mse = (summarise_item_errors(bottleneck_items, set(series)) if bottleneck_items else
+                   bottleneck_check(systems, series, out / "bottleneck", bottleneck_folds))
         except DataError as exc:  # too few items for the predictor: said in the table, the other checks stay
             mse = {}
             notes.append(f"bottleneck skipped: {exc}")
@@ -287,15 +302,19 @@ def _cell(v: Any) -> str:
 
 
 BY_GROUP_COLUMNS = ("n", "direction_right", "direction_skill", "other_facts", "key_facts", "extrema_right", "red",
-                    "degenerate", "same_sentence")
+                    "degenerate", "same_sentence", "bottleneck_mse")
 """The columns of the per-corpus table (each with its interval over that corpus's windows)."""
 
 
 def run_final_checks_by_group(systems: Mapping[str, Mapping[str, str]], series: Mapping[str, Any],
-                              groups: Mapping[str, Sequence[str]], out_dir: str | Path, **kwargs: Any) -> dict[str, Any]:
-    """The final checks (without the bottleneck, which needs every window) once per group of items (a corpus
-    or domain): ``out_dir/<group>/final_checks.*`` each, and ``out_dir/by_corpus.{md,json}`` with one row per
-    group and system and each group's verdict, so a gain on one corpus cannot hide a loss on another."""
+                              groups: Mapping[str, Sequence[str]], out_dir: str | Path,
+                              bottleneck_items: Mapping[str, Mapping[str, float]] | None = None,
+                              **kwargs: Any) -> dict[str, Any]:
+    """The final checks once per group of items (a corpus or domain): ``out_dir/<group>/final_checks.*`` each,
+    and ``out_dir/by_corpus.{md,json}`` with one row per group and system and each group's verdict, so a gain
+    on one corpus cannot hide a loss on another. The caption-only reconstruction is not fitted per group (too
+    few windows): ``bottleneck_items``, the errors cross-fitted over every window, are averaged per group, so
+    a corpus of large values does not decide the comparison on another."""
     out = Path(out_dir)
     table: list[dict[str, Any]] = []
     verdicts: dict[str, Any] = {}
@@ -303,7 +322,8 @@ def run_final_checks_by_group(systems: Mapping[str, Mapping[str, str]], series: 
         keep = set(ids)
         sub = run_final_checks({name: {i: c for i, c in caps.items() if i in keep} for name, caps in systems.items()},
                                {i: v for i, v in series.items() if i in keep}, out / group,
-                               **{**kwargs, "bottleneck": False, "identification": None})
+                               **{**kwargs, "bottleneck": False, "identification": None},
+                               bottleneck_items=bottleneck_items)
         for row in sub["rows"]:
             table.append({"corpus": group, "system": row["system"],
                           **{c: row.get(c) for c in BY_GROUP_COLUMNS},

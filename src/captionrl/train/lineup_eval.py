@@ -178,7 +178,10 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
             run_final_checks_by_group({s.name: s.captions for s in systems}, {it.id: it.values for it in items},
                                       groups, out_dir / "by_corpus", guard=cfg.reward.counting(),
                                       tolerance=cfg.reward.factuality_tolerance, instruction=cfg.instruction(),
-                                      references=verdict_references([s.name for s in systems]))
+                                      references=verdict_references([s.name for s in systems]),
+                                      bottleneck_items={name: items.get("bottleneck_mse", {})
+                                                        for name, items in checks["per_item"].items()
+                                                        if items.get("bottleneck_mse")} or None)
             result["by_corpus"] = str(out_dir / "by_corpus" / "by_corpus.md")
         if checks.get("verdict"):
             result["verdict"] = checks["verdict"]
