@@ -244,25 +244,25 @@ plan_memory() {
     return 0
   fi
   [ "$source" = default ] && note "GPU memory for the plan: 141 GiB (an H200: no nvidia-smi answered here; CAPTIONRL_GPU_MEMORY=80 plans an H100)"
-  local out rc=0
-  if [ "$DRY_RUN" = 1 ]; then
-    show "${cmd[@]}"
-  else
-    say "memory plan: $(show "${cmd[@]}")"
-  fi
-  out=$("${cmd[@]}" 2>&1) || rc=$?
-  if [ "$DRY_RUN" = 1 ]; then
-    sed 's/^/# /' <<< "$out"
-  else
-    echo "$out" >&2
-  fi
+  run_plan "memory plan" "$mode" "nothing was started" \
+    "follow the plan's fix (a smaller vLLM share: <NAME>_MEMORY, TRAIN_VLLM_MEMORY; more GPUs; LoRA), check CAPTIONRL_GPU_MEMORY ($mem GiB), or give train.memory_plan=warn to launch anyway" \
+    "${cmd[@]}"
+}
+
+# run_plan WHAT MODE STOPPED FIX CMD...: run a `captionrl plan` command, print it and its table (as comments in a
+# dry run), and stop the script with STOPPED and FIX when the plan refuses (MODE warn: say so and go on).
+run_plan() {
+  local what=$1 mode=$2 stopped=$3 fix=$4 out rc=0
+  shift 4
+  if [ "$DRY_RUN" = 1 ]; then show "$@"; else say "$what: $(show "$@")"; fi
+  out=$("$@" 2>&1) || rc=$?
+  if [ "$DRY_RUN" = 1 ]; then sed 's/^/# /' <<< "$out"; else echo "$out" >&2; fi
   [ "$rc" = 0 ] && return 0
   if [ "$mode" = warn ]; then
-    note "WARNING: the memory plan refuses this launch (above); going on (train.memory_plan=warn)"
+    note "WARNING: the $what refuses (above); going on (train.memory_plan=warn)"
     return 0
   fi
-  die "the memory plan refuses this launch (above): nothing was started" \
-    "follow the plan's fix (a smaller vLLM share: <NAME>_MEMORY, TRAIN_VLLM_MEMORY; more GPUs; LoRA), check CAPTIONRL_GPU_MEMORY ($mem GiB), or give train.memory_plan=warn to launch anyway"
+  die "the $what refuses this launch (above): $stopped" "$fix"
 }
 
 show() {  # print a command as one copy-pasteable line (words with shell characters in single quotes)
@@ -299,17 +299,9 @@ plan_servers() {
     note "server memory plan skipped (train.memory_plan=off): $(show "${cmd[@]}")"
     return 0
   fi
-  local out rc=0
-  if [ "$DRY_RUN" = 1 ]; then show "${cmd[@]}"; else say "server memory plan: $(show "${cmd[@]}")"; fi
-  out=$("${cmd[@]}" 2>&1) || rc=$?
-  if [ "$DRY_RUN" = 1 ]; then sed 's/^/# /' <<< "$out"; else echo "$out" >&2; fi
-  [ "$rc" = 0 ] && return 0
-  if [ "$mode" = warn ]; then
-    note "WARNING: the server memory plan refuses (above); going on (train.memory_plan=warn)"
-    return 0
-  fi
-  die "the server memory plan refuses this launch (above): no server of this phase was started" \
-    "follow the plan's fix (--max-model-len, <NAME>_ARGS, <NAME>_GPUS), check CAPTIONRL_GPU_MEMORY ($mem GiB), or give train.memory_plan=warn to launch anyway"
+  run_plan "server memory plan" "$mode" "no server of this phase was started" \
+    "follow the plan's fix (--max-model-len, <NAME>_ARGS, <NAME>_GPUS), check CAPTIONRL_GPU_MEMORY ($mem GiB), or give train.memory_plan=warn to launch anyway" \
+    "${cmd[@]}"
 }
 
 start_servers() {  # start_servers RECIPE CONFIG [overrides...]: check the servers against the config, start, wait
