@@ -6,8 +6,10 @@ asks the same question without loading or training the policy, and two more:
 
 - **Which terms are needed.** Each probe caption is judged once by the family's judge (the verifier's
   identification); the shaping is then applied again with one term switched off at a time (its weight set to
-  0, or the identification weight ``reward.lam`` set to 0), and the table says which probes would then win. A
-  term no probe needs is a term to justify by a measured run, or to drop.
+  0, or the identification weight ``reward.lam`` set to 0), and the table says which probes would then win;
+  then, with the identification term on, the shaping terms are switched off one after another, each left off
+  while no probe wins (``minimal_terms``: one minimal set, in the config's order). A term no probe needs is a
+  term to justify by a measured run, or to drop.
 - **Does the lineup still pay at RL's start point.** ``captioner`` names a model folder (a warm start's
   ``warm_start/model``, a checkpoint); it captions each sampled row ``samples`` times at the training
   temperature, as RL's first step does, and the table reports their reward and their identification, the
@@ -180,11 +182,13 @@ def run_command(cfg: PreflightCommandConfig) -> int:
         one = [(t, shaped_means(reward, dataclasses.replace(cfg.reward, **{t: 0.0}), captions, base, masked, rows))
                for t in switchable_terms(cfg.reward)]
         report("Each term alone switched off:", one)
+        shaping = [t for t in switchable_terms(cfg.reward) if t != "lam"]  # the recipe's own term stays on
         kept, steps = minimal_terms(lambda off: shaped_means(reward, dataclasses.replace(cfg.reward, **dict.fromkeys(
-            off, 0.0)), captions, base, masked, rows), switchable_terms(cfg.reward), margin)
-        report("Terms switched off one after another, each kept off while no probe wins:", steps)
-        print(f"\nterms no probe needs together: {', '.join(t for t in switchable_terms(cfg.reward) if t not in kept) or 'none'}"
-              f"; terms a probe needs: {', '.join(kept) or 'none'}")
+            off, 0.0)), captions, base, masked, rows), shaping, margin)
+        report("With the identification term on, shaping terms switched off one after another, each kept off "
+               "while no probe wins:", steps)
+        print(f"\nshaping terms no probe needs together: {', '.join(t for t in shaping if t not in kept) or 'none'}"
+              f"; shaping terms a probe needs: {', '.join(kept) or 'none'}")
     return 0
 
 
