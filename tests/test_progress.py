@@ -28,11 +28,15 @@ def test_eta_is_every_remaining_unit_at_reference_cost_times_the_measured_speed(
                          "(this machine: 2.00x the reference time)")
     p.finish("warm start")  # the rest of the stage was skipped (a finished warm start found on disk)
     assert p.eta_seconds() == 2.0 * (10 + 90)
+    p.start("preflight")
+    clock.now = 30.0  # a stage timed as a whole: its 2 units in 10 s against 10
+    p.complete("preflight")
+    assert p.speed() == 30 / 20 and p.stages["preflight"].done == 2
     p.start("unknown stage")  # ignored
     p.start("RL")
-    clock.now = 50.0  # an RL unit in 30 s against 30: the speed so far is (20 + 30) / (10 + 30)
+    clock.now = 60.0  # an RL unit in 30 s against 30: the speed so far is (20 + 10 + 30) / (10 + 10 + 30)
     p.advance()
-    assert p.speed() == 50 / 40 and p.eta_seconds() == 1.25 * (10 + 60)
+    assert p.speed() == 60 / 50 and p.eta_seconds() == 1.2 * 60
     assert "[3/3] RL 1/3" in lines[-1]
 
 

@@ -184,8 +184,7 @@ class LineupRecipe(Recipe):
             self.progress.start("preflight")
         preflight(self.cfg, self.rows(run), self.reward_function.quiet(), run.out)
         if self.progress is not None:
-            self.progress.advance(self.progress.stages["preflight"].units if "preflight" in self.progress.stages else 0)
-            self.progress.finish("preflight")
+            self.progress.complete("preflight")
 
     def close(self, run: Run) -> None:
         if self.samples is not None:

@@ -88,6 +88,13 @@ class RunProgress:
         stage.done += n
         self.echo(self.line())
 
+    def complete(self, name: str) -> None:
+        """Stage ``name``'s remaining units are done at once (a stage timed as a whole), and it is over."""
+        stage = self.stages.get(name)
+        if stage is not None and self.current is stage:
+            self.advance(stage.units - stage.done)
+        self.finish(name)
+
     def finish(self, name: str) -> None:
         """Stage ``name`` is over: its units left undone (skipped, resumed past) no longer count."""
         stage = self.stages.get(name)
