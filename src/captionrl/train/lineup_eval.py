@@ -110,11 +110,11 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
              out_dir: Path, use_chart: bool, progress: Any = None) -> dict[str, Any]:
     """Held-out identification of the trained captioner (and the untrained one) via ``eval.identification``;
     ``progress`` (a ``train.progress.RunProgress``) advances once per system captioned and once for the checks."""
+    from captionrl.eval.identification import CaptionSet, IdentifyEvalConfig, run_identification
+
     def advance() -> None:
         if progress is not None:
             progress.advance(1)
-
-    from captionrl.eval.identification import CaptionSet, IdentifyEvalConfig, run_identification
 
     rows = data.rows["test"]
     if use_chart:
