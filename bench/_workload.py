@@ -104,9 +104,9 @@ def ref_tree(ref: str, out: Path) -> Path:
 
 
 def add_ref_flags(ap: argparse.ArgumentParser, what: str, overrides: bool = True) -> None:
-    """``--ref REF`` (required: the commit the bench compares this checkout with; ``--old_ref`` is the same
-    flag) and, with ``overrides``, ``--overrides`` (``key=value`` settings for this checkout's side)."""
-    ap.add_argument("--ref", "--old_ref", dest="ref", required=True,
+    """``--ref REF`` (required: the commit the bench compares this checkout with) and, with ``overrides``,
+    ``--overrides`` (``key=value`` settings for this checkout's side)."""
+    ap.add_argument("--ref", dest="ref", required=True,
                     help=f"commit, tag or branch of this repository to compare with ({what})")
     if overrides:
         ap.add_argument("--overrides", nargs="*", default=[], metavar="KEY=VALUE",

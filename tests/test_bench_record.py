@@ -52,4 +52,4 @@ def test_a_reference_side_is_the_given_commits_tree_and_a_bad_ref_is_named(tmp_p
     _workload.add_ref_flags(ap, "test")
     with pytest.raises(SystemExit):  # no default commit: --ref is required
         ap.parse_args([])
-    assert ap.parse_args(["--old_ref", "abc"]).ref == "abc"
+    assert ap.parse_args(["--ref", "abc"]).ref == "abc"

@@ -101,7 +101,9 @@ def test_verdict_is_taken_against_rl_start_point_with_the_initial_model_as_secon
     assert "Reference, trained vs initial: verdict against the initial model: BETTER" in text
     # without a warm start the initial model decides, as before
     assert list(verdict_references(["trained", "initial"])) == ["initial"]
-    with pytest.raises(Exception, match="references"):
+    from captionrl.errors import DataError
+
+    with pytest.raises(DataError, match="references"):
         run_final_checks(systems, series, tmp_path / "x", references={"nobody": "a model"})
 
 

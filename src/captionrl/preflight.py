@@ -108,7 +108,13 @@ def series_extra_probes(rows: Sequence[Mapping[str, Any]], instruction: str,
             **{name: [p[name] for p in lazy] for name in (lazy[0] if lazy else {})}}
 
 
-def _mean(values: Sequence[Any]) -> tuple[float | None, int]:
+def probe_wins(mean: float | None, honest_mean: float | None, margin: float) -> bool:
+    """A probe wins when its mean reward is within ``margin`` of the honest reference's, or above it."""
+    return mean is not None and honest_mean is not None and mean - honest_mean >= -margin
+
+
+def mean_scored(values: Sequence[Any]) -> tuple[float | None, int]:
+    """The mean of the scored values (None and NaN left out) and how many there were."""
     vals = [float(v) for v in values if v is not None and not math.isnan(float(v))]
     return (float(np.mean(vals)) if vals else None), len(vals)
 
@@ -158,13 +164,13 @@ def run_preflight(reward: Callable[..., Sequence[Any]], rows: Sequence[Mapping[s
         PreflightError: a probe's mean is >= the honest mean - margin, or the honest reference is never scored.
     """
     scores = score_probes(reward, rows, honest, dumps, extra=extra)
-    honest_mean, _ = _mean(scores["honest"])
+    honest_mean, _ = mean_scored(scores["honest"])
     table: list[ProbeRow] = []
     winners: list[str] = []
     for probe, vals in scores.items():
-        mean, scored = _mean(vals)
+        mean, scored = mean_scored(vals)
         gap = None if mean is None or honest_mean is None else mean - honest_mean
-        wins = probe != "honest" and gap is not None and gap >= -margin
+        wins = probe != "honest" and probe_wins(mean, honest_mean, margin)
         if wins:
             winners.append(probe)
         table.append(ProbeRow(probe, mean, scored, len(vals), gap, wins))

@@ -22,12 +22,10 @@ It reads the same config as ``captionrl train lineup`` (overrides included) and 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from tqdm.auto import tqdm
 
 from captionrl.config import help_field
@@ -65,8 +63,9 @@ def switchable_terms(spec: Any) -> list[str]:
 
 
 def _mean(values: Sequence[float | None]) -> float | None:
-    vals = [v for v in values if v is not None and not math.isnan(v)]
-    return float(np.mean(vals)) if vals else None
+    from captionrl.preflight import mean_scored
+
+    return mean_scored(values)[0]
 
 
 def shaped_means(reward: Any, spec: Any, captions: Mapping[str, Sequence[str]], base: Mapping[str, Sequence[Any]],
@@ -89,11 +88,11 @@ def shaped_means(reward: Any, spec: Any, captions: Mapping[str, Sequence[str]], 
 
 def winners(means: Mapping[str, float | None], margin: float) -> list[str]:
     """The probes (not honest, not a captioner) whose mean is within ``margin`` of the honest one, or above."""
+    from captionrl.preflight import probe_wins
+
     honest = means.get("honest")
-    if honest is None:
-        return []
-    return [p for p, v in means.items() if p != "honest" and not p.startswith("captioner") and v is not None
-            and v >= honest - margin]
+    return [p for p, v in means.items() if p != "honest" and not p.startswith("captioner")
+            and probe_wins(v, honest, margin)]
 
 
 def captioner_captions(cfg: PreflightCommandConfig, rows: Sequence[Mapping[str, Any]]) -> list[list[str]]:

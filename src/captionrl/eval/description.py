@@ -59,9 +59,9 @@ def same_sentence_flags(captions: Mapping[str, str], wrong: Mapping[str, bool] |
     Tracking: the shared text is wrong on a share of the windows it is used for at least as large as
     ``guess_wrong`` (per caption: how often it would be wrong said of every window, i.e. one minus its direction's
     ``guess_rates`` share; default 0: any wrong use). Why not "wrong on one window":
-    a fixed answer form is what the instruction asks for, and a captioner that says "Overall, the series
-    rises. It starts at # and ends at #." of 28 of 40 windows, 79% of them rising (base rate 53%), reads the
-    direction; every template our degenerated runs wrote was wrong on all of its windows (docs/main-job.md)."""
+    a fixed answer form is what the instruction asks for, and a captioner that uses one form of most windows but
+    says "rises" mostly of rising ones reads the direction, while a template said whatever the window is wrong on
+    its windows at least as often as the guess."""
     masked = {i: " ".join(NUMBER.sub("#", c).lower().split()) for i, c in captions.items()}
     counts = Counter(m for m in masked.values() if m)
     others = max(1, len(captions) - 1)

@@ -6,12 +6,13 @@ command reads each run's held-out captions (``eval/records.jsonl``), rebuilds th
 ``config.yaml`` (the same corpus, windows, splits and seed: ``domains.lineup_data.build_lineup_data``), and
 runs the final checks' span audit and description checks on them (``eval.final_checks.caption_checks``,
 ``eval.description``) with the settings its final checks used (instruction, claim tolerance, transcription
-guard), then the verdict of the first system against the second (``eval.description.verdict``).
+guard), then the verdict of the trained model against the model its RL started from (the warm start, where the
+run has one, else the initial model: ``eval.final_checks.verdict_references``, as the run's own checks decide).
 ``bottleneck_mse`` is the run's own: it needs predictors fitted again and does not change with the checks.
 
 Printed (and, with ``--out``, written as ``recheck.md`` and ``recheck.json``): per run, the verdict then and
-now and the trained-minus-initial mean of each check (trained minus the warm start too, when every run has
-one); over the runs, each difference's mean with its 95% t-interval (``eval.stats.mean_interval``) and the
+now, each with the model it was taken against, and the mean difference of each check from each reference
+(trained minus the warm start, then minus the initial model); over the runs, each difference's mean with its 95% t-interval (``eval.stats.mean_interval``) and the
 verdicts counted.
 """
 
@@ -113,8 +114,8 @@ def _guard(settings: Mapping[str, Any]) -> Any:
 
 
 def recheck(run: str | Path) -> dict[str, Any]:
-    """One run's verdict then and now, and the per-item mean differences of ``CHECKS`` (trained minus initial,
-    and trained minus the warm start when the run has one)."""
+    """One run's verdict then and now (each with its reference) and the per-item mean differences of ``CHECKS``
+    from each reference (the warm start when the run has one, the initial model)."""
     from captionrl.eval.description import compare, description_checks, verdict
     from captionrl.eval.final_checks import caption_checks, verdict_references
 
@@ -154,6 +155,7 @@ def recheck(run: str | Path) -> dict[str, Any]:
         found = {c: compare(per_item[a][c], per_item[b][c], c, up) for c, up in CHECKS}
         diffs[f"{a} - {b}"] = {c: round(cmp.diff, 4) for c, cmp in found.items() if cmp is not None}
     return {"run": str(run), "systems": names, "then": old.get("outcome"), "now": now.outcome,
+            "then_against": (old.get("systems") or [None, "initial"])[1], "now_against": ref,
             "verdict": now.to_json(), "differences": diffs}
 
 
@@ -183,11 +185,13 @@ def markdown(summary: Mapping[str, Any]) -> str:
     for pair, over in summary["over_runs"].items():
         cols = [c for c, _ in CHECKS if c in over]
         lines += [f"{pair} (mean over held-out windows; last row: mean [95% t-interval] over runs)", "",
-                  "| run | verdict then | verdict now | " + " | ".join(cols) + " |", "|---|---|---|" + "---|" * len(cols)]
+                  "| run | verdict then (against) | verdict now (against) | " + " | ".join(cols) + " |",
+                  "|---|---|---|" + "---|" * len(cols)]
         for r in rows:
             d = r["differences"][pair]
             cells = [f"{d[c]:+.3f}" if c in d else "" for c in cols]
-            lines.append(f"| {r['run']} | {r['then'] or '-'} | {r['now']} | " + " | ".join(cells) + " |")
+            lines.append(f"| {r['run']} | {r['then'] or '-'} ({r['then_against']}) | {r['now']} ({r['now_against']}) | "
+                         + " | ".join(cells) + " |")
         cells = [f"{over[c]['mean']:+.3f} [{over[c]['lo']:+.3f}, {over[c]['hi']:+.3f}]" for c in cols]
         lines += [f"| over {n} run(s) | {summary['then_better']} better | {summary['verdicts']['better']} better | "
                   + " | ".join(cells) + " |", ""]

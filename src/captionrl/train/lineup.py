@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -223,7 +224,8 @@ def run_progress(cfg: LineupConfig, data: LineupData) -> RunProgress:
     """The whole run's progress line: warm start steps, preflight items, RL steps, final-check captions."""
     n_train = len(data.rows["train"])
     ws = cfg.warm_start
-    warm_steps = -(-n_train // ws.batch_size) * round(ws.epochs) if ws.enabled else 0
+    records = n_train * (2 if ws.reverse else 1)  # the warm start's targets (train.warm_start.warm_start_records)
+    warm_steps = math.ceil(-(-records // ws.batch_size) * ws.epochs) if ws.enabled else 0
     n_test = len(data.rows.get("test", [])) if cfg.eval.enabled else 0
     systems = 1 + int(cfg.eval.compare_initial) + int(ws.enabled)
     ref = REFERENCE_SECONDS

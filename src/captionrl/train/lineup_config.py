@@ -30,8 +30,8 @@ class LineupEvalConfig:
     controls: bool = help_field(True, "also score the empty-caption and shuffled-caption controls under every verifier (they must sit at chance; false saves their verifier calls, two thirds of the held-out identification's with compare_initial, and changes no final check)")
     verifiers: dict[str, Any] = help_field({}, "name -> evaluation verifier that took no part in training: claims:rules (code-checked claims, offline, no model), a backend spec (openai:URL#MODEL) or a backend config mapping; the training verifier is scored too (train_verifier), in its own column and never in the mean")
     train_verifier: bool = help_field(True, "also score the test items under the training verifier, in its own column (c2s[train]) and never in the mean; false skips its forward passes (most of the final identification's time with a model verifier) when that column carries no information, as in the main job, where the initial model already scores near 1.0")
-    final_checks: bool = help_field(True, "checks the captioner was not trained on: span audit, what the captions describe (direction, extrema, key facts, degenerate share), transcription, full stops, clipped ratio, identification apart from the training verifier, and the one-line verdict against the initial model")
-    bottleneck: bool = help_field(False, "also the caption-only reconstruction bottleneck against the initial model and controls (loads a text encoder)")
+    final_checks: bool = help_field(True, "checks the captioner was not trained on: span audit, what the captions describe (direction, extrema, key facts, degenerate share), transcription, full stops, clipped ratio, identification apart from the training verifier, and the one-line verdict against the model RL started from (the warm start, else the initial model), the initial model as a second reference")
+    bottleneck: bool = help_field(False, "also the caption-only reconstruction bottleneck against the reference models and controls (loads a text encoder)")
 
     def __post_init__(self) -> None:
         for d in self.directions:

@@ -171,8 +171,8 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
         result["final_rows"] = checks["rows"]
         groups: dict[str, list[str]] = {}
         for it in items:
-            groups.setdefault(it.domain or "default", []).append(it.id)
-        if len(groups) > 1:  # held-out corpora: each reported on its own
+            groups.setdefault(str(it.meta.get("corpus") or it.domain), []).append(it.id)
+        if cfg.data.test_corpora and len(groups) > 1:  # held-out corpora: each reported on its own
             from captionrl.eval.final_checks import run_final_checks_by_group
 
             run_final_checks_by_group({s.name: s.captions for s in systems}, {it.id: it.values for it in items},

@@ -53,7 +53,7 @@ class RunProgress:
 
     def __init__(self, stages: Sequence[Stage], echo: Callable[[str], None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.stages = {s.name: s for s in stages if s.units > 0}
+        self.stages = {s.name: s for s in stages}  # a stage of 0 units may learn its size at train begin
         self.clock = clock
         self.t0 = clock()
         self.echo = echo or logger.info
@@ -118,8 +118,8 @@ class RunProgress:
 
     def line(self) -> str:
         """``run [2/4] RL step 5/16 | 6m12s elapsed | ETA 8m40s (speed 1.3x the reference)``."""
-        names = list(self.stages)
         stage = self.current
+        names = [n for n, s in self.stages.items() if s.units > 0 or s is stage]  # stages with work
         where = (f"[{names.index(stage.name) + 1}/{len(names)}] {stage.name} {stage.done}/{stage.units}"
                  if stage is not None else "[-]")
         speed = f" (this machine: {self.speed():.2f}x the reference time)" if self.timed_reference > 0 else ""

@@ -84,8 +84,6 @@ def run_seeds(cfg: Any, run_one: Callable[[Any], Mapping[str, Any]]) -> dict[str
     return {**summary, "table": str(base / "seeds.md")}
 
 
-
-
 def seed_row(seed: int, out: Path, result: Mapping[str, Any]) -> dict[str, Any]:
     """One seed's final checks per system, its reward ends and its timing."""
     checks_path = out / "eval" / "final_checks.json"
@@ -117,7 +115,8 @@ def _rewards(path: Path) -> list[float]:
 
 
 def aggregate(per_seed: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Mean and 95% interval over seeds of every check, per system and for trained minus initial."""
+    """Mean and 95% interval over seeds of every check, per system and for trained minus its RL start point (the
+    warm start, where the runs have one) and minus the initial model."""
     from captionrl.eval.stats import mean_interval
 
     rows = []

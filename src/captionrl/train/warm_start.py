@@ -44,7 +44,7 @@ class WarmStartConfig:
     reverse: bool = help_field(False, "also train on every window reversed (same values, opposite order, so the opposite direction): one direction word for every window cannot fit both")
     order: str = help_field("direction_first", "the target's order: direction_first (\"Overall, the series rises. It starts at X and ends at Y.\") or values_first (\"It starts at X and ends at Y, so overall the series rises.\": the direction after the two values it mostly follows from)")
     freeze_layers: int = help_field(0, "bottom transformer blocks kept frozen, with the embeddings, during the warm start (RL then trains every weight): 20 of the embedded model's 30 make a CPU step ~20 s instead of ~35")
-    reuse_frozen: bool = help_field(True, "with freeze_layers, compute the frozen bottom's output once per window and reuse it in later epochs (the same training up to float rounding; the frozen forward is about a third of a CPU step, and `bench/bench_warm_start_cache.py --baseline plain` times the cache alone)")
+    reuse_frozen: bool = help_field(True, "with freeze_layers, compute the frozen bottom's output once per window and reuse it in later epochs (the same training up to float rounding; the frozen forward is about a third of a CPU step, and `bench/bench_warm_start_cache.py --ref HEAD --overrides warm_start.reuse_frozen=false` times the cache alone)")
 
     def __post_init__(self) -> None:
         if self.order not in SHORT_DESCRIPTION_ORDERS:
