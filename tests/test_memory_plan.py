@@ -263,3 +263,18 @@ def test_train_memory_plan_mode_is_validated():
     with pytest.raises(ConfigError) as err:
         load_config(LineupConfig, CONFIGS / "lineup-cpu.yaml", ["train.memory_plan=maybe"])
     assert err.value.field == "train.memory_plan"
+
+
+def test_json_plan_of_servers_is_one_json_object(capsys):
+    """`captionrl plan --json --server ...` prints one JSON object (a script reads it), with or without a preset."""
+    import json
+
+    from captionrl.commands.plan import run_command
+
+    server = "verifier|microsoft/phi-4|0|--max-model-len 16384 --gpu-memory-utilization 0.5"
+    assert run_command(PlanConfig(servers=[server], gpu_memory=141, json=True)) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert alone["servers"][0]["server"] == "verifier" and alone["servers"][0]["fits"] is True
+    assert run_command(PlanConfig(preset=_preset("lineup-paper.yaml"), servers=[server], gpu_memory=141, json=True)) == 0
+    both = json.loads(capsys.readouterr().out)
+    assert both["fits"] is True and both["servers"][0]["model"] == "microsoft/phi-4"

@@ -73,26 +73,37 @@ def make_plan(cfg: PlanConfig):  # -> MemoryPlan
 
 
 def run_command(cfg: PlanConfig) -> int:
-    """Print the plan; refuse (non-zero, with the fix) when it does not fit."""
+    """Print the plan (with ``json``: one JSON object, the servers' plans under ``servers``); refuse (non-zero,
+    with the fix) when it does not fit."""
+    servers: list[dict] = []
     if cfg.servers:
         from captionrl.memory_plan import ServerSpec, plan_servers
 
         plans, shared = plan_servers([ServerSpec.parse(s) for s in cfg.servers], cfg.gpu_memory)
-        print("\n\n".join(p.table() for p in plans))
+        servers = [{"server": p.spec.name, "model": p.spec.model, "gpus": list(p.spec.gpus), "gpu_gib": p.gpu_gib,
+                    "fits": p.fits, "rows": [asdict(r) for r in p.rows],
+                    "problems": [{"field": f, "problem": q, "fix": x} for f, q, x in p.problems]} for p in plans]
         problems = [x for p in plans for x in p.problems] + shared
-        for _f, problem, fix in shared:
-            print(f"\n**Refused** (server): {problem}. Fix: {fix}")
+        if cfg.json and (problems or not cfg.preset):
+            print(json.dumps({"servers": servers, "problems": [{"field": f, "problem": q, "fix": x}
+                                                               for f, q, x in shared]}, indent=2))
+        elif not cfg.json:
+            print("\n\n".join(p.table() for p in plans))
+            for _f, problem, fix in shared:
+                print(f"\n**Refused** (server): {problem}. Fix: {fix}")
         if problems:
             raise ConfigError("server", "; ".join(cfg.servers), "does not fit: " + "; ".join(p for _f, p, _x in problems),
                               "; or ".join(dict.fromkeys(x for _f, _p, x in problems)))
         if not cfg.preset:
             return 0
-        print()
+        if not cfg.json:
+            print()
     result = make_plan(cfg)
     if cfg.json:
         print(json.dumps({"label": result.inputs.label, "gpu_gib": result.inputs.gpu_gib, "total_gib": round(result.total, 2),
                           "fits": result.fits, "rows": [asdict(r) for r in result.rows],
-                          "problems": [{"field": f, "problem": p, "fix": x} for f, p, x in result.problems]}, indent=2))
+                          "problems": [{"field": f, "problem": p, "fix": x} for f, p, x in result.problems],
+                          **({"servers": servers} if servers else {})}, indent=2))
     else:
         print(result.table())
     result.check()
