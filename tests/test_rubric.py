@@ -332,3 +332,13 @@ def test_every_rubric_writer_reads_one_declaration_of_its_settings():
         assert err.value.field == key, (err.value.field, key)
     writer = RubricWriter(ScriptedBackend(["x"]), OnlineRubricConfig(max_attempts=4), min_items=2)
     assert (writer.max_attempts, writer.min_items, writer.max_items) == (4, 2, 10)
+
+
+def test_a_bad_teacher_failure_policy_is_refused_when_the_config_loads():
+    """RubiCap's rubrics section checks its teacher-failure settings at load, naming the key as written."""
+    from captionrl.train.rubicap import RubricsConfig
+
+    with pytest.raises(ConfigError, match=r"rubrics\.on_teacher_failure.*warnn"):
+        RubricsConfig(on_teacher_failure="warnn")
+    with pytest.raises(ConfigError, match=r"rubrics\.max_teacher_failure_share"):
+        RubricsConfig(max_teacher_failure_share=1.5)

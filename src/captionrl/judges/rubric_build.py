@@ -302,6 +302,17 @@ class RubricWriter:
         return [{"role": "system", "content": P.WRITER_SYSTEM}, {"role": "user", "content": content}]
 
 
+def check_teacher_failure_policy(share: float, policy: str, prefix: str = "") -> None:
+    """A teacher-failure share is a share, and the policy past it is ``error`` or ``warn`` (``prefix``: the config
+    section holding them, e.g. ``rubrics.``, so errors name the key a user writes)."""
+    if not 0 <= share <= 1:
+        raise ConfigError(f"{prefix}max_teacher_failure_share", share, "must be a share between 0 and 1",
+                          f"set {prefix}max_teacher_failure_share: 0.05")
+    if policy not in TEACHER_FAILURE_POLICIES:
+        raise ConfigError(f"{prefix}on_teacher_failure", policy, "unknown policy",
+                          "use error (stop) or warn (build from fewer teachers, loudly)")
+
+
 def build_rubrics(
     items: Sequence[Any],
     *,
@@ -329,12 +340,8 @@ def build_rubrics(
     """
     from tqdm.auto import tqdm
 
-    if not 0 <= max_teacher_failure_share <= 1:
-        raise ConfigError(failure_field, max_teacher_failure_share, "must be a share between 0 and 1",
-                          f"set {failure_field}: 0.05")
-    if on_teacher_failure not in TEACHER_FAILURE_POLICIES:
-        raise ConfigError(failure_field.replace("max_teacher_failure_share", "on_teacher_failure"), on_teacher_failure,
-                          "unknown policy", "use error (stop) or warn (build from fewer teachers, loudly)")
+    check_teacher_failure_policy(max_teacher_failure_share, on_teacher_failure,
+                                 failure_field.removesuffix("max_teacher_failure_share"))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     committee = committee_captions(items, teachers, out / "committee.jsonl", instruction=instruction,
@@ -419,11 +426,7 @@ class RubricBuildConfig(RubricWriterSettings):
         super().__post_init__()
         if self.on_error not in ("raise", "skip"):
             raise ConfigError("on_error", self.on_error, "unknown choice", "use raise or skip")
-        if not 0 <= self.max_teacher_failure_share <= 1:
-            raise ConfigError("max_teacher_failure_share", self.max_teacher_failure_share, "must be a share between 0 and 1",
-                              "set max_teacher_failure_share: 0.05")
-        if self.on_teacher_failure not in TEACHER_FAILURE_POLICIES:
-            raise ConfigError("on_teacher_failure", self.on_teacher_failure, "unknown policy", "use error or warn")
+        check_teacher_failure_policy(self.max_teacher_failure_share, self.on_teacher_failure)
         specs = [*(("committee", s) for s in self.committee), *([("writer", self.writer)] if self.writer != "facts" else []),
                  *([("student", self.student)] if self.student else [])]
         for name, spec in specs:

@@ -151,7 +151,10 @@ class RubricsConfig(RubricWriterSettings):
     on_teacher_failure: str = help_field("error", "build: a teacher over max_teacher_failure_share: error (stop before writing rubrics; rerun resumes and retries the failed captions) or warn (build from fewer teachers, said loudly and in summary.json)")
 
     def __post_init__(self) -> None:
+        from captionrl.judges.rubric_build import check_teacher_failure_policy
+
         super().__post_init__()
+        check_teacher_failure_policy(self.max_teacher_failure_share, self.on_teacher_failure, "rubrics.")
         if self.source not in ("facts", "store", "build"):
             raise ConfigError("rubrics.source", self.source, "unknown rubric source", "use facts, store or build")
         if self.missing not in ("error", "skip"):
