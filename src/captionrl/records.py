@@ -27,6 +27,25 @@ from captionrl.errors import DataError
 logger = logging.getLogger(__name__)
 
 
+
+def check_caption(value: Any, where: str, example: str = "The series rises.", allow_none: bool = False) -> str:
+    """A caption read from a user's file is text (with ``allow_none``, ``None`` reads as the empty caption);
+    anything else is a ``DataError`` naming ``where`` (file, line and field), the value and the fix."""
+    if value is None and allow_none:
+        return ""
+    if not isinstance(value, str):
+        raise DataError(where, value, "is not text",
+                        f'write the caption in quotes, e.g. "caption": "{example}" ("" for an empty caption)')
+    return value
+
+
+def check_id(value: Any, where: str, key: str = "id") -> str | int:
+    """An id read from a user's file is a string or an integer (a list, an object or a boolean is refused)."""
+    if not isinstance(value, (str, int)) or isinstance(value, bool):
+        raise DataError(where, value, "is not a string or an integer", f'write the {key} as text, e.g. "{key}": "item-1"')
+    return value
+
+
 def _default(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
         return obj.tolist()
@@ -111,10 +130,7 @@ def _iter_jsonl(p: Path, fh: IO[bytes], appended: bool, unique_key: str | None) 
             if not isinstance(rec, dict):
                 raise DataError(f"{p}:line {n}", _short(text), f"is a JSON {type(rec).__name__}, not an object", fix)
             if unique_key is not None and unique_key in rec:
-                if not isinstance(rec[unique_key], (str, int)) or isinstance(rec[unique_key], bool):
-                    raise DataError(f"{p}:line {n}.{unique_key}", rec[unique_key], "is not a string or an integer",
-                                    f'write the {unique_key} as text, e.g. "{unique_key}": "item-{n}"')
-                value = str(rec[unique_key])
+                value = str(check_id(rec[unique_key], f"{p}:line {n}.{unique_key}", unique_key))
                 if value in seen:
                     raise DataError(f"{p}:line {n}.{unique_key}", value, f"repeats the {unique_key} of line {seen[value]}",
                                     f"give every item one line: remove or rename one of lines {seen[value]} and {n}")

@@ -45,7 +45,7 @@ from captionrl.config import help_field
 from captionrl.errors import ConfigError, DataError
 from captionrl.eval.common import split_spec
 from captionrl.eval.result import EvalResult, result_text, write_result
-from captionrl.records import RecordWriter, read_jsonl
+from captionrl.records import RecordWriter, check_caption, read_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -199,10 +199,7 @@ def load_caption_files(files: Sequence[tuple[str, Path]], cfg: BottleneckConfig)
                                     "pass files captioning the same items (same id -> same series)")
             else:
                 items[iid] = item
-            if rec["caption"] is not None and not isinstance(rec["caption"], str):
-                raise DataError(f"{where}.caption", rec["caption"], "is not text",
-                                'write the caption in quotes, e.g. "caption": "The series rises." ("" for an empty caption)')
-            caps[iid] = rec["caption"] or ""
+            caps[iid] = check_caption(rec["caption"], f"{where}.caption", allow_none=True)
         if not caps:
             raise DataError("--captions", str(path), "holds no items", "write one JSON object per line")
         captions[name] = caps

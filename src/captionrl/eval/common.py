@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from captionrl.config import help_field
 from captionrl.errors import ConfigError, DataError, InputTooLongError
-from captionrl.records import read_jsonl
+from captionrl.records import check_caption, read_jsonl
 
 Systems = dict[str, dict[str, dict[str, Any]]]
 """system name -> item id -> caption record (``caption`` plus optional reference/image/benchmark)."""
@@ -43,9 +43,7 @@ def load_caption_file(path: str | Path) -> dict[str, dict[str, Any]]:
         if "id" not in rec or "caption" not in rec:
             raise DataError(f"{p.name}:line {n + 1}", sorted(rec), "needs 'id' and 'caption' fields",
                             'write lines like {"id": "img1", "caption": "A red circle."}')
-        if not isinstance(rec["caption"], str):
-            raise DataError(f"{p.name}:{rec['id']}.caption", rec["caption"], "must be a string",
-                            "write the caption as text ('' for an empty caption)")
+        check_caption(rec["caption"], f"{p.name}:{rec['id']}.caption", "A red circle.")
         key = str(rec["id"])
         if key in out:
             raise DataError(f"{p.name}:id", key, "appears twice", "give every item one caption per system")

@@ -26,7 +26,7 @@ from captionrl.errors import ConfigError, DataError
 from captionrl.eval.common import backend_from_spec, check_spec, split_spec
 from captionrl.eval.result import EvalResult, result_text, write_result
 from captionrl.judges.entailment import EntailmentJudge, references_of
-from captionrl.records import RecordWriter, read_jsonl
+from captionrl.records import RecordWriter, check_caption, read_jsonl
 
 PROTOCOL = "entailment"
 Systems = dict[str, dict[str, str]]
@@ -85,9 +85,7 @@ def load_inputs(specs: Sequence[str], references: str | None) -> tuple[Systems, 
             if "id" not in rec or "caption" not in rec:
                 raise DataError(f"{p.name}:{n}", sorted(rec), "needs 'id' and a string 'caption'",
                                 'write {"id": "x", "caption": "...", "references": ["..."]}')
-            if not isinstance(rec["caption"], str):
-                raise DataError(f"{p.name}:{n}.caption", rec["caption"], "is not text",
-                                'write the caption in quotes, e.g. "caption": "A red circle." ("" for an empty caption)')
+            check_caption(rec["caption"], f"{p.name}:{n}.caption", "A red circle.")
             if str(rec["id"]) in caps:
                 raise DataError(f"{p.name}:{n}.id", str(rec["id"]), "repeats an earlier line's id (which caption counts?)",
                                 "give every item one caption per file")

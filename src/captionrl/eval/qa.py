@@ -43,7 +43,7 @@ from captionrl.eval.result import EvalResult, result_text, write_result
 from captionrl.judges.answer_metrics import SHORT_NAMES
 from captionrl.judges.open_qa import MAX_NEW_TOKENS, OpenAnswerer, OpenQuestion, to_open_question
 from captionrl.judges.qa import CaptionAnswerer, MCQuestion, to_question
-from captionrl.records import RecordWriter, read_jsonl
+from captionrl.records import RecordWriter, check_id, read_jsonl
 
 PROTOCOL = "qa"
 KNOWN_BENCHMARKS = ("captionqa", "chartqa", "textvqa", "docvqa", "blink")
@@ -83,9 +83,7 @@ def load_qa_file(path: str | Path, benchmark: str, images: str | None = None) ->
         if image_id is None:
             raise DataError(f"{p.name}:line {n + 1}.id", None, "no 'id' (or 'image_id')",
                             "name the image each question is about, matching the caption files' ids")
-        if not isinstance(image_id, (str, int)) or isinstance(image_id, bool):
-            raise DataError(f"{p.name}:line {n + 1}.id", image_id, "is not a string or an integer",
-                            'write the id as text, matching the caption files\' ids, e.g. "id": "img1"')
+        check_id(image_id, f"{p.name}:line {n + 1}.id")
         q = _parse_question(rec, f"{p.name}:line {n + 1}")
         out.append({"id": str(image_id), "qid": q.qid or str(n), "question": q, "benchmark": benchmark})
     if not out:

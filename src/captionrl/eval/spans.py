@@ -34,7 +34,7 @@ from captionrl.errors import ConfigError, DataError
 from captionrl.eval.common import backend_from_spec, check_spec, split_spec
 from captionrl.eval.result import EvalResult, result_text, write_result
 from captionrl.judges.claims import COLOURS, Claim, audit, check, extract_llm, extract_rules
-from captionrl.records import RecordWriter, read_jsonl
+from captionrl.records import RecordWriter, check_caption, read_jsonl
 
 PROTOCOL = "spans"
 __all__ = ["COLOURS", "Claim", "audit", "check", "extract_llm", "extract_rules"]
@@ -79,9 +79,7 @@ def load_items(specs: Sequence[str]) -> tuple[dict[str, dict[str, str]], dict[st
             if "id" not in rec or "caption" not in rec or "series" not in rec:
                 raise DataError(f"{p.name}:{n}", sorted(rec), "needs 'id', 'series' and a string 'caption'",
                                 'write {"id": "x", "series": [1, 2, 3], "caption": "..."}')
-            if not isinstance(rec["caption"], str):
-                raise DataError(f"{p.name}:{n}.caption", rec["caption"], "is not text",
-                                'write the caption in quotes, e.g. "caption": "The series rises." ("" for an empty caption)')
+            check_caption(rec["caption"], f"{p.name}:{n}.caption")
             arr = np.asarray(rec["series"], dtype=float)
             if arr.ndim != 1 or arr.size < 2 or not np.isfinite(arr).all():
                 raise DataError(f"{p.name}:{n}.series", rec["series"], "must be >= 2 finite numbers", "clean it")
