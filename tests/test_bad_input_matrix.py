@@ -1,4 +1,4 @@
-"""Bad input, end to end (issue 13 item 6): every command that reads files or servers, given a broken
+"""Bad input, end to end: every command that reads files or servers, given a broken
 input, ends with a one-line named error (exit 2, field/file/line, value and fix on stderr, no traceback)
 before any model loads; where the input is usable it ends with a result.
 
@@ -370,7 +370,7 @@ CASES: list[Case] = [
     Case("rubicap-config-type", lambda t: ["train", "rubicap", "train.max_steps=lots"], [r"max_steps", r"lots"]),
     Case("moco-config-typo", lambda t: ["train", "moco", "momentum.variantt=frozen"], [r"variantt", r"variant"]),
     Case("moco-config-type", lambda t: ["train", "moco", "train.max_steps=lots"], [r"max_steps", r"lots"]),
-    # ---- train rubicap / moco: image data (issue 15 item 2), named before any model loads
+    # ---- train rubicap / moco: image data, named before any model loads
     Case("moco-image-missing", lambda t: ["train", "moco", *images(t, {"id": "x", "image": "gone.png", "captions": ["a", "b"]})],
          [r"images\.jsonl:2", r"missing image", r"on_bad_image"]),
     Case("moco-image-corrupt", lambda t: ["train", "moco", *images(t, {"id": "x", "image": "half.png", "captions": ["a", "b"]})],

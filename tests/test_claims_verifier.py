@@ -1,4 +1,4 @@
-"""The claims verifier (issue 11): an offline identification verifier that took no part in training.
+"""The claims verifier: an offline identification verifier that took no part in training.
 
 Real parts throughout: windows of the embedded corpus, nearest-neighbour distractors (the hard case: the
 distractors share the true series' summary statistics), the describer's captions, the rule extractor.

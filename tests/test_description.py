@@ -1,5 +1,5 @@
-"""Checks that read description, the verdict, the description reward terms and the lazy-optimum probes
-(issue 32): each must fail a bare number, the instruction echoed and one template sentence for every item,
+"""Checks that read description, the verdict, the description reward terms and the lazy-optimum probes:
+each must fail a bare number, the instruction echoed and one template sentence for every item,
 the outputs our trained captioners found when every check read only numbers."""
 
 from __future__ import annotations

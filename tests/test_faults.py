@@ -1,7 +1,7 @@
 """Fault injection in a real training run: LineupRL with the openai verifier against a real llama.cpp
 server that is SIGKILLed after the first step and restarted two steps later.
 
-What must hold (issue 13 item 2): the run finishes; the captions of the steps without a verifier are
+What must hold: the run finishes; the captions of the steps without a verifier are
 unscored (``None``), never a reward of 0 from the outage; TRL gives them zero advantage, so those steps
 move nothing (loss and gradient norm exactly 0 with ``beta=0``); their unscored share is logged; and
 rewards resume after the restart.

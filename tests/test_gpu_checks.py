@@ -1,4 +1,4 @@
-"""GPU-only mistakes are refused before any model loads, with the setting to change (issue 22): bf16 weights
+"""GPU-only mistakes are refused before any model loads, with the setting to change: bf16 weights
 trained without master weights, vLLM rollouts without vLLM (or without a GPU), and a vLLM server on a
 verifier's port. The arguments checked are the real TRL configs the run would build."""
 

@@ -89,7 +89,7 @@ def test_series_table_has_the_transcription_guard_columns(tmp_path):
     # the code-checked verifier: the honest caption identifies its series, a dump scores exactly chance
     assert claims["honest"] > claims["dump"] == pytest.approx(1 / 4)
     # ...but identification rewards any one distinguishing fact: the start value alone, or the right values
-    # with the wrong direction, identify as well as a description (issue 32); no number-only probe wins it
+    # with the wrong direction, identify as well as a description; no number-only probe wins it
     lazy = {"start_only", "start_sentence", "wrong_direction", "hedge"}
     assert set(claims["exploitable"].split(", ")) <= lazy and "start_only" in claims["exploitable"]
     assert "transcription guard (series)" in (tmp_path / "table.md").read_text()

@@ -147,7 +147,7 @@ def test_reward_callable_follows_trl_contract(embedded_backend):
     assert {"identification/hard", "identification/soft", "identification/unscored_frac"} <= set(metrics)
 
 
-# ---------------------------------------------------------------------- the command's inputs (issue 13)
+# ---------------------------------------------------------------------- the command's inputs
 def _caption_file(path, n):
     import json
 

@@ -1,4 +1,4 @@
-"""Image data for RubiCap and MoCo (issue 15 item 2): every layout loads from a local copy written here
+"""Image data for RubiCap and MoCo: every layout loads from a local copy written here
 with real PNG/JPEG files; every bad input (missing image, corrupt image, missing references, wrong layout,
 too few items) ends in a named error or a counted skip; one-step RubiCap and MoCo runs train on a manifest
 of real image files and report the skipped image in result.json."""

@@ -1,4 +1,4 @@
-"""The launch scripts (``scripts/launch/*.sh``, issue 33): one per recipe and scale, each planning the
+"""The launch scripts (``scripts/launch/*.sh``): one per recipe and scale, each planning the
 training's GPU memory (``captionrl plan``), starting every server its config names, waiting until each answers,
 training, and stopping the servers however it ends.
 

@@ -1,4 +1,4 @@
-"""MoCo's reward preflight (issue 11) through its own reward path: the tiny VLM Policy's momentum adapter
+"""MoCo's reward preflight through its own reward path: the tiny VLM Policy's momentum adapter
 writes the rubric of each probe's item (facts fallback) and judges the probe caption, before step 1.
 
 The CPU config's likelihood Judge passes: the exact-facts reference beats every probe. The same Policy as a

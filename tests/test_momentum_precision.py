@@ -1,4 +1,4 @@
-"""The momentum EMA keeps float32 precision whatever the training dtype (issue 22).
+"""The momentum EMA keeps float32 precision whatever the training dtype.
 
 DeepSpeed casts the module to bf16 when bf16 is on. At m=0.99 a Policy step of the size lr 1e-6 training
 produces moves the EMA by (1-m)*(theta-phi), below half a bf16 ulp: an EMA kept in bf16 rounds to no change

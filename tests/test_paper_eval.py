@@ -1,4 +1,4 @@
-"""``captionrl eval paper`` and ``captionrl train sweep`` (issue 14 item 3) on the embedded corpus, with real
+"""``captionrl eval paper`` and ``captionrl train sweep`` on the embedded corpus, with real
 verifiers: the embedded SmolLM2 under two evaluation names and a tiny random Qwen2.5-VL as the training
 verifier, whose column must stay out of the held-out mean."""
 

@@ -27,7 +27,7 @@ UNGUARDED = ["reward.transcription_penalty=0", "reward.run_penalty=0", "reward.f
 
 NUMBERS_ONLY = ["reward.factuality_bonus=1.0", "reward.factuality_penalty=1.0", "reward.lam=1.0",
                 "reward.coverage_bonus=0", "reward.wrong_fact_penalty=0", "reward.no_fact_penalty=0",
-                "reward.degenerate_penalty=0", "reward.direction_weight=1"]  # the CPU config's reward before issue 32
+                "reward.degenerate_penalty=0", "reward.direction_weight=1"]  # a reward with no description terms
 
 
 class _Remembered:
@@ -111,7 +111,7 @@ def test_preflight_passes_the_cpu_config_and_refuses_an_unguarded_likelihood_rew
     assert means["invented_values"] < 0  # the number budget prices a list of invented values (24 numbers)
     assert "honest" in (tmp_path / "ok" / "preflight.md").read_text()
 
-    # the main job's reward before issue 32 (a share bonus, no description terms): one copied value wins it
+    # a share bonus and no description terms: one copied value wins it
     scored = verifier.scored
     _, rows, reward, honest, dumps = _setup(verifier, NUMBERS_ONLY)
     with pytest.raises(PreflightError, match="start_only") as err:

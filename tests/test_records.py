@@ -43,7 +43,7 @@ def test_write_json_is_atomic_and_readable(tmp_path):
     assert not list((tmp_path / "s").glob("*.tmp"))
 
 
-# ---------------------------------------------------------------------- the strict reader (issue 13)
+# ---------------------------------------------------------------------- the strict reader
 def test_a_malformed_middle_line_is_an_error_naming_file_line_and_fix(tmp_path):
     path = tmp_path / "caps.jsonl"
     path.write_text('{"id": "a"}\n{"id": "b", oops}\n{"id": "c"}\n')

@@ -1,4 +1,4 @@
-"""Faults that would silently stop learning (issue 24): each becomes unscored, a named error, or a stop.
+"""Faults that would silently stop learning: each becomes unscored, a named error, or a stop.
 
 - a run whose verifier is down stops within ``reward.unscored_patience`` steps, saved, with one line;
 - only model/transport failures are unscored: a shape bug in our code propagates (out of memory is retried);

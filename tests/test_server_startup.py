@@ -1,4 +1,4 @@
-"""The probe waits for a server that is still starting (issue 33): a real llama.cpp server started after the
+"""The probe waits for a server that is still starting: a real llama.cpp server started after the
 probe began is found; nothing listening fails at the deadline with the URL and the fix; an answer that waiting
 cannot change (404, a model the server does not serve, a server process that died) fails at once."""
 

@@ -92,7 +92,7 @@ def test_openai_judge_that_does_not_answer_fails_before_policy_loads(tmp_path, f
 
 def test_building_rubrics_probes_the_build_servers_not_the_judge(tmp_path, forbid_models, monkeypatch):
     """``--build-rubrics`` talks to the committee, the writer and the student only: on one node the judge takes
-    the committee's GPUs after the build, so it is not up yet and must not be probed (issue 33)."""
+    the committee's GPUs after the build, so it is not up yet and must not be probed."""
     cfg = load_config(RubicapConfig, PAPER, ["build_rubrics=true", "judge.startup_timeout_s=0",
                                              f"train.out_dir={tmp_path / 'run'}"])
     fields = [f for _, f in rubicap.build_servers(cfg)]
