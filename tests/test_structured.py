@@ -167,8 +167,9 @@ def test_rubicap_writer_and_generate_judge_in_process_produce_records_the_recipe
     writer = RubricWriter(tiny, max_attempts=3, max_new_tokens=rubric_budget(3), min_items=2, max_items=3,
                           with_image=True)
     assert writer.structured["json_schema"]["maxItems"] == 3 and writer.structured["response_format"] is None
+    # a random teacher may caption nothing: the writer and the judge are what this test reads
     summary = build_rubrics(items, teachers=[tiny], writer=writer, out_dir=tmp_path / "rubrics", max_new_tokens=16,
-                            progress=False)
+                            progress=False, on_teacher_failure="warn")
     store = RubricStore(tmp_path / "rubrics" / "rubrics.jsonl")
     assert len(store) == 2 and all(store.get(str(it.id)) is not None for it in items), summary  # all parsed
 
