@@ -138,7 +138,7 @@ def test_writer_retries_invalid_output_then_records_unscored(tmp_path):
     assert all("no committee captions" in r["error"] for r in recs)
 
 
-def test_a_teacher_failing_on_too_many_items_stops_the_build_or_warns(tmp_path, capsys):
+def test_a_teacher_failing_on_too_many_items_stops_the_build_or_warns(tmp_path, caplog):
     """The paper's rubrics are the consensus of a five-teacher committee: a teacher whose captions fail (an API
     that rejects every request, or a reasoning model that spends its token limit thinking and returns empty
     content) on more than max_teacher_failure_share of the items stops the build before any rubric is written;
@@ -162,12 +162,13 @@ def test_a_teacher_failing_on_too_many_items_stops_the_build_or_warns(tmp_path, 
 
     strict = tmp_path / "strict"
     down2 = ScriptedBackend([None], name="gemini-2.5-pro")
-    summary = build_rubrics(items, teachers=[good, down2], writer=writer, out_dir=strict, progress=False,
-                            on_teacher_failure="warn")
+    with caplog.at_level("WARNING", logger="captionrl.judges.rubric_build"):
+        summary = build_rubrics(items, teachers=[good, down2], writer=writer, out_dir=strict, progress=False,
+                                on_teacher_failure="warn")
     assert summary["teacher_failures"]["gemini-2.5-pro"] == 4 and summary["rubrics"] == 4
     (warning,) = summary["warnings"]
     assert "WARNING: rubrics built from an incomplete committee: gemini-2.5-pro failed on 4 of 4" in warning
-    assert warning in capsys.readouterr().out
+    assert warning in caplog.text  # logged: the command's log handler prints it
     with pytest.raises(ConfigError, match="on_teacher_failure"):
         build_rubrics(items, teachers=[good], writer=writer, out_dir=strict, progress=False, on_teacher_failure="skip")
 
