@@ -38,6 +38,18 @@ requires_llama_cpp = pytest.mark.skipif(
 SMOLLM2_BOS = "<|im_start|>"
 
 
+def send_json(handler: Any, status: int, body: Any) -> None:
+    """Answer a ``BaseHTTPRequestHandler`` request with ``body`` as JSON (the stand-in servers' one reply)."""
+    import json
+
+    data = json.dumps(body).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now, from this test worker's own block.
 

@@ -23,7 +23,7 @@ from captionrl.backends.base import FORBID_ENV, ChatRequest
 from captionrl.backends.openai_http import OpenAIBackend, option_probs_from_top
 from captionrl.errors import BackendError, ConfigError, ModelCallsForbiddenError
 from captionrl.records import RecordWriter, read_jsonl
-from servers import LlamaServer, requires_llama_cpp
+from servers import LlamaServer, requires_llama_cpp, send_json
 
 URL = "http://fake.local/v1"
 OPTIONS = ["A", "B", "C", "D"]
@@ -538,12 +538,7 @@ class ReasoningProvider(BaseHTTPRequestHandler):
     ANSWER_TOKENS = 40
 
     def _send(self, code: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, code, body)
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))

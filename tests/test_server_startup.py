@@ -5,7 +5,6 @@ cannot change (404, a model the server does not serve, a server process that die
 from __future__ import annotations
 
 import http.server
-import json
 import socket
 import threading
 import time
@@ -16,7 +15,7 @@ import pytest
 from captionrl.backends import BackendConfig
 from captionrl.backends.startup import probe_server, wait_for_models
 from captionrl.errors import ConfigError
-from servers import LlamaServer, free_port, requires_llama_cpp
+from servers import LlamaServer, free_port, requires_llama_cpp, send_json
 
 
 def _cfg(port: int, model: str = "m", **kw) -> BackendConfig:
@@ -104,12 +103,7 @@ class _Scripted(http.server.BaseHTTPRequestHandler):
         replies = self.server.replies  # type: ignore[attr-defined]
         status, body = replies.pop(0) if len(replies) > 1 else replies[0]
         self.server.hits += 1  # type: ignore[attr-defined]
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, status, body)
 
     def log_message(self, *args) -> None:
         pass
