@@ -80,3 +80,13 @@ def test_minimal_terms_keeps_only_what_a_probe_needs_given_the_others_off():
     assert kept == ["degenerate", "coverage"]
     assert [t for t, _ in steps] == ["transcription", "length (with transcription)",
                                      "degenerate (with transcription, length)", "coverage (with transcription, length)"]
+
+
+def test_nothing_to_score_or_no_samples_is_a_named_error():
+    from captionrl.commands.preflight import PreflightCommandConfig
+    from captionrl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"probes.*captioner="):
+        PreflightCommandConfig(probes=False)
+    with pytest.raises(ConfigError, match=r"samples"):
+        PreflightCommandConfig(captioner="runs/x/warm_start/model", samples=0)
