@@ -125,15 +125,11 @@ def run_command(cfg: PreflightCommandConfig) -> int:
     honest, dumps = series_references(rows, cfg.data.precision)
     captions = probe_captions(honest, dumps, series_extra_probes(rows, cfg.instruction(), cfg.data.precision)) \
         if cfg.probes else {}
-    by_row: dict[str, list[list[str]]] = {}
-    if cfg.captioner:
-        by_row["captioner"] = captioner_captions(cfg, rows)
+    if cfg.captioner:  # every caption is judged once: a captioner's samples are one column per sample index
+        per_row = captioner_captions(cfg, rows)
+        captions.update({f"captioner[{j}]": [caps[j] for caps in per_row] for j in range(cfg.samples)})
     reward = build_reward(cfg.reward, make_backend(cfg.verifier), series=cfg.series_print(), seed=cfg.seed,
                           name="lineup", series_rows=True, instruction=cfg.instruction())
-    # every caption judged once; a captioner's samples become one probe column per sample index
-    for name, per_row in by_row.items():
-        for j in range(cfg.samples):
-            captions[f"{name}[{j}]"] = [caps[j] for caps in per_row]
     cols = [k for k in rows[0] if k != "prompt"]
     flat = [(p, i) for p in captions for i in range(len(rows))]
     columns = {k: [rows[i][k] for _, i in flat] for k in cols}
@@ -142,21 +138,16 @@ def run_command(cfg: PreflightCommandConfig) -> int:
     for a in tqdm(range(0, len(flat), batch), desc="preflight: scoring", unit="batch"):
         judged += reward.score([captions[p][i] for p, i in flat[a:a + batch]],
                                {k: v[a:a + batch] for k, v in columns.items()})
-    base_flat = [j.extra.get("base") if j.scored else None for j in judged]
-    soft_flat = [j.extra.get("soft") for j in judged]
-    masked_flat = [j.extra.get("masked") for j in judged] if cfg.reward.masked_weight > 0 else None
-
-    def per_probe(values: Sequence[Any] | None) -> dict[str, list[Any]] | None:
-        if values is None:
-            return None
+    def per_probe(values: Sequence[Any]) -> dict[str, list[Any]]:
         out: dict[str, list[Any]] = {p: [] for p in captions}
         for (p, _), v in zip(flat, values, strict=True):
             out[p].append(v)
         return out
 
-    base, soft, masked = per_probe(base_flat), per_probe(soft_flat), per_probe(masked_flat)
-    assert base is not None and soft is not None
-    full = {p: _mean([j.score for (q, _), j in zip(flat, judged, strict=True) if q == p]) for p in captions}
+    base = per_probe([j.extra.get("base") if j.scored else None for j in judged])
+    soft = per_probe([j.extra.get("soft") for j in judged])
+    masked = per_probe([j.extra.get("masked") for j in judged]) if cfg.reward.masked_weight > 0 else None
+    full = {p: _mean(scores) for p, scores in per_probe([j.score for j in judged]).items()}
     margin = cfg.train.preflight_margin
     print(f"reward preflight of {len(rows)} training rows (K={cfg.reward.k}, {cfg.reward.mode}, "
           f"pinned distractors: {cfg.data.pin_endpoints})\n")

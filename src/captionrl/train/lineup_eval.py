@@ -157,16 +157,17 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
     # the training verifier keeps its own column and stays out of the held-out mean: a reward is not its own evaluation
     summary = run_identification(items, systems, distractors, data.pool, verifiers, ecfg, out_dir,
                                  train_verifier=train_name)
+    captions = {s.name: s.captions for s in systems}
     result = {"table": str(out_dir / "table.md"), "summary": str(out_dir / "summary.json"),
-              "rows": summary.rows, "captions": {s.name: s.captions for s in systems}}
+              "rows": summary.rows, "captions": captions}
     if cfg.eval.final_checks:
         from captionrl.eval.final_checks import run_final_checks
 
-        checks = run_final_checks({s.name: s.captions for s in systems}, {it.id: it.values for it in items}, out_dir,
-                                  identification=summary.summary(), guard=cfg.reward.counting(),
-                                  tolerance=cfg.reward.factuality_tolerance, clipped=clipped,
-                                  bottleneck=cfg.eval.bottleneck, instruction=cfg.instruction(),
-                                  references=verdict_references([s.name for s in systems]))
+        series = {it.id: it.values for it in items}
+        shared = {"guard": cfg.reward.counting(), "tolerance": cfg.reward.factuality_tolerance,
+                  "instruction": cfg.instruction(), "references": verdict_references(list(captions))}
+        checks = run_final_checks(captions, series, out_dir, identification=summary.summary(), clipped=clipped,
+                                  bottleneck=cfg.eval.bottleneck, **shared)
         result["final_checks"] = str(out_dir / "final_checks.md")
         result["final_rows"] = checks["rows"]
         groups: dict[str, list[str]] = {}
@@ -175,13 +176,10 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
         if cfg.data.test_corpora and len(groups) > 1:  # held-out corpora: each reported on its own
             from captionrl.eval.final_checks import run_final_checks_by_group
 
-            run_final_checks_by_group({s.name: s.captions for s in systems}, {it.id: it.values for it in items},
-                                      groups, out_dir / "by_corpus", guard=cfg.reward.counting(),
-                                      tolerance=cfg.reward.factuality_tolerance, instruction=cfg.instruction(),
-                                      references=verdict_references([s.name for s in systems]),
-                                      bottleneck_items={name: items.get("bottleneck_mse", {})
-                                                        for name, items in checks["per_item"].items()
-                                                        if items.get("bottleneck_mse")} or None)
+            errors = {name: checks_of["bottleneck_mse"] for name, checks_of in checks["per_item"].items()
+                      if checks_of.get("bottleneck_mse")}
+            run_final_checks_by_group(captions, series, groups, out_dir / "by_corpus", bottleneck_items=errors or None,
+                                      **shared)
             result["by_corpus"] = str(out_dir / "by_corpus" / "by_corpus.md")
         if checks.get("verdict"):
             result["verdict"] = checks["verdict"]
