@@ -132,6 +132,23 @@ def test_a_fixed_answer_form_that_tracks_the_window_is_not_a_template():
     assert np.mean(list(description_checks(constant, WINDOWS)["same_sentence"].values())) == 1.0
 
 
+def test_a_form_that_tracks_the_direction_but_misstates_a_value_is_not_a_template():
+    """A form that reads the direction and adds a value that is wrong ("Its highest value is #.") is
+    judged a template by its direction, as the bar it is held to is: its wrong values are wrong facts. The same
+    form with one direction said of every window, every value right, is flagged."""
+    from captionrl.domains.describe import trend_word
+
+    ids = list(WINDOWS)
+    tracking = {i: f"Overall, the series {trend_word(WINDOWS[i])}. It starts at {WINDOWS[i][0]:.2f} and ends at "
+                   f"{WINDOWS[i][-1]:.2f}. Its highest value is {WINDOWS[i].min() - 1.0:.2f}." for i in ids}
+    got = description_checks(tracking, WINDOWS)
+    assert all(got["wrong_facts"].values())  # every wrong maximum is counted where it belongs
+    assert not any(got["same_sentence"].values())
+    constant = {i: f"Overall, the series rises. It starts at {WINDOWS[i][0]:.2f} and ends at {WINDOWS[i][-1]:.2f}. "
+                   f"Its highest value is {WINDOWS[i].max():.2f}." for i in ids}
+    assert np.mean(list(description_checks(constant, WINDOWS)["same_sentence"].values())) == 1.0
+
+
 def test_the_describer_is_terse_not_a_template_and_a_constant_direction_is():
     """The describer's wording is fixed but right for every window: not degenerate. The same wording with one
     direction said of every window (our v2 captioner: '..., and is rising overall.') is."""

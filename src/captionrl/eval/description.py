@@ -58,7 +58,9 @@ def same_sentence_flags(captions: Mapping[str, str], wrong: Mapping[str, bool] |
 
     Tracking: the shared text is wrong on a share of the windows it is used for at least as large as
     ``guess_wrong`` (per caption: how often it would be wrong said of every window, i.e. one minus its direction's
-    ``guess_rates`` share; default 0: any wrong use). Why not "wrong on one window":
+    ``guess_rates`` share; default 0: any wrong use). ``description_checks`` counts a use wrong when its
+    direction is (or is missing), the same question the bar answers: a wrong value in a form that reads the
+    direction is a wrong fact (``wrong_facts``, ``red``), not a template. Why not "wrong on one window":
     a fixed answer form is what the instruction asks for, and a captioner that uses one form of most windows but
     says "rises" mostly of rising ones reads the direction, while a template said whatever the window is wrong on
     its windows at least as often as the guess."""
@@ -122,7 +124,7 @@ def description_checks(captions: Mapping[str, str], series: Mapping[str, Any], *
         out["key_facts"][i] = float(kf.correct_facts)
         out["wrong_facts"][i] = float(kf.wrong_facts)
         out["degenerate"][i] = float(kf.degenerate is not None)
-        wrong[i] = kf.wrong_facts > 0 or not kf.direction_correct
+        wrong[i] = not kf.direction_correct  # the template question is the direction's: the bar below is its guess
         guess_wrong[i] = 1.0 - guess if kf.direction else 0.0
     out["same_sentence"] = same_sentence_flags({i: captions[i] for i in ids}, wrong, guess_wrong=guess_wrong)
     return out
