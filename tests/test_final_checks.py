@@ -134,3 +134,41 @@ def test_checks_per_corpus_report_each_group_with_its_own_verdict(tmp_path):
     text = (tmp_path / "by_corpus.md").read_text()
     assert "| first | trained | 12 | 1.000" in text and "- second: verdict against the initial model: WORSE" in text
     assert (tmp_path / "first" / "final_checks.json").is_file()
+
+
+def _records(system: str, verifier: str, scores: dict[str, float | None], control: bool = False) -> list[dict]:
+    """Identification records as ``eval/records.jsonl`` holds them (one per system, verifier and window)."""
+    return [{"system": system, "verifier": verifier, "direction": "c2s", "control": control, "item_id": i,
+             "soft": s, "hard": None if s is None else float(s > 0.5)} for i, s in scores.items()]
+
+
+def test_held_out_identification_joins_the_checks_and_decides_the_verdict(tmp_path):
+    """Per window, the evaluation verifiers' mean probability on the true series (``c2s_eval``) is a deciding
+    check: the same description identified more by verifiers that took no part in training is better, and
+    less is worse. The training verifier, the controls and unscored judgments are left out of it."""
+    from captionrl.eval.final_checks import identification_items
+
+    series = _windows(24)
+    honest = {i: describe_series(v) for i, v in series.items()}
+    ids = sorted(series)
+    high = {i: 0.6 + 0.01 * (k % 5) for k, i in enumerate(ids)}
+    low = {i: 0.3 + 0.01 * (k % 3) for k, i in enumerate(ids)}
+    records = (_records("trained", "claims", high) + _records("warm start", "claims", low)
+               + _records("trained", "train-verifier", dict.fromkeys(ids, 0.0))  # the reward's own: never counted
+               + _records("trained", "claims", dict.fromkeys(ids, 0.0), control=True)
+               + _records("trained", "other", {ids[0]: None, ids[1]: 0.0}))
+    items = identification_items(records)
+    assert items["trained"][ids[0]] == pytest.approx(high[ids[0]])  # the unscored judgment is not a zero
+    assert items["trained"][ids[1]] == pytest.approx(high[ids[1]] / 2)  # a second verifier's score is averaged in
+    systems = {"trained": honest, "warm start": honest}
+    out = run_final_checks(systems, series, tmp_path / "up", identification_records=records,
+                           references={"warm start": "RL's start point (the warm start)"})
+    assert out["verdict"]["outcome"] == "better"
+    assert "better on c2s_eval +0.2" in out["verdict"]["line"]
+    assert out["rows"][0]["c2s_eval"] == pytest.approx(np.mean(list(items["trained"].values())), abs=1e-4)
+    swapped = _records("trained", "claims", low) + _records("warm start", "claims", high)
+    down = run_final_checks(systems, series, tmp_path / "down", identification_records=swapped,
+                            references={"warm start": "RL's start point (the warm start)"})
+    assert down["verdict"]["outcome"] == "worse" and "worse on c2s_eval" in down["verdict"]["line"]
+    without = run_final_checks(systems, series, tmp_path / "none", references={"warm start": "the warm start"})
+    assert without["verdict"]["outcome"] == "not better" and "c2s_eval" not in without["per_item"]["trained"]

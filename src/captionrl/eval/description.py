@@ -184,10 +184,12 @@ class Verdict:
                                  "higher_is_better": c.higher_is_better} for c in self.comparisons]}
 
 
-DECIDING = (("direction_skill", True), ("other_facts", True), ("red", False), ("bottleneck_mse", False))
+DECIDING = (("direction_skill", True), ("other_facts", True), ("c2s_eval", True), ("red", False),
+            ("bottleneck_mse", False))
 """The checks a verdict weighs, and which way is better. Describing more (a direction beyond guessing, other
-key facts) makes a run better; contradicting the series more, or carrying less of it (the caption-only
-reconstruction), makes it worse. A direction said of every window is no skill, so neither it nor the direction
+key facts, captions by which verifiers that took no part in training pick the window out: ``c2s_eval``) makes a
+run better; contradicting the series more, or carrying less of it (the caption-only reconstruction), or being
+identified less, makes it worse. A direction said of every window is no skill, so neither it nor the direction
 fact it earns on the windows it fits can make a run better."""
 
 DEGENERATE_SHARE = 0.5
@@ -212,7 +214,8 @@ def verdict(trained: Mapping[str, Mapping[str, float]], initial: Mapping[str, Ma
     worse: the trained captions degenerated (``DEGENERATE_SHARE`` of them under 5 words, without words, the
     instruction echoed, or one template sentence: each caption counted once), or a deciding check's interval
     lies on its bad side;
-    better: not worse, and direction skill or other facts has its interval on the good side; else not better."""
+    better: not worse, and direction skill, other facts or held-out identification has its interval on the good
+    side; else not better."""
     reasons: list[str] = []
     flags_deg, flags_same = trained.get("degenerate", {}), trained.get("same_sentence", {})
     deg = float(np.mean(list(flags_deg.values()) or [0.0]))
@@ -230,14 +233,14 @@ def verdict(trained: Mapping[str, Mapping[str, float]], initial: Mapping[str, Ma
                    and (c := compare(trained[check], initial[check], check, up)) is not None]
     worse = [c for c in comparisons if c.worse]
     better = [c for c in comparisons if c.better]
-    describes_more = [c for c in better if c.check in ("direction_skill", "other_facts")]
+    describes_more = [c for c in better if c.check in ("direction_skill", "other_facts", "c2s_eval")]
     if degenerated or worse:
         outcome = "worse"
     elif describes_more:
         outcome = "better"
     else:
         outcome = "not better"
-        reasons.append("neither direction_skill nor other_facts improved beyond its interval")
+        reasons.append("none of direction_skill, other_facts, c2s_eval improved beyond its interval")
     if worse:
         reasons.append("worse on " + ", ".join(c.text() for c in worse))
     if better:

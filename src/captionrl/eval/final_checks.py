@@ -110,6 +110,25 @@ def caption_checks(captions: Mapping[str, str], series: Mapping[str, Any], *,
     return row
 
 
+EVAL_IDENTIFICATION = "c2s_eval"
+"""The per-item check of held-out identification: per window, the mean probability the evaluation verifiers
+(never the training verifier) put on the true series among its candidates."""
+
+
+def identification_items(records: Sequence[Mapping[str, Any]], train_verifier: str = TRAIN_VERIFIER,
+                         direction: str = "c2s") -> dict[str, dict[str, float]]:
+    """system -> item id -> mean soft identification over the evaluation verifiers, from identification records
+    (``eval/records.jsonl``): controls, the training verifier and unscored judgments are left out, so a window a
+    verifier failed on is averaged over the verifiers that scored it, and dropped when none did."""
+    scores: dict[str, dict[str, list[float]]] = {}
+    for rec in records:
+        if (rec.get("control") or rec.get("direction") != direction or rec.get("verifier") in (None, train_verifier)
+                or not isinstance(rec.get("soft"), (int, float)) or "system" not in rec or "item_id" not in rec):
+            continue
+        scores.setdefault(str(rec["system"]), {}).setdefault(str(rec["item_id"]), []).append(float(rec["soft"]))
+    return {name: {i: float(np.mean(v)) for i, v in items.items()} for name, items in scores.items()}
+
+
 def identification_columns(summary: Mapping[str, Any] | None, train_verifier: str = TRAIN_VERIFIER,
                            direction: str = "c2s") -> dict[str, dict[str, Any]]:
     """system -> {``c2s[train]``, ``c2s[<eval verifier>]``..., ``c2s_eval_mean``} from an identification
@@ -182,13 +201,16 @@ def run_final_checks(systems: Mapping[str, Mapping[str, str]], series: Mapping[s
                      bottleneck: bool = False, bottleneck_folds: int = 5,
                      instruction: str | None = None,
                      references: Mapping[str, str] | None = None,
-                     bottleneck_items: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, Any]:
+                     bottleneck_items: Mapping[str, Mapping[str, float]] | None = None,
+                     identification_records: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """Every check above for every system, and the first system's verdict against each reference; writes
     ``final_checks.{md,json}`` under ``out_dir``. ``instruction``: the captioning instruction (echo check).
     ``references``: system name -> how the verdict line names it, the deciding reference first (default: the
     second system, named "the <name> model"); the bottleneck's paired difference is taken against it too.
     ``bottleneck_items``: system -> item -> reconstruction error already computed (cross-fitted over a larger
-    set of windows), read for the items of ``series`` instead of fitting the predictor again."""
+    set of windows), read for the items of ``series`` instead of fitting the predictor again.
+    ``identification_records``: the held-out identification's records, whose evaluation verifiers' scores per
+    window (``identification_items``) join the per-item checks as ``c2s_eval`` and the verdict."""
     from captionrl.eval.description import description_checks, summarise, verdict
 
     out = Path(out_dir)
@@ -212,6 +234,16 @@ def run_final_checks(systems: Mapping[str, Mapping[str, str]], series: Mapping[s
         row.update(ident.get(name, {}))
         rows.append(row)
         per_item[name] = {**described, "red": red}
+    identified = identification_items(identification_records or [])
+    for name in names:
+        mine = {i: v for i, v in identified.get(name, {}).items() if i in systems[name]}
+        if mine:
+            per_item[name][EVAL_IDENTIFICATION] = mine
+            mi = mean_interval(list(mine.values()))
+            row = next(r for r in rows if r["system"] == name)
+            row[EVAL_IDENTIFICATION] = round(mi[0], 4) if mi else None
+            if mi:
+                row[EVAL_IDENTIFICATION + "_ci"] = [round(mi[1], 4), round(mi[2], 4)]
     notes = []
     if bottleneck or bottleneck_items:
         try:
@@ -228,8 +260,6 @@ def run_final_checks(systems: Mapping[str, Mapping[str, str]], series: Mapping[s
         first = names[0]
         for ref in refs:  # paired: the same folds, item by item
             if first in mse and ref in mse:
-                from captionrl.eval.stats import mean_interval
-
                 a, b = mse[first]["items"], mse[ref]["items"]
                 diff = mean_interval([a[i] - b[i] for i in a if i in b])
                 if diff is not None:
@@ -301,8 +331,8 @@ def _cell(v: Any) -> str:
     return f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
-BY_GROUP_COLUMNS = ("n", "direction_right", "direction_skill", "other_facts", "key_facts", "extrema_right", "red",
-                    "degenerate", "same_sentence", "bottleneck_mse")
+BY_GROUP_COLUMNS = ("n", "direction_right", "direction_skill", "other_facts", "key_facts", "extrema_right", "c2s_eval",
+                    "red", "degenerate", "same_sentence", "bottleneck_mse")
 """The columns of the per-corpus table (each with its interval over that corpus's windows)."""
 
 

@@ -30,7 +30,7 @@ from captionrl.errors import ConfigError, DataError
 from captionrl.records import read_jsonl, write_json
 
 CHECKS = (("direction_skill", True), ("other_facts", True), ("direction_right", True), ("key_facts", True),
-          ("red", False), ("same_sentence", False), ("degenerate", False))
+          ("c2s_eval", True), ("red", False), ("same_sentence", False), ("degenerate", False))
 """The per-item checks whose differences are shown, and whether higher is better."""
 
 
@@ -117,7 +117,8 @@ def recheck(run: str | Path) -> dict[str, Any]:
     """One run's verdict then and now (each with its reference) and the per-item mean differences of ``CHECKS``
     from each reference (the warm start when the run has one, the initial model)."""
     from captionrl.eval.description import compare, description_checks, verdict
-    from captionrl.eval.final_checks import caption_checks, verdict_references
+    from captionrl.eval.final_checks import (EVAL_IDENTIFICATION, caption_checks, identification_items,
+                                             verdict_references)
 
     run = Path(run)
     config_path, records_path, checks_path = _run_files(run)
@@ -138,6 +139,7 @@ def recheck(run: str | Path) -> dict[str, Any]:
                         "(a corpus or prepared folder moved or changed since)")
     settings = final.get("config") or {}
     tolerance = float(settings.get("tolerance", 0.35))
+    identification = identification_items(read_jsonl(records_path, appended=True))
     per_item: dict[str, dict[str, dict[str, float]]] = {}
     for name in names:
         red: dict[str, float] = {}
@@ -145,14 +147,17 @@ def recheck(run: str | Path) -> dict[str, Any]:
         checks = description_checks(captions[name], series, instruction=settings.get("instruction"),
                                     tolerance=tolerance)
         kept = (final.get("per_item") or {}).get(name, {}).get("bottleneck_mse")
-        per_item[name] = {**checks, "red": red, **({"bottleneck_mse": kept} if kept else {})}
+        identified = {i: v for i, v in identification.get(name, {}).items() if i in captions[name]}
+        per_item[name] = {**checks, "red": red, **({"bottleneck_mse": kept} if kept else {}),
+                          **({EVAL_IDENTIFICATION: identified} if identified else {})}
     refs = verdict_references(names[1:]) or {names[1]: f"the {names[1]} model"}
     ref = next(iter(refs))  # RL's start point where the run has one, as the run's own checks decide
     now = verdict(per_item[first], per_item[ref], reference=refs[ref])
     pairs = [(first, r) for r in refs]
     diffs = {}
     for a, b in pairs:
-        found = {c: compare(per_item[a][c], per_item[b][c], c, up) for c, up in CHECKS}
+        found = {c: compare(per_item[a][c], per_item[b][c], c, up) for c, up in CHECKS
+                 if c in per_item[a] and c in per_item[b]}
         diffs[f"{a} - {b}"] = {c: round(cmp.diff, 4) for c, cmp in found.items() if cmp is not None}
     return {"run": str(run), "systems": names, "then": old.get("outcome"), "now": now.outcome,
             "then_against": (old.get("systems") or [None, "initial"])[1], "now_against": ref,

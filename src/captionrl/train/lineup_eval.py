@@ -166,6 +166,9 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
         series = {it.id: it.values for it in items}
         shared = {"guard": cfg.reward.counting(), "tolerance": cfg.reward.factuality_tolerance,
                   "instruction": cfg.instruction(), "references": verdict_references(list(captions))}
+        from captionrl.records import read_jsonl
+
+        shared["identification_records"] = read_jsonl(out_dir / "records.jsonl", appended=True)
         checks = run_final_checks(captions, series, out_dir, identification=summary.summary(), clipped=clipped,
                                   bottleneck=cfg.eval.bottleneck, **shared)
         result["final_checks"] = str(out_dir / "final_checks.md")
