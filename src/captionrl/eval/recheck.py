@@ -117,8 +117,12 @@ def recheck(run: str | Path) -> dict[str, Any]:
     """One run's verdict then and now (each with its reference) and the per-item mean differences of ``CHECKS``
     from each reference (the warm start when the run has one, the initial model)."""
     from captionrl.eval.description import compare, description_checks, verdict
-    from captionrl.eval.final_checks import (EVAL_IDENTIFICATION, caption_checks, identification_items,
-                                             verdict_references)
+    from captionrl.eval.final_checks import (
+        EVAL_IDENTIFICATION,
+        caption_checks,
+        identification_items,
+        verdict_references,
+    )
 
     run = Path(run)
     config_path, records_path, checks_path = _run_files(run)
