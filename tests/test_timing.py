@@ -49,7 +49,7 @@ def test_two_step_run_logs_every_part_and_parts_fit_in_the_step(tmp_path, capsys
     data = Dataset.from_dict({"prompt": [[{"role": "user", "content": f"Say a word about {w}."}]
                                          for w in ("rain", "snow", "sun", "wind")]})
     trainer = builder.build_trainer(train, builder.trainer_args(train, seed=0), model, tok, [reward], data,
-                                   callbacks=[MetricsLog(tmp_path / "metrics.jsonl", echo=False)])
+                                    callbacks=[MetricsLog(tmp_path / "metrics.jsonl", echo=False)])
     assert verifier.loglikelihood.__wrapped__  # the verifier's calls are timed
     verifier.loglikelihood([("A short sentence:", " before training")] * 16)  # as a preflight would: not step 1's
     trainer.train()

@@ -58,15 +58,15 @@ def build(tmp_path, name, policy, unscored=UNSCORED, **kw):
     from datasets import Dataset
 
     train = sections.TrainConfig(**{"out_dir": str(tmp_path / name), "num_generations": G,
-                                  "per_device_train_batch_size": 4, "gradient_accumulation_steps": GA,
-                                  "max_completion_length": 12, "max_steps": 1, "report_to": [],
-                                  "temperature": 1.0, **kw})
+                                    "per_device_train_batch_size": 4, "gradient_accumulation_steps": GA,
+                                    "max_completion_length": 12, "max_steps": 1, "report_to": [],
+                                    "temperature": 1.0, **kw})
     model, tok, _ = loading.load_policy(sections.PolicyConfig(model=policy))
     # captions of varied lengths (a random model rarely ends one): EOS made likely, so tokens are not rows
     train.generation_kwargs = {"sequence_bias": [[[tok.eos_token_id], EOS_BIAS]]}
     reward = Reward(unscored)
     trainer = builder.build_trainer(train, builder.trainer_args(train, seed=0), model, tok, [reward],
-                                   Dataset.from_list(rows()))
+                                    Dataset.from_list(rows()))
     trainer.current_gradient_accumulation_steps = GA  # set by the training loop; the loss reads it
     trainer.model.train()
     if train.beta:  # a policy away from its reference, so the KL term (and its gradient) is not zero

@@ -683,8 +683,8 @@ class EvolmRecipe(MocoRecipe):
                                        save_steps=10**9, resume="auto")
             reward = online_rubric_reward(cfg, roles, self.records)
             pt = builder.build_trainer(pcfg, builder.trainer_args(pcfg, seed=int(cfg.train.seed or 0) + phase), model,
-                                      processing, [reward], rows_dataset(rows),
-                                      callbacks=[MetricsLog(Path(pcfg.out_dir) / "metrics.jsonl")], bound=cfg.reward)
+                                       processing, [reward], rows_dataset(rows),
+                                       callbacks=[MetricsLog(Path(pcfg.out_dir) / "metrics.jsonl")], bound=cfg.reward)
             run.trainer = pt
             tp = time.perf_counter()
             pt.train()
@@ -697,9 +697,9 @@ class EvolmRecipe(MocoRecipe):
                                        steps_per_generation=None, gradient_accumulation_steps=1,
                                        max_completion_length=cfg.rubric.max_new_tokens, save_steps=10**9)
             gt = builder.build_trainer(gcfg, builder.trainer_args(gcfg, seed=int(cfg.train.seed or 0) + 1000 + phase),
-                                      model, processing, [EvolmGeneratorReward(cfg, roles)],
-                                      rows_dataset(generator_rows(cfg, rows, current, earlier, phase)),
-                                      callbacks=[MetricsLog(Path(gcfg.out_dir) / "metrics.jsonl")], bound=cfg.reward)
+                                       model, processing, [EvolmGeneratorReward(cfg, roles)],
+                                       rows_dataset(generator_rows(cfg, rows, current, earlier, phase)),
+                                       callbacks=[MetricsLog(Path(gcfg.out_dir) / "metrics.jsonl")], bound=cfg.reward)
             run.trainer = gt
             gt.train()
             earlier = current

@@ -1,7 +1,11 @@
 """The one training skeleton every recipe runs through, top to bottom:
 
-    prepare the run folder -> probe servers -> build the dataset -> load the policy -> build the trainer
-    -> preflight -> train -> save -> final evaluation -> curves -> result file
+    prepare the run folder -> checks (GPU settings, frozen bottom, memory plan, servers) -> build the dataset
+    -> load the policy -> build the trainer -> preflight -> train -> save -> final evaluation -> curves
+    -> result file
+
+Each step is handed the config once and goes down into the module that does it (``run_folder``, ``checks``,
+``loading``, ``builder``, ``sharding``, ``curves``); none calls back into a recipe except through ``Recipe``.
 
 A recipe (LineupRL, RubiCap, MoCo Rubric, SFT) is its config, its dataset and its reward functions: it
 subclasses ``Recipe`` and fills in ``dataset`` and ``reward_functions`` (and, where it differs, the
@@ -180,12 +184,12 @@ class Recipe:
 
 
 def prepare(recipe: Recipe) -> Run:
-    """The first half, shared by every recipe (EvoLM too): run folder, servers, data, policy."""
+    """The first half, shared by every recipe (EvoLM too): run folder, checks, data, policy."""
     cfg = recipe.cfg
     run = Run(cfg=cfg, out=Path(cfg.train.out_dir))
     run_folder.quiet_offline_env(run.out)
     run.resume_from = run_folder.prepare_run_dir(cfg, run.out, cfg.train.resume,  # config diff check, before any load
-                                             recipe.checkpoint_files)
+                                                 recipe.checkpoint_files)
     run.args = recipe.trainer_args(run)
     checks.check_run(cfg, run.args, recipe.servers())  # GPU settings, frozen bottom, memory plan, servers: before any load
     run.data = recipe.dataset(run)
