@@ -85,12 +85,53 @@ def test_the_target_is_written_from_the_printed_values():
     assert printed_values(row) == [1.0, 2.5, -0.3]
 
 
+def test_the_extremum_sentence_names_the_interior_extreme_beyond_the_endpoints():
+    """The third sentence names the extreme that lies farthest outside the start-end range, with its value
+    as printed, and the claim checker reads it as that statistic; a monotone window has none."""
+    from captionrl.domains.describe import interior_extremum
+    from captionrl.judges.claims import extract_rules
+
+    hump = np.array([3.0, 4.0, 6.0, 5.0, 2.5, 3.5])  # max 6 is 2.5 above the endpoints, min 2.5 only 0.5 below
+    caption = short_description(hump, extremum=True)
+    assert caption == "Overall, the series stays roughly flat. It starts at 3 and ends at 3.5. Its highest value is 6."
+    dip = np.array([3.0, 1.0, 2.0, 2.5, 3.5])
+    assert interior_extremum(dip) == "Its lowest value is 1."
+    assert interior_extremum(np.arange(5.0)) is None
+    assert short_description(np.arange(5.0), extremum=True) == short_description(np.arange(5.0))
+    stats = [(c.stat, c.value) for c in extract_rules(caption) if c.kind == "stat"]
+    assert stats == [("max", 6.0)]
+
+
+def test_a_share_of_the_targets_names_the_extreme_the_same_way_every_time():
+    """``extremum_share``: about that share of the records (those with an interior extreme) carry the third
+    sentence; the draw depends on the seed and the window's id only, so shuffled rows get the same targets."""
+    rows = _rows(24)
+    plain = warm_start_records(rows, 2)
+    half = warm_start_records(rows, 2, extremum_share=0.5, seed=3)
+    named = [h["caption"] != p["caption"] for h, p in zip(half, plain, strict=True)]
+    assert 0 < sum(named) < len(rows)
+    assert all(h["caption"].startswith(p["caption"]) for h, p in zip(half, plain, strict=True))
+    again = warm_start_records(rows[::-1], 2, extremum_share=0.5, seed=3)[::-1]
+    assert again == half
+    other_seed = warm_start_records(rows, 2, extremum_share=0.5, seed=4)
+    assert [o["caption"] for o in other_seed] != [h["caption"] for h in half]
+    from captionrl.domains.describe import interior_extremum
+
+    every = warm_start_records(rows, 2, extremum_share=1.0)
+    for e, p, row in zip(every, plain, rows, strict=True):
+        extra = interior_extremum(np.array(printed_values(row)), 2)
+        assert e["caption"] == (f"{p['caption']} {extra}" if extra else p["caption"])
+    assert warm_start_records(rows, 2, extremum_share=0.0) == plain
+
+
 @pytest.mark.parametrize(("override", "field"), [
     ("warm_start.epochs=-1", "warm_start.epochs"),
     ("warm_start.learning_rate=0", "warm_start.learning_rate"),
     ("warm_start.batch_size=0", "warm_start.batch_size"),
     ("warm_start.freeze_layers=-1", "warm_start.freeze_layers"),
     ("warm_start.freeze_layers=2.5", "warm_start.freeze_layers"),
+    ("warm_start.extremum_share=1.5", "warm_start.extremum_share"),
+    ("warm_start.extremum_share=-0.1", "warm_start.extremum_share"),
 ])
 def test_bad_warm_start_settings_name_the_field(override, field):
     with pytest.raises(ConfigError) as err:

@@ -74,7 +74,25 @@ SHORT_DESCRIPTION_ORDERS = ("direction_first", "values_first")
 """The two forms of ``short_description`` (the warm start's ``order`` setting)."""
 
 
-def short_description(series: Series | np.ndarray, precision: int = 2, *, order: str = "direction_first") -> str:
+def interior_extremum(values: np.ndarray, precision: int = 2) -> str | None:
+    """A sentence naming the window's interior extreme that lies farthest outside the range of its start and
+    end ("Its highest value is 317.9." / "Its lowest value is 312.4."), or None when neither extreme is
+    interior and outside that range (a monotone window: its endpoints are its extremes).
+
+    Why: lineups whose distractors share the start, the end and the trend (``domains.pinned``) are told
+    apart only by what lies between, and an extreme beyond the endpoints is the plainest such value."""
+    v = np.asarray(values, dtype=float)
+    lo, hi = min(v[0], v[-1]), max(v[0], v[-1])
+    above, below = float(v.max()) - hi, lo - float(v.min())
+    if max(above, below) <= 0:
+        return None
+    if above >= below:
+        return f"Its highest value is {fmt(float(v.max()), precision)}."
+    return f"Its lowest value is {fmt(float(v.min()), precision)}."
+
+
+def short_description(series: Series | np.ndarray, precision: int = 2, *, order: str = "direction_first",
+                      extremum: bool = False) -> str:
     """A two-sentence caption that answers the main job's instruction:
     "Overall, the series falls. It starts at 316.1 and ends at 315.8."
 
@@ -84,6 +102,10 @@ def short_description(series: Series | np.ndarray, precision: int = 2, *, order:
     peak or trough costs direction accuracy and is often wrong about the peak's place, so the sentence leaves
     the extremes to RL (docs/results/warm-start-target-forms.md).
 
+    ``extremum=True`` adds a third sentence naming the interior extreme beyond the endpoints
+    (``interior_extremum``), where there is one; its value only, since the 135M captioner places it wrong
+    half the time.
+
     ``order="values_first"`` writes the two values first: "It starts at 316.1 and ends at 315.8, so overall the
     series falls." (the direction then follows two numbers the captioner has just written, which a
     16-value window's label mostly agrees with: ``direction_measures``'s ``net`` is end minus start).
@@ -91,10 +113,13 @@ def short_description(series: Series | np.ndarray, precision: int = 2, *, order:
     v = np.asarray(series.values if isinstance(series, Series) else series, dtype=float)
     start, end, word = fmt(v[0], precision), fmt(v[-1], precision), trend_word(v)
     if order == "values_first":
-        return f"It starts at {start} and ends at {end}, so overall the series {word}."
-    if order not in SHORT_DESCRIPTION_ORDERS:
+        text = f"It starts at {start} and ends at {end}, so overall the series {word}."
+    elif order in SHORT_DESCRIPTION_ORDERS:
+        text = f"Overall, the series {word}. It starts at {start} and ends at {end}."
+    else:
         raise ValueError(f"order={order!r}: use one of {SHORT_DESCRIPTION_ORDERS}")
-    return f"Overall, the series {word}. It starts at {start} and ends at {end}."
+    extra = interior_extremum(v, precision) if extremum else None
+    return f"{text} {extra}" if extra else text
 
 
 def describer_demo(n_items: int = 12, seed: int = 0) -> tuple[list[Series], dict[str, str], dict[str, str]]:

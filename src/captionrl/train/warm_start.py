@@ -15,11 +15,14 @@ The paper's recipe starts RL from the instruction-tuned model: ``epochs: 0`` (th
 Two options: ``freeze_layers`` keeps the embeddings and the bottom blocks fixed while the labels are taught
 (a CPU step costs about 20 s instead of 35), and ``reverse`` adds each window reversed, whose direction is the
 opposite, so no single word fits every record (docs/results/warm-start-freeze-and-reverse.md).
+``extremum_share`` lets a share of the targets name the interior extreme, so that RL samples captions that
+say something a pinned lineup pays for (with none of them, RL's samples never name one).
 """
 
 from __future__ import annotations
 
 import logging
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +47,7 @@ class WarmStartConfig:
     reverse: bool = help_field(False, "also train on every window reversed (same values, opposite order, so the opposite direction): one direction word for every window cannot fit both")
     order: str = help_field("direction_first", "the target's order: direction_first (\"Overall, the series rises. It starts at X and ends at Y.\") or values_first (\"It starts at X and ends at Y, so overall the series rises.\": the direction after the two values it mostly follows from)")
     freeze_layers: int = help_field(0, "bottom transformer blocks kept frozen, with the embeddings, during the warm start (RL then trains every weight): 20 of the embedded model's 30 make a CPU step ~20 s instead of ~35")
+    extremum_share: float = help_field(0.0, "share of the targets, drawn per window from the run's seed, that add a third sentence naming the interior extreme beyond the start and end (\"Its highest value is 317.9.\"): RL then samples captions that name what a pinned lineup pays for (0 = never, 1 = wherever there is one)")
     reuse_frozen: bool = help_field(True, "with freeze_layers, compute the frozen bottom's output once per window and reuse it in later epochs (the same training up to float rounding; the frozen forward is about a third of a CPU step, and `bench/bench_warm_start_cache.py --ref HEAD --overrides warm_start.reuse_frozen=false` times the cache alone)")
 
     def __post_init__(self) -> None:
@@ -56,6 +60,9 @@ class WarmStartConfig:
             raise ConfigError("warm_start.learning_rate", self.learning_rate, "must be > 0", "use 2e-4")
         if self.batch_size < 1:
             raise ConfigError("warm_start.batch_size", self.batch_size, "must be >= 1", "use 8")
+        if not 0.0 <= self.extremum_share <= 1.0:
+            raise ConfigError("warm_start.extremum_share", self.extremum_share, "must be within [0, 1]",
+                              "use 0 (no target names an extreme) or 0.5 (half of them)")
         check_freeze_layers(self.freeze_layers, "warm_start.freeze_layers")
 
     @property
@@ -80,20 +87,33 @@ def reversed_prompt(row: Mapping[str, Any]) -> list[dict[str, Any]]:
     return messages
 
 
+def names_extremum(item_id: str, share: float, seed: int) -> bool:
+    """Whether the target of ``item_id`` names its interior extreme: a draw from (seed, id) alone, so a
+    resumed or repeated warm start writes the same targets whatever the order of its rows."""
+    if share <= 0.0:
+        return False
+    return zlib.crc32(f"{seed}:{item_id}".encode()) / 2**32 < share
+
+
 def warm_start_records(rows: Sequence[Mapping[str, Any]], precision: int, *,
-                       reverse: bool = False, order: str = "direction_first") -> list[dict[str, Any]]:
+                       reverse: bool = False, order: str = "direction_first",
+                       extremum_share: float = 0.0, seed: int = 0) -> list[dict[str, Any]]:
     """One SFT record per training row: the row's own prompt and the describer's sentence of its values;
-    with ``reverse`` a second one per row, its series reversed and described (id ``<id>~reversed``)."""
+    with ``reverse`` a second one per row, its series reversed and described (id ``<id>~reversed``); a
+    share ``extremum_share`` of the records (``names_extremum``) also names the interior extreme."""
     from captionrl.domains.describe import short_description
+
+    def record(item_id: str, prompt: list[dict[str, Any]], values: list[float]) -> dict[str, Any]:
+        extremum = names_extremum(item_id, extremum_share, seed)
+        return {"id": item_id, "prompt": prompt,
+                "caption": short_description(values, precision, order=order, extremum=extremum)}
 
     out = []
     for r in rows:
         values = printed_values(r)
-        out.append({"id": str(r["item_id"]), "prompt": list(r["prompt"]),
-                    "caption": short_description(values, precision, order=order)})
+        out.append(record(str(r["item_id"]), list(r["prompt"]), values))
         if reverse:
-            out.append({"id": f"{r['item_id']}~reversed", "prompt": reversed_prompt(r),
-                        "caption": short_description(values[::-1], precision, order=order)})
+            out.append(record(f"{r['item_id']}~reversed", reversed_prompt(r), values[::-1]))
     return out
 
 
@@ -108,7 +128,8 @@ def warm_start(cfg: Any, rows: Sequence[Mapping[str, Any]], model: Any, processi
     folder = out / "warm_start"
     folder.mkdir(parents=True, exist_ok=True)
     targets = folder / "targets.jsonl"
-    records = warm_start_records(rows, cfg.data.precision, reverse=ws.reverse, order=ws.order)
+    records = warm_start_records(rows, cfg.data.precision, reverse=ws.reverse, order=ws.order,
+                                 extremum_share=ws.extremum_share, seed=cfg.seed)
     with RecordWriter(targets, key_field="id") as w:
         w.write_many(r for r in records if not w.has(r["id"]))
     steps_per_epoch = -(-len(records) // ws.batch_size)
