@@ -38,7 +38,7 @@ float32 matmul ran at 106 GFLOPS on an AMX Xeon, with it at 66, one thread)."""
 PARTS = ("generation", "reward", "verifier", "logprobs", "backward", "optimizer", "step")
 STEP_LINE = re.compile(r"step (\d+) time: generation ([\d.]+)s \| reward ([\d.]+)s \(verifier ([\d.]+)s\) \| "
                        r"logprobs ([\d.]+)s \| forward/backward ([\d.]+)s \| optimizer ([\d.]+)s \| step ([\d.]+)s")
-"""The per-step console line of ``train.timing.format_breakdown``: read back from a run cut by the timeout."""
+"""The per-step console line of ``train.run.timing.format_breakdown``: read back from a run cut by the timeout."""
 
 
 def from_log(log: Path) -> dict:

@@ -152,7 +152,7 @@ def main() -> None:
     from trl.trainer.utils import add_fused_lm_head
 
     from captionrl.embedded import embedded_model_dir
-    from captionrl.train.shared_prefix import shared_prefix_logps
+    from captionrl.train.run.shared_prefix import shared_prefix_logps
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=str(ROOT / "configs" / "lineup-cpu.yaml"))

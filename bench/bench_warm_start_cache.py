@@ -41,8 +41,8 @@ def child(out: Path, config: str, overrides: list[str], n_train: int, epochs: fl
 
     from captionrl.config import load_config
     from captionrl.domains.lineup_data import build_lineup_data
-    from captionrl.train.common import load_policy
     from captionrl.train.lineup import LineupConfig
+    from captionrl.train.run.loading import load_policy
     from captionrl.train.warm_start import warm_start
 
     torch.set_num_threads(1)

@@ -110,7 +110,7 @@ def step(engine: Any, optimizer: Any, loss: Any) -> dict[str, torch.Tensor]:
 
 
 def compare(name: str, accelerator: Any, stage: int | None) -> dict[str, Any]:
-    from captionrl.train.shared_prefix import shared_prefix_logps, shared_prefix_logps_qwen_vl
+    from captionrl.train.run.shared_prefix import shared_prefix_logps, shared_prefix_logps_qwen_vl
 
     model, ids, mask, keep, mm = build(name, accelerator.process_index)
     engine, optimizer = wrap(model, stage, ids.size(0), vlm=name != "text")

@@ -43,14 +43,14 @@ def no_models(monkeypatch: pytest.MonkeyPatch) -> None:
 
     import captionrl.backends.hf as hf
     import captionrl.encoders as encoders
-    import captionrl.train.common as common
+    import captionrl.train.run.loading as loading
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise ModelLoaded(f"a model was loaded: {args[:1]}")
 
     for name in ("AutoModel", "AutoModelForCausalLM", "AutoModelForImageTextToText"):
         monkeypatch.setattr(getattr(transformers, name), "from_pretrained", refuse)
-    monkeypatch.setattr(common, "load_policy", refuse)
+    monkeypatch.setattr(loading, "load_policy", refuse)
     monkeypatch.setattr(hf.HFBackend, "__init__", refuse)
     monkeypatch.setattr(encoders.TextEncoder, "_load", refuse)
 

@@ -1,4 +1,4 @@
-"""``train.bottom_cache``: a frozen bottom computed once per row trains the same model as one computed every
+"""``train.run.bottom_cache``: a frozen bottom computed once per row trains the same model as one computed every
 epoch; calls it cannot key run the plain model; nothing of it is left on the model afterwards."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from captionrl.config import load_config
-from captionrl.train.bottom_cache import cached_frozen_bottom
-from captionrl.train.freezing import frozen_bottom, transformer_blocks
+from captionrl.train.run.bottom_cache import cached_frozen_bottom
+from captionrl.train.run.freezing import frozen_bottom, transformer_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = ROOT / "configs" / "lineup-cpu.yaml"
@@ -102,8 +102,8 @@ def test_the_warm_start_with_the_store_gives_the_warm_start_without_it(tmp_path,
     """Through TRL's SFTTrainer (its fused LM head calls the backbone with the ids): three epochs of the CPU
     config's warm start on a tiny policy, ``warm_start.reuse_frozen`` on and off, end on the same weights."""
     from captionrl.domains.lineup_data import build_lineup_data
-    from captionrl.train.common import load_policy
     from captionrl.train.lineup import LineupConfig
+    from captionrl.train.run.loading import load_policy
     from captionrl.train.warm_start import warm_start
 
     weights = {}

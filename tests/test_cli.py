@@ -144,7 +144,7 @@ def test_library_messages_go_once_to_the_current_stderr_and_results_stay_on_stdo
 
     configure_logging()
     configure_logging()  # a second command in the same process: no second handler
-    logging.getLogger("captionrl.train.skeleton").info("resuming from run/checkpoint-1")
+    logging.getLogger("captionrl.train.run.skeleton").info("resuming from run/checkpoint-1")
     logging.getLogger("captionrl.records").warning("note: r.jsonl:line 2: ignoring the unfinished last line")
     got = capsys.readouterr()  # a fresh sys.stderr per test: the handler must follow it
     assert got.err == "resuming from run/checkpoint-1\nnote: r.jsonl:line 2: ignoring the unfinished last line\n"

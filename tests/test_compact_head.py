@@ -1,11 +1,11 @@
-"""``train.compact_head``: on CPU, TRL's fused LM head then projects only the labelled positions, and gives the
+"""``train.run.compact_head``: on CPU, TRL's fused LM head then projects only the labelled positions, and gives the
 same log-probabilities, entropies and gradients as when it projects every position; the rebinding is undone."""
 
 from __future__ import annotations
 
 import torch
 
-from captionrl.train.compact_head import compact_on_cpu
+from captionrl.train.run.compact_head import compact_on_cpu
 
 
 def _fused(tiny_llama: str) -> torch.nn.Module:

@@ -124,7 +124,7 @@ def _batch(tok, group=4):
 
 
 def test_shared_prompt_loss_pass_and_prefill_equal_trls(tiny):
-    """``train.shared_prefix`` on the text path: log-probs equal TRL's own pass, generation its own prefill."""
+    """``train.run.shared_prefix`` on the text path: log-probs equal TRL's own pass, generation its own prefill."""
     import copy
     import types
 
@@ -132,7 +132,7 @@ def test_shared_prompt_loss_pass_and_prefill_equal_trls(tiny):
     from trl import RLOOTrainer
     from trl.trainer.utils import add_fused_lm_head
 
-    from captionrl.train.shared_prefix import share_generation_prefill, shared_prefix_logps
+    from captionrl.train.run.shared_prefix import share_generation_prefill, shared_prefix_logps
 
     base, tok = tiny
     model = copy.deepcopy(base)

@@ -6,7 +6,7 @@ the weights every rank gathered). Then a resume: checkpoint-2 and the final mode
 command resumes from checkpoint-1; the redone step 2 must reproduce the first run's checkpoint-2 (the
 restored state is the saved state: weights, optimizer, data order, per-rank RNG, and MoCo's momentum).
 Asserted as well: the trainable parameters moved, both ranks produced and scored captions, every rank
-exited 0, the loss pass computed each group's prompt once (``train/shared_prefix.py``; RubiCap with gradient
+exited 0, the loss pass computed each group's prompt once (``train/run/shared_prefix.py``; RubiCap with gradient
 checkpointing on, as its paper preset trains), and for MoCo that the momentum moved by the float32 EMA of the
 gathered Policy parameters.
 """
@@ -106,7 +106,7 @@ def test_recipe_under_deepspeed(recipe, stage, tmp_path):
     ck1, ck2 = out / "checkpoints" / "checkpoint-1", out / "checkpoints" / "checkpoint-2"
     assert json.loads((ck2 / "trainer_state.json").read_text())["global_step"] == 2
     assert (out / "preflight.md").is_file()  # the preflight ran inside train(), the model on its device
-    # the loss pass computed each group's prompt once under ZeRO (train/shared_prefix.py), never refused a call
+    # the loss pass computed each group's prompt once under ZeRO (train/run/shared_prefix.py), never refused a call
     shared = json.loads((out / "timing.json").read_text())["shared_prompt_forward"]
     assert isinstance(shared, dict) and 0 < shared["prompts"] < shared["rows"] and shared["fallback_calls"] == 0, shared
     final = weights(out / "model")  # under ZeRO-3 the full state dict gathered from the shards

@@ -43,9 +43,9 @@ class KilledAfterFirstStep:
 def test_lineup_run_survives_a_killed_verifier_with_zero_advantage_and_resumes(tmp_path, llama_server_factory):
     from captionrl.config import load_config
     from captionrl.train import lineup
-    from captionrl.train.curves import load_metrics
     from captionrl.train.lineup import LineupConfig
-    from captionrl.train.logging import load_samples
+    from captionrl.train.run.curves import load_metrics
+    from captionrl.train.run.logging import load_samples
 
     server = llama_server_factory()
     served = httpx.get(f"{server.base_url}/models", timeout=5).json()["data"][0]["id"]
@@ -160,9 +160,9 @@ def test_rubicap_run_survives_a_killed_judge_server_with_zero_advantage_and_resu
     yes/no probabilities from top_logprobs) that dies after step 1 and comes back after step 3."""
     from captionrl.config import load_config
     from captionrl.train import rubicap
-    from captionrl.train.curves import load_metrics
-    from captionrl.train.logging import load_samples
     from captionrl.train.rubicap import RubicapConfig
+    from captionrl.train.run.curves import load_metrics
+    from captionrl.train.run.logging import load_samples
 
     server = llama_server_factory()
     served = httpx.get(f"{server.base_url}/models", timeout=5).json()["data"][0]["id"]

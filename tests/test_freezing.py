@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_freeze_layers_is_validated_and_refused_with_lora(tmp_path):
-    from captionrl.train.skeleton import check_freeze_settings
+    from captionrl.train.run.freezing import check_freeze_settings
 
     with pytest.raises(ConfigError) as err:
         load_config(LineupConfig, None, ["train.freeze_layers=-1"])
@@ -33,7 +33,7 @@ def test_rl_with_the_bottom_frozen_moves_only_the_top(tmp_path, embedded_backend
     from transformers import AutoModelForCausalLM
 
     from captionrl.train import lineup
-    from captionrl.train.freezing import transformer_blocks
+    from captionrl.train.run.freezing import transformer_blocks
     from test_train_lineup import TINY
 
     out = tmp_path / "run"

@@ -10,8 +10,9 @@ import pytest
 
 from captionrl.backends import BackendConfig
 from captionrl.errors import ConfigError
-from captionrl.train.common import PolicyConfig, TrainConfig, trainer_args
-from captionrl.train.gpu_checks import check_master_weights, check_vllm, check_vllm_port
+from captionrl.train.run.builder import trainer_args
+from captionrl.train.run.gpu_checks import check_master_weights, check_vllm, check_vllm_port
+from captionrl.train.run.sections import PolicyConfig, TrainConfig
 from presets import ON_CPU
 
 CPU = {"use_cpu": True, "bf16": False, "gradient_checkpointing": False, "report_to": []}
@@ -53,7 +54,7 @@ def test_bf16_full_fine_tune_under_deepspeed_passes(tmp_path, monkeypatch):
 
 def test_attention_implementation_is_checked_before_weights_load(monkeypatch):
     """flash_attention_2 without its package is refused with both ways out; an unknown name on load."""
-    from captionrl.train.common import attn_kw, check_attn_implementation
+    from captionrl.train.run.loading import attn_kw, check_attn_implementation
 
     with pytest.raises(ConfigError) as err:
         PolicyConfig(attn_implementation="flash")
@@ -67,7 +68,7 @@ def test_attention_implementation_is_checked_before_weights_load(monkeypatch):
 
 
 def test_vllm_rollouts_name_the_extra_or_the_cpu(tmp_path, monkeypatch):
-    monkeypatch.setattr("captionrl.train.gpu_checks.vllm_installed", lambda: False)
+    monkeypatch.setattr("captionrl.train.run.gpu_checks.vllm_installed", lambda: False)
     with pytest.raises(ConfigError) as exc:
         check_vllm(_args(tmp_path, use_vllm=True, use_cpu=False))
     assert "train.use_vllm" in str(exc.value) and ".[gpu]" in str(exc.value) and "setup.sh --gpu" in str(exc.value)

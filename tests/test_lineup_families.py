@@ -109,7 +109,7 @@ def test_verification_keeps_answerable_questions_and_drops_guessable_ones():
 
 # ---------------------------------------------------------------------- one real step per family
 def _samples(out):
-    from captionrl.train.logging import load_samples
+    from captionrl.train.run.logging import load_samples
 
     return load_samples(out)
 

@@ -212,7 +212,7 @@ def test_a_colocated_share_that_cannot_hold_the_weights_is_refused():
 
 
 def test_half_precision_full_fine_tune_without_deepspeed_is_refused_as_the_run_would():
-    """The plan agrees with the run's master-weights check (train/gpu_checks.py): bf16 weights, AdamW, no
+    """The plan agrees with the run's master-weights check (train/run/gpu_checks.py): bf16 weights, AdamW, no
     DeepSpeed is refused whatever the memory says."""
     result = make_plan(PlanConfig(preset=_preset("lineup-paper.yaml"), accelerate="none"))
     assert [f for f, _p, _x in result.problems] == ["policy.dtype"] and "DeepSpeed" in result.problems[0][2]
@@ -241,8 +241,8 @@ def test_run_start_check_refuses_on_cuda_and_stays_off_on_cpu(monkeypatch):
     import torch
 
     from captionrl.config import load_config
-    from captionrl.train.memory_check import check_run_memory
     from captionrl.train.moco_sft import MocoSFTConfig
+    from captionrl.train.run.memory_check import check_run_memory
 
     cfg = load_config(MocoSFTConfig, CONFIGS / "moco-sft-paper.yaml", ["policy.dtype=float32"])
     args = types.SimpleNamespace(use_cpu=False, deepspeed_plugin=None)

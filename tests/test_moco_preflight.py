@@ -16,7 +16,7 @@ import pytest
 from captionrl.config import load_config
 from captionrl.preflight import PreflightError
 from captionrl.train.moco import MocoConfig, MocoJudgeConfig, MocoRecipe
-from captionrl.train.skeleton import prepare
+from captionrl.train.run.skeleton import prepare
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["data.n_train=2", "train.max_completion_length=12", "rubric.max_new_tokens=8", "rubric.max_attempts=1",

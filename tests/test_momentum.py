@@ -290,7 +290,7 @@ def test_callback_updates_logs_and_restores(tmp_path) -> None:
     from datasets import Dataset
     from transformers import Trainer, TrainingArguments
 
-    from captionrl.train.callbacks import MOMENTUM_STATE, MomentumCallback
+    from captionrl.train.run.callbacks import MOMENTUM_STATE, MomentumCallback
 
     class Reg(nn.Module):
         def __init__(self) -> None:
@@ -350,7 +350,7 @@ def test_callback_updates_logs_and_restores(tmp_path) -> None:
 
 def test_plot_curves(tmp_path) -> None:
     from captionrl.errors import DataError
-    from captionrl.train.curves import plot_curves
+    from captionrl.train.run.curves import plot_curves
 
     rows = [{"step": s, "reward": 0.5 + 0.01 * s, "frac_reward_zero_std": 0.1, "momentum/distance": 0.01 * s}
             for s in range(1, 21)]
@@ -375,7 +375,7 @@ def test_lora_momentum_inside_trl_grpo(tmp_path) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     from captionrl.embedded import embedded_model_dir
-    from captionrl.train.callbacks import MomentumCallback
+    from captionrl.train.run.callbacks import MomentumCallback
 
     tok = AutoTokenizer.from_pretrained(embedded_model_dir())
     tok.pad_token = tok.pad_token or tok.eos_token

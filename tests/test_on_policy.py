@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from captionrl.rewards import completion_text
-from captionrl.train import common
-from captionrl.train.on_policy import on_policy_reason, reuse_on_policy_logprobs
+from captionrl.train.run import builder, loading, sections
+from captionrl.train.run.on_policy import on_policy_reason, reuse_on_policy_logprobs
 
 pytestmark = pytest.mark.slow
 
@@ -36,17 +36,17 @@ def data():
                                          for w in ("rain", "snow")]})
 
 
-def train_config(tmp_path, name: str, **kw) -> common.TrainConfig:
+def train_config(tmp_path, name: str, **kw) -> sections.TrainConfig:
     base = {"algorithm": "rloo", "out_dir": str(tmp_path / name), "num_generations": 4,
             "per_device_train_batch_size": 8, "max_completion_length": 12, "max_steps": 1, "save_steps": 100,
             "beta": 0.0, "report_to": [], "learning_rate": LR, "temperature": 1.0}
-    return common.TrainConfig(**{**base, **kw})
+    return sections.TrainConfig(**{**base, **kw})
 
 
 def one_step(tmp_path, policy: str, name: str, skip: bool) -> tuple[dict[str, torch.Tensor], dict, list[str]]:
     train = train_config(tmp_path, name)
-    model, tok, _ = common.load_policy(common.PolicyConfig(model=policy))
-    args = common.trainer_args(train, seed=0)
+    model, tok, _ = loading.load_policy(sections.PolicyConfig(model=policy))
+    args = builder.trainer_args(train, seed=0)
     from trl import RLOOTrainer
 
     captions: list[str] = []
@@ -68,7 +68,7 @@ def one_step(tmp_path, policy: str, name: str, skip: bool) -> tuple[dict[str, to
 
 
 def test_skipping_the_old_policy_pass_gives_the_same_update(tmp_path, tiny_llama):
-    model0, _, _ = common.load_policy(common.PolicyConfig(model=tiny_llama))
+    model0, _, _ = loading.load_policy(sections.PolicyConfig(model=tiny_llama))
     initial = {n: p.detach().clone() for n, p in model0.named_parameters()}
     del model0
     plain, _, plain_captions = one_step(tmp_path, tiny_llama, "plain", skip=False)
@@ -85,7 +85,7 @@ def test_skipping_the_old_policy_pass_gives_the_same_update(tmp_path, tiny_llama
 def test_off_policy_settings_keep_trls_pass(tmp_path, tiny_llama):
     from trl import GRPOTrainer, RLOOTrainer
 
-    model, tok, _ = common.load_policy(common.PolicyConfig(model=tiny_llama))
+    model, tok, _ = loading.load_policy(sections.PolicyConfig(model=tiny_llama))
     cases = {
         "mu2": (RLOOTrainer, {"num_iterations": 2}),
         "kl": (RLOOTrainer, {"beta": 0.05}),
@@ -94,11 +94,11 @@ def test_off_policy_settings_keep_trls_pass(tmp_path, tiny_llama):
     }
     for name, (cls, kw) in cases.items():
         train = train_config(tmp_path, name, **kw)
-        trainer = cls(model=model, reward_funcs=[distinct_words], args=common.trainer_args(train, seed=0),
+        trainer = cls(model=model, reward_funcs=[distinct_words], args=builder.trainer_args(train, seed=0),
                       train_dataset=data(), processing_class=tok)
         assert on_policy_reason(trainer) is None, name
         assert reuse_on_policy_logprobs(trainer) is None and not hasattr(trainer, "_captionrl_on_policy"), name
     on_policy = RLOOTrainer(model=model, reward_funcs=[distinct_words],
-                            args=common.trainer_args(train_config(tmp_path, "on"), seed=0),
+                            args=builder.trainer_args(train_config(tmp_path, "on"), seed=0),
                             train_dataset=data(), processing_class=tok)
     assert "on-policy" in (on_policy_reason(on_policy) or "")

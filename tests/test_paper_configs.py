@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from captionrl.errors import ConfigError
-from captionrl.train.common import cuda_available, trainer_args
+from captionrl.train.run.builder import cuda_available, trainer_args
 from presets import ON_CPU
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,8 +39,8 @@ def test_moco_sft_paper_config_resolves_the_papers_sft_arguments(monkeypatch, tm
     """§4.1's SFT settings reach TRL's SFTConfig (cosine, 5% warm-up, 8 x 2), full-parameter bf16 weights
     that only DeepSpeed may train (its float32 masters), and a context long enough for a Generator row."""
     from captionrl.config import load_config
-    from captionrl.train.gpu_checks import check_master_weights
     from captionrl.train.moco_sft import MocoSFTConfig
+    from captionrl.train.run.gpu_checks import check_master_weights
     from captionrl.train.sft import sft_args
 
     monkeypatch.setenv("CAPTIONRL_FORBID_MODEL_CALLS", "1")
@@ -93,7 +93,7 @@ def _base_urls(node, path=""):
 def test_paper_config_builds_the_intended_gpu_arguments(path, monkeypatch):
     """vLLM rollouts colocated, a server port no verifier or judge uses, bounded checkpoints, and the
     GPU checks of the run (master weights, vLLM, ports) as a GPU launch under DeepSpeed would meet them."""
-    from captionrl.train.gpu_checks import check_master_weights, check_vllm_port, server_address
+    from captionrl.train.run.gpu_checks import check_master_weights, check_vllm_port, server_address
 
     monkeypatch.setenv("CAPTIONRL_FORBID_MODEL_CALLS", "1")
     raw = yaml.safe_load(path.read_text())

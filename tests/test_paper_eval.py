@@ -161,7 +161,7 @@ def test_sweep_config_errors_before_training(tmp_path, monkeypatch):
 def test_sweep_trains_evaluates_and_resumes(tmp_path, embedded_backend, tiny_llama, monkeypatch):
     """The sweep's bookkeeping (settings, tables, figures, resume): each setting trains the tiny random Llama."""
     from captionrl.train import sweep
-    from captionrl.train.curves import load_metrics
+    from captionrl.train.run.curves import load_metrics
 
     overrides = [*SWEEP_TINY, f"policy.model={tiny_llama}"]
     cfg = sweep.SweepConfig(lineup=str(ROOT / "configs" / "lineup-cpu.yaml"), overrides=overrides, out=str(tmp_path / "sweep"),

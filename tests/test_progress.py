@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from captionrl.train.progress import ProgressCallback, RunProgress, Stage, clock_text
+from captionrl.train.run.progress import ProgressCallback, RunProgress, Stage, clock_text
 
 
 class Clock:

@@ -103,8 +103,8 @@ def test_a_repeated_id_names_the_id_and_both_lines(tmp_path):
 
 def test_run_logs_are_read_as_appended_files(tmp_path):
     """metrics.jsonl / samples of a killed run: the torn tail is tolerated, missing samples are none."""
-    from captionrl.train.curves import load_metrics
-    from captionrl.train.logging import load_samples
+    from captionrl.train.run.curves import load_metrics
+    from captionrl.train.run.logging import load_samples
 
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward": 0.5}\n{"step": 2, "rew')
     assert [m["step"] for m in load_metrics(tmp_path / "metrics.jsonl")] == [1]

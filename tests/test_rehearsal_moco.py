@@ -88,12 +88,13 @@ def test_moco_paper_path_with_the_momentum_model_in_every_role(tmp_path, monkeyp
     from captionrl.judges.ngram import CiderD
     from captionrl.judges.online_rubric import parse_generator_reply
     from captionrl.judges.rubric import parse_judge_reply
-    from captionrl.train import common, moco
-    from captionrl.train.curves import load_metrics
+    from captionrl.train import moco
     from captionrl.train.image_checks import greedy_captions
     from captionrl.train.moco_records import MocoRecordsConfig, build_records
     from captionrl.train.moco_sft import MocoSFTConfig
     from captionrl.train.moco_sft import run as sft_run
+    from captionrl.train.run import loading, sections
+    from captionrl.train.run.curves import load_metrics
 
     monkeypatch.chdir(tmp_path)
     data = [f"data.n_train={ITEMS}", "data.source=scenes", "data.image_size=96", "data.max_groups=1", "data.scene_seed=0"]
@@ -203,8 +204,8 @@ def test_moco_paper_path_with_the_momentum_model_in_every_role(tmp_path, monkeyp
 
     # 4b. pairwise: trained vs initial captioner, both orders, judged by the SFT model (letter probabilities)
     def caption_file(name, model_path, adapter=None):
-        policy = common.PolicyConfig(model=model_path, dtype="float32", lora=False)
-        model, processing, _ = common.load_policy(policy)
+        policy = sections.PolicyConfig(model=model_path, dtype="float32", lora=False)
+        model, processing, _ = loading.load_policy(policy)
         if adapter:
             from peft import PeftModel
 

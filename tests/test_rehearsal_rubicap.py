@@ -63,8 +63,8 @@ def test_rubicap_paper_path_committee_writer_store_grpo_eval(tmp_path, llama_ser
     from captionrl.backends.hf import HFBackend
     from captionrl.eval import pairwise, qa
     from captionrl.train import rubicap
-    from captionrl.train.curves import load_metrics
     from captionrl.train.rubicap import RubicapConfig
+    from captionrl.train.run.curves import load_metrics
 
     monkeypatch.chdir(tmp_path)
     manifest, qa_file = _write_images(tmp_path / "images", 2)

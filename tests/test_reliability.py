@@ -98,7 +98,7 @@ class ProbeThenDie(BaseHTTPRequestHandler):
 @pytest.mark.slow
 def test_lineup_run_whose_verifier_is_down_stops_within_the_patience_and_says_why(tmp_path, capsys):
     from captionrl.cli import main
-    from captionrl.train.curves import load_metrics
+    from captionrl.train.run.curves import load_metrics
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), ProbeThenDie)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -309,8 +309,8 @@ def test_moco_run_living_on_fallback_rubrics_is_stopped_by_the_bound(tmp_path):
     from captionrl.rewards.bound import RewardBound
     from captionrl.rewards.reward import build_reward
     from captionrl.rewards.spec import RewardSpec, RubricFamilyConfig
-    from captionrl.train.callbacks import RewardBoundCallback
     from captionrl.train.moco import MocoReward
+    from captionrl.train.run.callbacks import RewardBoundCallback
 
     dead = dead_openai_backend()
     spec = RewardSpec(family="rubric", subject="image", rubric=RubricFamilyConfig(mode="choose"),

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from captionrl.train.common import incomplete_reason, last_checkpoint
+from captionrl.train.run.run_folder import incomplete_reason, last_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 900.0  # seconds a single run may take on a busy 2-core machine before the test gives up
@@ -80,7 +80,7 @@ def test_resumed_sampler_continues_the_uninterrupted_shuffle():
     from torch.utils.data import DataLoader
     from trl.trainer.utils import RepeatSampler
 
-    from captionrl.train.callbacks import ResumeShuffleCallback
+    from captionrl.train.run.callbacks import ResumeShuffleCallback
 
     def loader() -> DataLoader:  # TRL's sampler as GRPO builds it: each item's group of 2 in one batch
         sampler = RepeatSampler(list(range(6)), mini_repeat_count=2, batch_size=1, repeat_count=1, shuffle=True, seed=3)
@@ -234,7 +234,7 @@ MOCO_KILL_AFTER = 2  # checkpoint-2 complete (momentum.pt included), steps 3-4 a
 
 def _moco_cmd(out: Path) -> list[str]:
     # 2 images, one per step: the kill after step 2 lands on an epoch boundary, so the resumed epoch must
-    # draw the uninterrupted run's second shuffle (train.callbacks.ResumeShuffleCallback), not the first.
+    # draw the uninterrupted run's second shuffle (train.run.callbacks.ResumeShuffleCallback), not the first.
     return _train("moco", "--config", str(ROOT / "configs" / "moco-cpu.yaml"), "data.n_train=2",
                   "train.max_completion_length=8", "rubric.max_new_tokens=8", "rubric.max_attempts=1",
                   "train.threads=1", f"train.max_steps={MOCO_STEPS}", "train.save_steps=1",

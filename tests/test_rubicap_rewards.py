@@ -131,8 +131,8 @@ def test_family_without_its_data_fails_before_models(tmp_path, forbid_models):
 
 # ---------------------------------------------------------------------- real training, one step each
 def _train(tmp_path, embedded_backend, family, extra=()):
-    from captionrl.train.curves import load_metrics
-    from captionrl.train.logging import load_samples
+    from captionrl.train.run.curves import load_metrics
+    from captionrl.train.run.logging import load_samples
 
     out = tmp_path / family
     cfg = load_config(RubicapConfig, CPU, [*ONE_STEP, f"reward.family={family}", f"train.out_dir={out}", *extra])

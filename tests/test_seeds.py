@@ -9,7 +9,7 @@ from scipy import stats
 
 from captionrl.errors import ConfigError
 from captionrl.eval.stats import mean_interval
-from captionrl.train.seeds import aggregate, markdown, parse_seeds, run_seeds, seed_config
+from captionrl.train.run.seeds import aggregate, markdown, parse_seeds, run_seeds, seed_config
 
 
 def test_parse_seeds_accepts_lists_strings_and_counts():

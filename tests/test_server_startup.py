@@ -65,7 +65,7 @@ def test_training_waits_longer_than_one_shot_commands_by_default(monkeypatch):
     monkeypatch.setattr("captionrl.backends.startup.wait_for_models",
                         lambda base, **kw: seen.append(kw["timeout_s"]) or ["m"])
     from captionrl.backends import backend_from_spec
-    from captionrl.train.common import probe_servers
+    from captionrl.backends.startup import probe_servers
 
     with socket.socket() as held:  # a port something holds: a server may be starting there
         held.bind(("127.0.0.1", 0))
@@ -82,7 +82,7 @@ def test_a_local_port_nothing_holds_fails_at_once_naming_the_wait_setting():
     port = free_port()
     t0 = time.monotonic()
     with pytest.raises(ConfigError) as err:
-        from captionrl.train.common import probe_servers
+        from captionrl.backends.startup import probe_servers
 
         probe_servers([(_cfg(port), "verifier")])
     assert time.monotonic() - t0 < 3.0

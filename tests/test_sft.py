@@ -156,7 +156,8 @@ def _changed(model, before) -> tuple[list[str], list[str]]:
 @pytest.fixture(scope="module")
 def tiny_policy(tiny_llama):
     """The tiny policy, loaded once: (model, tokenizer); each test trains a deep copy."""
-    from captionrl.train.common import PolicyConfig, load_policy
+    from captionrl.train.run.loading import load_policy
+    from captionrl.train.run.sections import PolicyConfig
 
     model, tok, _ = load_policy(PolicyConfig(model=tiny_llama))
     return model, tok

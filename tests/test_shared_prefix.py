@@ -38,7 +38,7 @@ def _grads(model, logps, mask):
 
 
 def test_logps_entropies_and_gradients_equal_trl(policy):
-    from captionrl.train.shared_prefix import shared_prefix_logps
+    from captionrl.train.run.shared_prefix import shared_prefix_logps
 
     model, tok = policy
     ids, mask, keep = text_batch(tok, PROMPTS, COMPLETIONS, group=4)
@@ -60,7 +60,7 @@ def test_logps_entropies_and_gradients_equal_trl(policy):
 
 def test_rows_with_distinct_prompts_still_match(policy):
     """No prompt shared (group 1): one prefix per row, the same numbers as TRL."""
-    from captionrl.train.shared_prefix import shared_prefix_logps
+    from captionrl.train.run.shared_prefix import shared_prefix_logps
 
     model, tok = policy
     ids, mask, keep = text_batch(tok, [f"Series {i}: {i}, {i + 1}" for i in range(3)], COMPLETIONS[:3], group=1)
@@ -74,7 +74,7 @@ def test_rows_with_distinct_prompts_still_match(policy):
 
 def test_generation_on_the_shared_prefill_equals_plain_generation(policy):
     """Greedy captions from the once-per-group prefill are the captions of TRL's plain ``generate``."""
-    from captionrl.train.shared_prefix import share_generation_prefill
+    from captionrl.train.run.shared_prefix import share_generation_prefill
 
     model, tok = policy
     ids, mask, keep = text_batch(tok, PROMPTS, COMPLETIONS, group=4)
@@ -128,7 +128,7 @@ def test_gradient_checkpointing_keeps_the_shared_cache_and_equals_trl(tiny_polic
     prompt): the pass then refuses instead of returning wrong numbers."""
     import contextlib
 
-    from captionrl.train import shared_prefix as sp
+    from captionrl.train.run import shared_prefix as sp
 
     model, tok = tiny_policy
     ids, mask, keep = text_batch(tok, PROMPTS, COMPLETIONS, group=4)
@@ -158,7 +158,7 @@ def test_gradient_checkpointing_keeps_the_shared_cache_and_equals_trl(tiny_polic
 def test_reentrant_checkpointing_is_refused(tiny_policy):
     """Reentrant checkpointing runs each layer under no_grad: the prompt's cached states would get no gradient
     (measured: 95% off on a k_proj weight), so the pass refuses before any forward."""
-    from captionrl.train.shared_prefix import NotShared, shared_prefix_logps
+    from captionrl.train.run.shared_prefix import NotShared, shared_prefix_logps
 
     model, tok = tiny_policy
     ids, mask, keep = text_batch(tok, PROMPTS, COMPLETIONS, group=4)
@@ -183,7 +183,7 @@ def test_a_call_without_a_shared_prompt_is_routed_by_its_rows_only_in_one_proces
     from accelerate.utils import DistributedType
     from trl import RLOOTrainer
 
-    from captionrl.train.shared_prefix import share_prompt_forward
+    from captionrl.train.run.shared_prefix import share_prompt_forward
 
     model, tok = tiny_policy
     args = SimpleNamespace(gradient_checkpointing=False, num_generations=2, per_device_train_batch_size=3,
@@ -219,7 +219,7 @@ def test_reasons_follow_the_verified_setups():
     from accelerate.utils import DistributedType
     from transformers import LlamaConfig
 
-    from captionrl.train.shared_prefix import shared_prefix_reason
+    from captionrl.train.run.shared_prefix import shared_prefix_reason
 
     def reason(kind=DistributedType.NO, **args):
         base = {"gradient_checkpointing": True, "gradient_checkpointing_kwargs": None, "num_generations": 8,
@@ -248,7 +248,7 @@ def test_sharing_note_matches_trls_own_batching():
 
     from trl.trainer.utils import RepeatSampler, shuffle_sequence_dict, split_tensor_dict
 
-    from captionrl.train.shared_prefix import micro_batch_sharing
+    from captionrl.train.run.shared_prefix import micro_batch_sharing
 
     g, b, spg, ranks = 8, 8, 4, 2
     order = list(RepeatSampler(range(40), mini_repeat_count=g, batch_size=ranks * b * spg // g, seed=0))
@@ -273,7 +273,7 @@ def test_only_vision_language_models_outside_the_qwen_vl_family_keep_trls_pass(t
 
     from transformers import LlamaConfig, LlavaConfig
 
-    from captionrl.train.shared_prefix import shared_prefix_reason
+    from captionrl.train.run.shared_prefix import shared_prefix_reason
 
     args = SimpleNamespace(gradient_checkpointing=False, num_generations=4, per_device_train_batch_size=4)
     other = SimpleNamespace(args=args, model=SimpleNamespace(config=LlavaConfig()))
@@ -288,7 +288,7 @@ def test_qwen_vl_text_only_rows_equal_trl_after_a_generation(tiny_vlm):
     """LineupRL trains VLM policies on printed numbers: text-only rows. The model keeps rope deltas from its
     last generation (here of another batch size), which once broke a split pass inside the model; the
     positions are now passed explicitly, so the log-probs still equal TRL's."""
-    from captionrl.train.shared_prefix import shared_prefix_logps_qwen_vl
+    from captionrl.train.run.shared_prefix import shared_prefix_logps_qwen_vl
 
     model, proc = tiny_vlm
     ids, mask, keep = text_batch(proc.tokenizer, PROMPTS, COMPLETIONS, group=4)
@@ -326,7 +326,7 @@ def test_qwen_vl_with_images_equals_trl_and_runs_the_vision_tower_once_per_group
     pass on a tiny Qwen-VL with an image per row, left-padded prompts of two lengths and right-padded
     completions; the vision tower sees one image per group instead of one per row. Two groups with the same
     instruction and different charts must stay apart (their placeholder tokens are equal, their pixels not)."""
-    from captionrl.train.shared_prefix import shared_prefix_logps_qwen_vl
+    from captionrl.train.run.shared_prefix import shared_prefix_logps_qwen_vl
 
     model, proc = tiny_vlm
     prompts = ["Describe this chart.", "Describe this chart.", "Describe this chart in detail, please."]

@@ -11,10 +11,10 @@ import logging
 import pytest
 
 from captionrl.rewards import completion_text
-from captionrl.train import common
-from captionrl.train.curves import load_metrics
-from captionrl.train.logging import MetricsLog
-from captionrl.train.timing import KEYS, _Busy, find_backends, format_breakdown
+from captionrl.train.run import builder, loading, sections
+from captionrl.train.run.curves import load_metrics
+from captionrl.train.run.logging import MetricsLog
+from captionrl.train.run.timing import KEYS, _Busy, find_backends, format_breakdown
 
 pytestmark = pytest.mark.slow
 
@@ -39,17 +39,17 @@ def test_two_step_run_logs_every_part_and_parts_fit_in_the_step(tmp_path, capsys
     from captionrl.backends.hf import HFBackend
 
     caplog.set_level(logging.INFO, logger="captionrl")
-    train = common.TrainConfig(
+    train = sections.TrainConfig(
         algorithm="rloo", out_dir=str(tmp_path), num_generations=2, per_device_train_batch_size=4,
         max_completion_length=8, max_steps=2, save_steps=100, beta=0.0, report_to=[], learning_rate=1e-5,
     )
-    model, tok, _ = common.load_policy(common.PolicyConfig(model=tiny_llama))
+    model, tok, _ = loading.load_policy(sections.PolicyConfig(model=tiny_llama))
     verifier = HFBackend("embedded", dtype="float32", batch_size=8)
     reward = LikelihoodReward(verifier)
     data = Dataset.from_dict({"prompt": [[{"role": "user", "content": f"Say a word about {w}."}]
                                          for w in ("rain", "snow", "sun", "wind")]})
-    trainer = common.build_trainer(train, common.trainer_args(train, seed=0), model, tok, [reward], data,
-                                   callbacks=[MetricsLog(tmp_path / "metrics.jsonl", echo=False)])
+    trainer = builder.build_trainer(train, builder.trainer_args(train, seed=0), model, tok, [reward], data,
+                                    callbacks=[MetricsLog(tmp_path / "metrics.jsonl", echo=False)])
     assert verifier.loglikelihood.__wrapped__  # the verifier's calls are timed
     verifier.loglikelihood([("A short sentence:", " before training")] * 16)  # as a preflight would: not step 1's
     trainer.train()
@@ -66,8 +66,8 @@ def test_two_step_run_logs_every_part_and_parts_fit_in_the_step(tmp_path, capsys
     summary = json.loads((tmp_path / "timing.json").read_text())
     assert summary["steps"] == 2 and summary["timed_backends"] == [verifier.name]
     assert 0.0 < summary["share_of_step"]["verifier"] <= summary["share_of_step"]["reward"] < 1.0
-    assert summary["old_policy_logprobs"].startswith("skipped: on-policy")  # rloo, beta 0: train/on_policy.py
-    shared = summary["shared_prompt_forward"]  # train/shared_prefix.py: 2 steps x 4 rows, 2 prompts per step
+    assert summary["old_policy_logprobs"].startswith("skipped: on-policy")  # rloo, beta 0: train/run/on_policy.py
+    shared = summary["shared_prompt_forward"]  # train/run/shared_prefix.py: 2 steps x 4 rows, 2 prompts per step
     assert (shared["rows"], shared["prompts"], shared["fallback_calls"]) == (8, 4, 0), shared
     assert shared["generation"] == {"rows": 8, "prompts": 4}, shared
     assert summary["dtypes"][f"policy:{tiny_llama}"]["dtype"] == "float32"
@@ -165,7 +165,7 @@ def test_parts_on_cuda_include_the_kernels_they_queued(monkeypatch, cuda):
 
     import torch
 
-    from captionrl.train.timing import StepTimer
+    from captionrl.train.run.timing import StepTimer
 
     gpu = _QueuedKernels()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda != "absent")

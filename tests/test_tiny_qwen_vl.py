@@ -211,9 +211,9 @@ def test_rubicap_grpo_step_with_tiny_qwen_vl_policy(family, tmp_path, embedded_b
     from captionrl.backends.hf import resolve_model_path
     from captionrl.tiny_models.qwen_vl import CHAT_TEMPLATES
     from captionrl.train import rubicap
-    from captionrl.train.curves import load_metrics
-    from captionrl.train.logging import load_samples
     from captionrl.train.rubicap import RubicapConfig
+    from captionrl.train.run.curves import load_metrics
+    from captionrl.train.run.logging import load_samples
     from checks import unchanged_between_folders
 
     out = tmp_path / "run"
@@ -244,9 +244,9 @@ def test_rubicap_grpo_step_with_tiny_qwen_vl_policy(family, tmp_path, embedded_b
 def test_lineup_rloo_step_with_tiny_qwen2_5_vl_policy_on_charts(tmp_path, embedded_backend, vision_calls):
     from captionrl.backends.hf import resolve_model_path
     from captionrl.train import lineup
-    from captionrl.train.curves import load_metrics
     from captionrl.train.lineup import LineupConfig
-    from captionrl.train.logging import load_samples
+    from captionrl.train.run.curves import load_metrics
+    from captionrl.train.run.logging import load_samples
     from checks import unchanged_between_folders
 
     out = tmp_path / "run"
@@ -279,8 +279,8 @@ def test_lineup_paper_config_dry_run_with_tiny_qwen2_5_vl(tmp_path, embedded_bac
     held-out identification evaluation of the trained and the initial captioner.
     """
     from captionrl.train import lineup
-    from captionrl.train.curves import load_metrics
     from captionrl.train.lineup import LineupConfig
+    from captionrl.train.run.curves import load_metrics
 
     out = tmp_path / "run"
     cfg = load_config(LineupConfig, ROOT / "configs" / "lineup-paper.yaml", [
@@ -319,9 +319,9 @@ def test_rubicap_paper_config_dry_run_with_tiny_qwen2_5_vl(tmp_path, llama_serve
     ``json_object``: unconstrained, a 135M model rarely writes the JSON, and every reward would be None).
     """
     from captionrl.train import rubicap
-    from captionrl.train.curves import load_metrics
-    from captionrl.train.logging import load_samples
     from captionrl.train.rubicap import RubicapConfig
+    from captionrl.train.run.curves import load_metrics
+    from captionrl.train.run.logging import load_samples
 
     out = tmp_path / "run"
     cfg = load_config(RubicapConfig, ROOT / "configs" / "rubicap-paper.yaml", [
@@ -356,7 +356,7 @@ def test_moco_grpo_steps_with_tiny_qwen2_5_vl_policy(tmp_path, vision_calls):
     adapter) writes rubrics and judges (the config's mode). The random Generator writes no valid rubric, so every
     group falls back to fact rubrics, counted."""
     from captionrl.train import moco
-    from captionrl.train.curves import load_metrics
+    from captionrl.train.run.curves import load_metrics
 
     out = tmp_path / "run"
     cfg = load_config(moco.CONFIG, ROOT / "configs" / "moco-cpu.yaml", [

@@ -40,8 +40,8 @@ def test_two_cpu_processes_train_two_steps(tmp_path):
     ranks = sorted(p.name for p in out.glob("samples.rank*.jsonl"))
     assert ranks == ["samples.rank0.jsonl", "samples.rank1.jsonl"]  # both processes generated and scored
 
-    from captionrl.train.curves import load_metrics
-    from captionrl.train.logging import load_samples
+    from captionrl.train.run.curves import load_metrics
+    from captionrl.train.run.logging import load_samples
 
     samples = load_samples(out)
     for m in load_metrics(out / "metrics.jsonl"):

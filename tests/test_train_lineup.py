@@ -129,7 +129,7 @@ def test_candidates_command_output_feeds_the_lineup_data_build(tmp_path, forbid_
 def test_resume_refuses_a_different_config(tmp_path, forbid_models):
     out = tmp_path / "run"
     first = load_config(LineupConfig, None, [f"train.out_dir={out}", "train.learning_rate=1.0e-6"])
-    from captionrl.train.common import prepare_run_dir
+    from captionrl.train.run.run_folder import prepare_run_dir
 
     assert prepare_run_dir(first, out, "auto") is None  # fresh folder: nothing to resume
     ckpt = out / "checkpoints" / "checkpoint-5"
@@ -150,7 +150,7 @@ def test_a_copied_run_folder_resumes_and_a_changed_setting_still_refuses(tmp_pat
     run: paths inside it are compared relative to it. A path outside it, or any other setting, still counts."""
     import shutil
 
-    from captionrl.train.common import prepare_run_dir
+    from captionrl.train.run.run_folder import prepare_run_dir
 
     first = tmp_path / "a" / "run"
     cfg = load_config(LineupConfig, None, [f"train.out_dir={first}", f"data.corpus={first}/data.jsonl"])
@@ -171,7 +171,7 @@ def test_a_run_saved_before_a_setting_existed_resumes_at_its_default(tmp_path, f
     behaviour the run started with, so it resumes; set to something else, the run is a different one."""
     import yaml
 
-    from captionrl.train.common import prepare_run_dir
+    from captionrl.train.run.run_folder import prepare_run_dir
 
     out = tmp_path / "run"
     cfg = load_config(LineupConfig, None, [f"train.out_dir={out}"])
@@ -193,7 +193,7 @@ def test_algorithm_defaults_are_explicit():
     grpo = load_config(LineupConfig, None, ["train.algorithm=grpo"]).train
     assert (rloo.beta, rloo.normalize_advantages, rloo.loss_type) == (0.05, False, None)
     assert (grpo.beta, grpo.loss_type, grpo.scale_rewards) == (0.0, "dapo", "group")
-    from captionrl.train.common import trainer_args
+    from captionrl.train.run.builder import trainer_args
 
     args = trainer_args(grpo, seed=3)
     assert (args.num_generations, args.beta, args.loss_type, args.seed) == (4, 0.0, "dapo", 3)
@@ -265,8 +265,8 @@ def test_llm_claims_need_a_backend():
 @pytest.mark.slow
 def test_lineup_trains_for_real_and_logs_the_verifiers_rewards(tmp_path, embedded_backend, tiny_llama):
     from captionrl.judges.identification import IdentificationJudge
-    from captionrl.train.curves import load_metrics
-    from captionrl.train.logging import load_samples
+    from captionrl.train.run.curves import load_metrics
+    from captionrl.train.run.logging import load_samples
     from checks import unchanged_between_folders
 
     out = tmp_path / "run"

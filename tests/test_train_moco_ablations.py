@@ -59,11 +59,11 @@ def _role_adapter(cfg: MocoConfig, folder: Path) -> Path:
     import torch
     from peft import get_peft_model
 
-    from captionrl.train import common
+    from captionrl.train.run import loading, sections
 
-    base, _processing, _vlm = common.load_policy(common.PolicyConfig(model=cfg.policy.model))
+    base, _processing, _vlm = loading.load_policy(sections.PolicyConfig(model=cfg.policy.model))
     torch.manual_seed(3)
-    model = get_peft_model(base, common.lora_config(cfg.policy))
+    model = get_peft_model(base, loading.lora_config(cfg.policy))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:

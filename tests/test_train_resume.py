@@ -52,7 +52,7 @@ def test_sigkill_after_checkpoint_then_rerun_resumes(tmp_path):
         proc.wait()
         log1.close()
     assert proc.returncode == -signal.SIGKILL
-    from captionrl.train.common import last_checkpoint
+    from captionrl.train.run.run_folder import last_checkpoint
 
     resumed_from = last_checkpoint(out)
     assert resumed_from is not None

@@ -195,7 +195,7 @@ class _DeadJudgeBackend:
 def test_judge_outage_is_unscored_not_zero(tmp_path):
     from captionrl.judges.rubric import RubricJudge
     from captionrl.rewards.reward import Reward
-    from captionrl.train.logging import SampleLog, load_samples
+    from captionrl.train.run.logging import SampleLog, load_samples
 
     cfg = load_config(RubicapConfig, None, ["data.items=scenes:2:0", f"train.out_dir={tmp_path / 'run'}"])
     rows = build_data(cfg).rows
@@ -236,8 +236,8 @@ def test_rubicap_cpu_run_interrupts_resumes_trains_every_parameter_and_logs_the_
 
     from captionrl.judges.rubric import RubricStore
     from captionrl.tiny_models.vlm import tiny_vlm_dir
-    from captionrl.train.curves import load_metrics
-    from captionrl.train.logging import load_samples
+    from captionrl.train.run.curves import load_metrics
+    from captionrl.train.run.logging import load_samples
 
     out = tmp_path / "run"
     cfg = load_config(RubicapConfig, CPU, [*TINY, f"train.out_dir={out}"])

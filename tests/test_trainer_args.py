@@ -1,4 +1,4 @@
-"""The TRL trainer and arguments RLOO / GRPO actually build (``train/common.py``), and a real run with a
+"""The TRL trainer and arguments RLOO / GRPO actually build (``train/run/builder.py``), and a real run with a
 KL term (``beta > 0``): the reference model is built and TRL logs the KL it adds."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from captionrl.errors import ConfigError
-from captionrl.train.common import TrainConfig, build_trainer, trainer_args
+from captionrl.train.run.builder import build_trainer, trainer_args
+from captionrl.train.run.sections import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,7 +56,7 @@ def test_the_train_section_is_trls_fields_with_our_overrides_in_one_place():
 
     from trl import GRPOConfig, RLOOConfig
 
-    from captionrl.train import trl_settings
+    from captionrl.train.run import trl_settings
 
     ours = {f.name: f for f in dataclasses.fields(TrainConfig)}
     for cls in (RLOOConfig, GRPOConfig):
@@ -142,8 +143,8 @@ def test_a_real_rloo_run_with_a_kl_term_logs_it(tmp_path, tiny_llama):
     from captionrl.backends.hf import HFBackend
     from captionrl.config import load_config
     from captionrl.train import lineup
-    from captionrl.train.curves import load_metrics
     from captionrl.train.lineup import LineupConfig
+    from captionrl.train.run.curves import load_metrics
 
     out = tmp_path / "run"
     cfg = load_config(LineupConfig, ROOT / "configs" / "lineup-cpu.yaml", [

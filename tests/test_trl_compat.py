@@ -1,13 +1,13 @@
 """Every private TRL name captionrl patches or reads still exists, takes the parameters the patch passes and
-contains the code the patch relies on (``train.trl_compat``): a TRL release that changes one fails here,
+contains the code the patch relies on (``train.run.trl_compat``): a TRL release that changes one fails here,
 naming the attribute and the TRL version, instead of breaking a run (or, worse, its numbers) silently."""
 
 from __future__ import annotations
 
 import pytest
 
-from captionrl.train import trl_compat
-from captionrl.train.trl_compat import Internal
+from captionrl.train.run import trl_compat
+from captionrl.train.run.trl_compat import Internal
 
 
 def test_every_declared_internal_holds_in_the_installed_trl():
@@ -20,7 +20,7 @@ def test_the_patch_modules_use_only_declared_internals():
     import inspect
     import re
 
-    from captionrl.train import callbacks, on_policy, shared_prefix, timing, unscored
+    from captionrl.train.run import callbacks, on_policy, shared_prefix, timing, unscored
 
     declared = {i.name for i in trl_compat.INTERNALS} | {i.owner for i in trl_compat.INTERNALS}
     for module in (on_policy, shared_prefix, unscored, timing, callbacks):
@@ -78,7 +78,7 @@ def test_on_policy_inputs_give_the_loss_pass_logps_to_get_as_well_as_to_indexing
     placeholder zeros the skipped pass returned."""
     import torch
 
-    from captionrl.train.on_policy import _OldLogpsFromLoss
+    from captionrl.train.run.on_policy import _OldLogpsFromLoss
 
     per_token = torch.tensor([[0.5, -1.0, 2.0], [1.0, 1.0, 1.0]], requires_grad=True)
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])

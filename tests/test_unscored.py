@@ -1,8 +1,8 @@
-"""Unscored samples leave no trace in the loss (``train.unscored``): a batch in which some samples' every
+"""Unscored samples leave no trace in the loss (``train.run.unscored``): a batch in which some samples' every
 reward is ``None`` gives the loss and the gradients of the same batch without those samples.
 
 One real generation batch of the tiny random Llama (``captionrl.testing.tiny_llama``: TRL's mechanics, not a
-model) per recipe setting, built through ``common.build_trainer`` (so every other patch of a real run is
+model) per recipe setting, built through ``builder.build_trainer`` (so every other patch of a real run is
 on): 2 prompts x G=4, two micro-batches of 4 (gradient accumulation 2, one generation batch per optimizer
 step), and the reward leaves samples 1 and 2 unscored (both in the first group and the first micro-batch:
 the micro-batches are uneven). The same batch is then scored three ways over one optimizer step's
@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from captionrl.rewards import completion_text
-from captionrl.train import common
-from captionrl.train.unscored import SCALE_KEY, normaliser, settings_problem
+from captionrl.train.run import builder, loading, sections
+from captionrl.train.run.unscored import SCALE_KEY, normaliser, settings_problem
 
 UNSCORED = (1, 2)
 G, GA = 4, 2
@@ -57,16 +57,16 @@ class Reward:
 def build(tmp_path, name, policy, unscored=UNSCORED, **kw):
     from datasets import Dataset
 
-    train = common.TrainConfig(**{"out_dir": str(tmp_path / name), "num_generations": G,
-                                  "per_device_train_batch_size": 4, "gradient_accumulation_steps": GA,
-                                  "max_completion_length": 12, "max_steps": 1, "report_to": [],
-                                  "temperature": 1.0, **kw})
-    model, tok, _ = common.load_policy(common.PolicyConfig(model=policy))
+    train = sections.TrainConfig(**{"out_dir": str(tmp_path / name), "num_generations": G,
+                                    "per_device_train_batch_size": 4, "gradient_accumulation_steps": GA,
+                                    "max_completion_length": 12, "max_steps": 1, "report_to": [],
+                                    "temperature": 1.0, **kw})
+    model, tok, _ = loading.load_policy(sections.PolicyConfig(model=policy))
     # captions of varied lengths (a random model rarely ends one): EOS made likely, so tokens are not rows
     train.generation_kwargs = {"sequence_bias": [[[tok.eos_token_id], EOS_BIAS]]}
     reward = Reward(unscored)
-    trainer = common.build_trainer(train, common.trainer_args(train, seed=0), model, tok, [reward],
-                                   Dataset.from_list(rows()))
+    trainer = builder.build_trainer(train, builder.trainer_args(train, seed=0), model, tok, [reward],
+                                    Dataset.from_list(rows()))
     trainer.current_gradient_accumulation_steps = GA  # set by the training loop; the loss reads it
     trainer.model.train()
     if train.beta:  # a policy away from its reference, so the KL term (and its gradient) is not zero
@@ -185,4 +185,4 @@ def test_an_entropy_bonus_with_a_row_normalised_loss_is_refused():
     assert settings_problem("grpo", "dapo", 0.01, False) is None
     assert settings_problem("grpo", "grpo", 0.0, False) is None
     with pytest.raises(ConfigError, match=r"train\.entropy_coef"):
-        common.GRPOTrainConfig(loss_type="grpo", entropy_coef=0.01)
+        sections.GRPOTrainConfig(loss_type="grpo", entropy_coef=0.01)

@@ -179,7 +179,7 @@ def test_freezing_the_bottom_blocks_is_undone_after_the_warm_start(tiny_llama):
     after, every weight trains again; more blocks than the model has is refused, naming the setting."""
     from transformers import AutoModelForCausalLM
 
-    from captionrl.train.freezing import frozen_bottom, transformer_blocks
+    from captionrl.train.run.freezing import frozen_bottom, transformer_blocks
 
     model = AutoModelForCausalLM.from_pretrained(tiny_llama)
     blocks = transformer_blocks(model)
@@ -230,8 +230,8 @@ def test_the_warm_start_teaches_the_embedded_captioner_to_write_the_targets(tmp_
     target's form and state a direction; the untrained captioner writes neither (so the test can fail)."""
     import torch
 
-    from captionrl.train.common import load_policy
     from captionrl.train.lineup_eval import generate_captions
+    from captionrl.train.run.loading import load_policy
     from captionrl.train.warm_start import warm_start
 
     cfg = load_config(LineupConfig, CPU, ["data.n_train=8", "data.n_test=4", "warm_start.epochs=3",

@@ -15,7 +15,7 @@ ones they started answer.
 
     TRL's vLLM server (``train.vllm_mode: server``) is the field ``train.vllm_server``: a run that sends its
     rollouts to this machine needs the script to start it, a script that starts it needs a run in server mode,
-    and its port may be no verifier's or judge's (``train.gpu_checks.check_vllm_port``). Its line is ``trl
+    and its port may be no verifier's or judge's (``train.run.gpu_checks.check_vllm_port``). Its line is ``trl
     train.vllm_server HOST PORT MAX_MODEL_LEN MODEL``: the address TRL's client connects to
     (``train.vllm_server_host``/``_port`` or ``_base_url``), ``train.vllm_max_model_length`` (``-`` when unset)
     and the policy's weights (``policy.model``: the server must load the model being trained).
@@ -84,7 +84,7 @@ def probed(recipe: str, cfg: Any) -> list[tuple[Any, str]]:
 
 
 def vllm_address(train: Any) -> tuple[str, int]:
-    from captionrl.train.gpu_checks import vllm_server_address
+    from captionrl.train.run.gpu_checks import vllm_server_address
 
     return vllm_server_address(train)
 
@@ -92,7 +92,7 @@ def vllm_address(train: Any) -> tuple[str, int]:
 def trl_server(cfg: Any, needed: list[tuple[Any, str]]) -> tuple[str, int, int | None, str] | None:
     """(host, port, max_model_len, model) of the TRL vLLM server on this machine the run sends its rollouts
     to, or None (colocated rollouts, no vLLM, or a server elsewhere). Its port may be no verifier's or judge's."""
-    from captionrl.train.gpu_checks import check_vllm_port
+    from captionrl.train.run.gpu_checks import check_vllm_port
 
     t = cfg.train
     if not (getattr(t, "use_vllm", False) and getattr(t, "vllm_mode", "colocate") == "server"):

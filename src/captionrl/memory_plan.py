@@ -3,7 +3,7 @@
 A paper preset that does not fit its GPUs fails minutes into a launch (vLLM refuses at start, or the first
 backward runs out of memory) after the servers, the data and the weights have loaded. The plan does the
 arithmetic before anything loads: ``captionrl plan --config X`` prints it, and a training run on CUDA
-checks it first (``train.memory_check``). Every figure below is a formula of the model's parameter count
+checks it first (``train.run.memory_check``). Every figure below is a formula of the model's parameter count
 and shape; the row's ``how`` says which formula and where it comes from. Sizes are GiB (2**30 bytes).
 
 **Training state** (per GPU, Psi = trained parameters, N = training processes):
@@ -384,7 +384,7 @@ class Momentum:
 
 @dataclass(frozen=True)
 class PlanInputs:
-    """Everything the plan reads; built from a recipe config by ``train.memory_check``."""
+    """Everything the plan reads; built from a recipe config by ``train.run.memory_check``."""
 
     label: str
     policy: ModelShape

@@ -34,7 +34,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -181,3 +181,11 @@ def probe_server(cfg: Any, field: str = "verifier", default_wait_s: float = COMM
         if served and cfg.model not in served:
             raise ConfigError(f"{field}.model", cfg.model, f"is not served at {base} (it serves {served})",
                               f"name one of {served} after '#'")
+
+
+def probe_servers(servers: Sequence[tuple[Any, str]], default_wait_s: float = TRAINING_WAIT_S) -> None:
+    """Probe each (backend config, config field) a training run needs, before any model loads (``probe_server``).
+    A server that is still starting is waited for ``startup_timeout_s`` (unset: ``default_wait_s``, by default
+    ``TRAINING_WAIT_S``): a training run is often started together with its servers."""
+    for cfg, field in servers:
+        probe_server(cfg, field, default_wait_s=default_wait_s)

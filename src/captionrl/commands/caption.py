@@ -119,7 +119,8 @@ def _load_run_weights(cfg: CaptionConfig, run: Path) -> Captioner:
 
     from captionrl.backends.hf import HFBackend
     from captionrl.config import load_yaml
-    from captionrl.train.common import PolicyConfig, load_policy
+    from captionrl.train.run.loading import load_policy
+    from captionrl.train.run.sections import PolicyConfig
 
     saved = load_yaml(run / "config.yaml")
     pol = dict(saved.get("policy") or {})

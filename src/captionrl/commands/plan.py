@@ -19,8 +19,12 @@ before they start any. With servers only, ``--config`` may be left out.
 
 from __future__ import annotations
 
+import importlib
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
 
 from captionrl.config import help_field
 from captionrl.errors import ConfigError
@@ -55,10 +59,45 @@ class PlanConfig:
 CONFIG = PlanConfig
 
 
+RECIPES = {"lineup": "captionrl.train.lineup", "rubicap": "captionrl.train.rubicap", "moco": "captionrl.train.moco",
+           "moco-sft": "captionrl.train.moco_sft", "sft": "captionrl.train.sft"}
+"""Recipe -> the module whose ``CONFIG`` reads its YAML."""
+
+
+def detect_recipe(data: Mapping[str, Any]) -> str:
+    """Which recipe a YAML mapping configures, from the sections only that recipe has."""
+    section = data.get("data")
+    data_section: Mapping[str, Any] = section if isinstance(section, Mapping) else {}
+    if "momentum" in data or "rubric" in data or str(data.get("method", "")) in ("moco", "evolm"):
+        return "moco"
+    if "rubrics" in data:
+        return "rubicap"
+    if {"captions", "rubrics", "judgments"} & set(data_section) or data_section.get("demo"):
+        return "moco-sft"
+    if "verifier" in data or {"prepared", "corpus", "window"} & set(data_section):
+        return "lineup"
+    if "path" in data_section and "algorithm" not in (data.get("train") or {}):
+        return "sft"
+    raise ConfigError("recipe", "auto", "cannot tell the recipe from the config's sections",
+                      f"set recipe to one of {', '.join(RECIPES)}")
+
+
+def load_recipe(path: str | Path, overrides: Sequence[str] = (), recipe: str = "auto") -> tuple[str, Any]:
+    """(recipe, validated config) of a preset plus ``key=value`` overrides, as the training command loads it."""
+    from captionrl.config import apply_overrides, from_dict, load_yaml
+
+    data = apply_overrides(load_yaml(path), overrides)
+    name = detect_recipe(data) if recipe == "auto" else recipe
+    if name not in RECIPES:
+        raise ConfigError("recipe", recipe, "unknown recipe", f"use auto or one of {', '.join(RECIPES)}")
+    cls = importlib.import_module(RECIPES[name]).CONFIG
+    return name, from_dict(cls, data)
+
+
 def make_plan(cfg: PlanConfig):  # -> MemoryPlan
     """The plan ``cfg`` asks for (no printing, no refusal): for the command and the tests."""
     from captionrl.memory_plan import Parallel, plan, read_accelerate_config
-    from captionrl.train.memory_check import load_recipe, named_accelerate_config, parse_served, plan_inputs
+    from captionrl.train.run.memory_check import named_accelerate_config, parse_served, plan_inputs
 
     recipe, run_cfg = load_recipe(cfg.preset, cfg.overrides, cfg.recipe)
     launch = cfg.accelerate if cfg.accelerate is not None else named_accelerate_config(cfg.preset)

@@ -99,7 +99,7 @@ def captioner_captions(cfg: PreflightCommandConfig, rows: Sequence[Mapping[str, 
     """``cfg.samples`` captions per row from ``cfg.captioner`` at the training temperature."""
     from captionrl.backends import ChatRequest
     from captionrl.backends.hf import HFBackend
-    from captionrl.train.common import load_policy
+    from captionrl.train.run.loading import load_policy
 
     model, processing, _ = load_policy(dataclasses.replace(cfg.policy, model=str(cfg.captioner)))
     model.eval()
@@ -117,7 +117,7 @@ def run_command(cfg: PreflightCommandConfig) -> int:
     from captionrl.preflight import sample_rows, series_extra_probes, series_references
     from captionrl.probes import probe_captions
     from captionrl.rewards.reward import build_reward
-    from captionrl.train.common import apply_threads
+    from captionrl.train.run.loading import apply_threads
 
     apply_threads(cfg.train.threads)
     data = build_lineup_data(cfg.data, cfg.reward.k, cfg.seed)

@@ -6,7 +6,7 @@ run finishes normally having learnt nothing. ``RewardBound`` holds the settings 
 (``reward.max_unscored_frac``, ``reward.unscored_patience``, ``reward.max_fallback_frac``);
 ``RewardHealth`` is what a reward callable counts per call (how many captions, how many unscored, how
 many scored by a fallback rubric, the last error); ``LossTracker`` turns those counts into a verdict per
-optimizer step. The trainer side (``captionrl.train.callbacks.RewardBoundCallback``) saves a checkpoint,
+optimizer step. The trainer side (``captionrl.train.run.callbacks.RewardBoundCallback``) saves a checkpoint,
 stops the run and raises ``RewardLostError`` with one line naming the judge, the last error and how to resume.
 """
 

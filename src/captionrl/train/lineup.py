@@ -3,7 +3,7 @@
 Figure 2(b) of the paper: for each series the policy samples a group of G captions; a frozen verifier
 reads each caption and the K candidate series (the true one and K-1 mined distractors) and must pick the
 described one; the group's rewards drive an RLOO (or GRPO) update. The steps are the shared skeleton's
-(``train.skeleton``), the dataset is ``domains.lineup_data`` and the trainer is TRL's (``train.common``);
+(``train.run.skeleton``), the dataset is ``domains.lineup_data`` and the trainer is TRL's (``train.run.builder``);
 this module is the recipe: the reward, the preflight and the command. Its config is ``train.lineup_config``;
 checkpoint selection and the held-out evaluation are ``train.lineup_eval``.
 
@@ -26,18 +26,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from captionrl.backends.startup import probe_servers
 from captionrl.domains.lineup_data import LineupData, add_charts, build_lineup_data
 from captionrl.errors import ConfigError
 from captionrl.eval.final_checks import WARM_START
 from captionrl.rewards import RewardFunction
 from captionrl.rewards.reward import Reward, build_reward
 from captionrl.rewards.spec import RewardSpec
-from captionrl.train import common
-from captionrl.train.common import probe_servers, run_summary
 from captionrl.train.lineup_config import LineupConfig, LineupEvalConfig, eval_backends
 from captionrl.train.lineup_eval import evaluate, load_checkpoint_policy, select_checkpoint
-from captionrl.train.progress import ProgressCallback, RunProgress, Stage
-from captionrl.train.skeleton import Recipe, Run, train
+from captionrl.train.run import builder
+from captionrl.train.run.progress import ProgressCallback, RunProgress, Stage
+from captionrl.train.run.skeleton import Recipe, Run, run_summary, train
 
 logger = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ class LineupRecipe(Recipe):
         return [*super().callbacks(run), *progress]
 
     def reward_functions(self, run: Run) -> list[Any]:
-        from captionrl.train.logging import SampleLog
+        from captionrl.train.run.logging import SampleLog
 
         cfg = self.cfg
         self.samples = SampleLog(run.out)
@@ -204,7 +204,7 @@ class LineupRecipe(Recipe):
                 result["model"] = best["checkpoint"]
         if cfg.eval.enabled and data.rows.get("test"):
             best = result.get("selection", {}).get("checkpoint")
-            policy = load_checkpoint_policy(cfg, Path(best)) if best else common.unwrap_for_inference(run.trainer)
+            policy = load_checkpoint_policy(cfg, Path(best)) if best else builder.unwrap_for_inference(run.trainer)
             if self.progress is not None:
                 self.progress.start("final checks")
             result["eval"] = evaluate(cfg, data, policy, run.processing, self.verifier, out / "eval", self.use_chart,
@@ -255,7 +255,7 @@ def run_command(cfg: LineupConfig) -> int:
         print(json.dumps({k: len(v) for k, v in data.rows.items()}))
         return 0
     if cfg.seeds:
-        from captionrl.train.seeds import run_seeds
+        from captionrl.train.run.seeds import run_seeds
 
         summary = run_seeds(cfg, run)
         print(f"over seeds {summary['seeds']}: {summary['table']}")

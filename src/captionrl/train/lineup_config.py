@@ -15,7 +15,7 @@ from captionrl.config import help_field
 from captionrl.domains.lineup_data import LineupDataConfig
 from captionrl.errors import ConfigError
 from captionrl.rewards.spec import SERIES_FAMILIES, RewardSpec, SeriesPrint
-from captionrl.train.common import PolicyConfig, TrainConfig, backend_config
+from captionrl.train.run.sections import PolicyConfig, TrainConfig, backend_config
 from captionrl.train.warm_start import WarmStartConfig
 
 
@@ -60,7 +60,7 @@ class LineupConfig:
     eval: LineupEvalConfig = field(default_factory=LineupEvalConfig, metadata={"help": "held-out evaluation at the end"})
 
     def __post_init__(self) -> None:
-        from captionrl.train.seeds import parse_seeds
+        from captionrl.train.run.seeds import parse_seeds
 
         self.seeds = parse_seeds(self.seeds)
         if self.train.seed is None:

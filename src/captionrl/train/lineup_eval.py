@@ -28,8 +28,8 @@ logger = logging.getLogger(__name__)
 
 def load_checkpoint_policy(cfg: LineupConfig, ckpt: Path) -> Any:
     """A checkpoint's policy for inference: full weights, or the base model plus the saved LoRA adapters."""
-    from captionrl.train.common import load_policy
-    from captionrl.train.sharding import to_inference_device
+    from captionrl.train.run.loading import load_policy
+    from captionrl.train.run.sharding import to_inference_device
 
     if (ckpt / "adapter_config.json").exists():
         from peft import PeftModel
@@ -109,7 +109,7 @@ def generate_captions(model: Any, processing: Any, rows: Sequence[Mapping[str, A
 def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, verifier: Any,
              out_dir: Path, use_chart: bool, progress: Any = None) -> dict[str, Any]:
     """Held-out identification of the trained captioner (and the untrained one) via ``eval.identification``;
-    ``progress`` (a ``train.progress.RunProgress``) advances once per system captioned and once for the checks."""
+    ``progress`` (a ``train.run.progress.RunProgress``) advances once per system captioned and once for the checks."""
     from captionrl.eval.identification import CaptionSet, IdentifyEvalConfig, run_identification
 
     def advance() -> None:
@@ -133,8 +133,8 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
         del model
         advance()
     if cfg.eval.compare_initial:
-        from captionrl.train.common import load_policy
-        from captionrl.train.sharding import to_inference_device
+        from captionrl.train.run.loading import load_policy
+        from captionrl.train.run.sharding import to_inference_device
 
         base, base_proc, _ = load_policy(cfg.policy)
         base = to_inference_device(base).eval()

@@ -74,13 +74,9 @@ from captionrl.rewards.reward import Reward, build_reward
 from captionrl.rewards.shaping import ShapingConfig
 from captionrl.rewards.spec import RewardSpec, RubricFamilyConfig
 from captionrl.rewards.trl_face import RewardFunction, completion_text
-from captionrl.train import common
-from captionrl.train.common import (
-    GRPOTrainConfig,
-    PolicyConfig,
-    run_summary,
-)
-from captionrl.train.skeleton import Recipe, Run, train
+from captionrl.train.run import builder, loading
+from captionrl.train.run.sections import GRPOTrainConfig, PolicyConfig
+from captionrl.train.run.skeleton import Recipe, Run, run_summary, train
 
 logger = logging.getLogger(__name__)
 
@@ -432,7 +428,7 @@ class MocoRecipe(Recipe):
 
     def build_trainer(self, run: Run) -> Any:
         from captionrl.momentum import build_momentum
-        from captionrl.train.callbacks import MomentumCallback
+        from captionrl.train.run.callbacks import MomentumCallback
 
         trainer = super().build_trainer(run)
         self.box["momentum"] = build_momentum(trainer.model, self.cfg.momentum.settings(self.cfg.reward_interval()),
@@ -441,7 +437,7 @@ class MocoRecipe(Recipe):
             n = self.box["momentum"].load_initial(separate_state(self.cfg))
             logger.info(f"momentum: separate initialisation from {self.cfg.momentum.init_from} ({n} tensors)")
         MomentumCallback(self.box["momentum"], resume_dir=run.resume_from).attach(trainer)
-        from captionrl.train.sharding import full_weights
+        from captionrl.train.run.sharding import full_weights
 
         self.reward.weights = lambda: full_weights(trainer)  # ZeRO-3: the roles read gathered weights
         return trainer
@@ -463,7 +459,7 @@ class MocoRecipe(Recipe):
 
         rows = run.data
         refs = {str(r["item_id"]): list(r["references"]) for r in rows}
-        checks = image_final_checks(common.unwrap_for_inference(run.trainer), run.processing, rows, refs,
+        checks = image_final_checks(builder.unwrap_for_inference(run.trainer), run.processing, rows, refs,
                                     run.out / "eval", self.cfg.train.max_completion_length, seed=self.cfg.seed)
         return {"final_checks": {"table": str(run.out / "eval" / "final_checks.md"), "rows": checks["rows"]}}
 
@@ -487,7 +483,7 @@ def separate_state(cfg: MocoConfig) -> dict[str, Any]:
         from peft import load_peft_weights
 
         return dict(load_peft_weights(str(path), device="cpu"))
-    model, _processing, _vlm = common.load_policy(dataclasses.replace(cfg.policy, model=str(path), lora=False))
+    model, _processing, _vlm = loading.load_policy(dataclasses.replace(cfg.policy, model=str(path), lora=False))
     return dict(model.named_parameters())
 
 
@@ -650,13 +646,13 @@ class EvolmRecipe(MocoRecipe):
         import torch
 
         from captionrl.records import RecordWriter
-        from captionrl.train.logging import MetricsLog
+        from captionrl.train.run.logging import MetricsLog
 
         cfg, out, processing, rows = self.cfg, run.out, run.processing, run.data
         if cfg.policy.lora:
             from peft import get_peft_model
 
-            run.model = get_peft_model(run.model, common.lora_config(cfg.policy))  # one adapter, trained by both phases
+            run.model = get_peft_model(run.model, loading.lora_config(cfg.policy))  # one adapter, trained by both phases
         model = run.model
         judge_model = copy.deepcopy(model)
         for p in judge_model.parameters():
@@ -686,9 +682,9 @@ class EvolmRecipe(MocoRecipe):
             pcfg = dataclasses.replace(cfg.train, out_dir=str(out / "evolm" / f"phase{phase}-policy"), max_steps=steps,
                                        save_steps=10**9, resume="auto")
             reward = online_rubric_reward(cfg, roles, self.records)
-            pt = common.build_trainer(pcfg, common.trainer_args(pcfg, seed=int(cfg.train.seed or 0) + phase), model,
-                                      processing, [reward], rows_dataset(rows),
-                                      callbacks=[MetricsLog(Path(pcfg.out_dir) / "metrics.jsonl")], bound=cfg.reward)
+            pt = builder.build_trainer(pcfg, builder.trainer_args(pcfg, seed=int(cfg.train.seed or 0) + phase), model,
+                                       processing, [reward], rows_dataset(rows),
+                                       callbacks=[MetricsLog(Path(pcfg.out_dir) / "metrics.jsonl")], bound=cfg.reward)
             run.trainer = pt
             tp = time.perf_counter()
             pt.train()
@@ -700,10 +696,10 @@ class EvolmRecipe(MocoRecipe):
                                        per_device_train_batch_size=ev.generator_num_generations,
                                        steps_per_generation=None, gradient_accumulation_steps=1,
                                        max_completion_length=cfg.rubric.max_new_tokens, save_steps=10**9)
-            gt = common.build_trainer(gcfg, common.trainer_args(gcfg, seed=int(cfg.train.seed or 0) + 1000 + phase),
-                                      model, processing, [EvolmGeneratorReward(cfg, roles)],
-                                      rows_dataset(generator_rows(cfg, rows, current, earlier, phase)),
-                                      callbacks=[MetricsLog(Path(gcfg.out_dir) / "metrics.jsonl")], bound=cfg.reward)
+            gt = builder.build_trainer(gcfg, builder.trainer_args(gcfg, seed=int(cfg.train.seed or 0) + 1000 + phase),
+                                       model, processing, [EvolmGeneratorReward(cfg, roles)],
+                                       rows_dataset(generator_rows(cfg, rows, current, earlier, phase)),
+                                       callbacks=[MetricsLog(Path(gcfg.out_dir) / "metrics.jsonl")], bound=cfg.reward)
             run.trainer = gt
             gt.train()
             earlier = current
@@ -724,7 +720,7 @@ class EvolmRecipe(MocoRecipe):
         return folder
 
     def is_main_process(self, run: Run) -> bool:
-        return common.is_main_process()
+        return builder.is_main_process()
 
     def final_weights(self, run: Run) -> Any:
         return contextlib.nullcontext()
@@ -751,7 +747,7 @@ def merge_phase_metrics(cfg: MocoConfig, out: Path, n_phases: int) -> list[dict[
     """One ``out/metrics.jsonl`` from the phases' own: Policy steps numbered across phases, Generator metrics
     under ``generator/`` at the step of the Policy phase they follow. Returns the merged entries."""
     from captionrl.records import RecordWriter
-    from captionrl.train.curves import load_metrics
+    from captionrl.train.run.curves import load_metrics
 
     merged = []
     for phase in range(1, n_phases + 1):

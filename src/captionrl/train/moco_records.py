@@ -85,7 +85,7 @@ class MocoRecordsConfig(RubricWriterSettings):
     structured_output: str = help_field("none", "constrain writer and judge replies to their JSON schema: none, json_schema (OpenAI/vLLM) or json_object (llama.cpp)")
 
     def __post_init__(self) -> None:
-        from captionrl.train.common import backend_config
+        from captionrl.train.run.sections import backend_config
 
         super().__post_init__()
         if not self.teachers:
@@ -359,7 +359,7 @@ def build_records(cfg: MocoRecordsConfig, teachers: Sequence[Any] | None = None,
     """Items -> captions -> rubrics -> judgments in ``cfg.out_dir``; returns (and writes) the summary.
     Backends default to the config's; tests may pass their own."""
     from captionrl.backends import make_backend
-    from captionrl.train.common import backend_config
+    from captionrl.train.run.sections import backend_config
 
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)

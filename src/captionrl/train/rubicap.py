@@ -4,12 +4,12 @@ The paper's loop: every training image has an offline, image-specific rubric (we
 written from a teacher committee's consensus, or, for synthetic scenes, from their known facts); the
 policy samples a group of G captions per image; a text-only LLM judge decides each criterion for each
 caption; the reward is ``sum(w * satisfied) / sum(w)`` (``captionrl.judges.rubric.RubricJudge``); GRPO
-turns the group's rewards into advantages. Everything trainer-side is TRL through ``train.common``; this
+turns the group's rewards into advantages. Everything trainer-side is TRL through ``train.run.builder``; this
 module builds the items, the rubric store and the reward, and reports what was written.
 
 Images reach the policy as TRL 1.16 expects for VLMs: an ``image`` column plus chat prompts whose user
 turn holds an ``{"type": "image"}`` placeholder, and a ``ProcessorMixin`` processing class (loaded by
-``common.load_policy`` for any model whose config has a ``vision_config``).
+``train.run.loading.load_policy`` for any model whose config has a ``vision_config``).
 
 Rubrics (``rubrics.source``): ``facts`` builds them from the items' known facts (synthetic scenes,
 easy-vqa); ``store`` reads a JSONL store written by ``captionrl rubrics build``; ``build`` runs that
@@ -45,6 +45,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from captionrl.backends import BackendConfig
+from captionrl.backends.startup import probe_servers
 from captionrl.config import help_field
 from captionrl.domains.captioning import IMAGE_CAPTION_INSTRUCTION
 from captionrl.domains.image_data import ImageDataConfig, ImageLoadResult
@@ -53,15 +54,9 @@ from captionrl.judges.rubric_build import RubricWriterSettings
 from captionrl.rewards.reward import Reward, build_reward
 from captionrl.rewards.spec import IMAGE_FAMILIES, JudgeFamilyConfig, RewardSpec, check_family
 from captionrl.rewards.trl_face import RewardFunction
-from captionrl.train import common
-from captionrl.train.common import (
-    GRPOTrainConfig,
-    PolicyConfig,
-    backend_config,
-    probe_servers,
-    run_summary,
-)
-from captionrl.train.skeleton import Recipe, Run, train
+from captionrl.train.run import builder
+from captionrl.train.run.sections import GRPOTrainConfig, PolicyConfig, backend_config
+from captionrl.train.run.skeleton import Recipe, Run, run_summary, train
 
 logger = logging.getLogger(__name__)
 
@@ -499,7 +494,7 @@ class RubicapRecipe(Recipe):
 
     def reward_functions(self, run: Run) -> list[Any]:
         from captionrl.backends import make_backend
-        from captionrl.train.logging import SampleLog
+        from captionrl.train.run.logging import SampleLog
 
         if self.judge_backend is None:  # every family needs it: the reward's or the end-of-run rubric judge
             self.judge_backend = make_backend(self.cfg.judge)
@@ -534,7 +529,7 @@ class RubicapRecipe(Recipe):
 
         family = self.cfg.reward.family
         judges = {} if family == "rubric" else {"rubric": make_judge(self.cfg, self.judge_backend)}
-        checks = image_final_checks(common.unwrap_for_inference(run.trainer), run.processing, run.data.rows,
+        checks = image_final_checks(builder.unwrap_for_inference(run.trainer), run.processing, run.data.rows,
                                     self.references(), run.out / "eval", self.cfg.train.max_completion_length,
                                     seed=self.cfg.seed, judges=judges, reward_family=family)
         return {"final_checks": {"table": str(run.out / "eval" / "final_checks.md"), "rows": checks["rows"]}}

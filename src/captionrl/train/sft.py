@@ -21,14 +21,10 @@ from captionrl.config import help_field
 from captionrl.errors import ConfigError, DataError
 from captionrl.judges.roles import POLICY_INSTRUCTION, policy_messages
 from captionrl.records import RecordWriter, read_jsonl
-from captionrl.train.common import (
-    PolicyConfig,
-    check_memory_plan_mode,
-    checkpointing_args,
-    cuda_available,
-    lora_config,
-)
-from captionrl.train.skeleton import Recipe, Run, train
+from captionrl.train.run.builder import checkpointing_args, cuda_available
+from captionrl.train.run.loading import lora_config
+from captionrl.train.run.sections import PolicyConfig, check_memory_plan_mode
+from captionrl.train.run.skeleton import Recipe, Run, train
 
 logger = logging.getLogger(__name__)
 

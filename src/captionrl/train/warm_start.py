@@ -31,8 +31,8 @@ from typing import Any
 from captionrl.config import help_field
 from captionrl.domains.describe import SHORT_DESCRIPTION_ORDERS
 from captionrl.errors import ConfigError
-from captionrl.train.bottom_cache import cached_frozen_bottom
-from captionrl.train.freezing import check_freeze_layers, frozen_bottom
+from captionrl.train.run.bottom_cache import cached_frozen_bottom
+from captionrl.train.run.freezing import check_freeze_layers, frozen_bottom
 
 logger = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ def anchor_reference(model: Any, out: Path) -> Path | None:
     warm start saved no model).
 
     Why: TRL builds its reference model from the policy config's ``_name_or_path``
-    (``trl.trainer.utils.get_config_model_id``, declared in ``train.trl_compat``). The warm start trains the
+    (``trl.trainer.utils.get_config_model_id``, declared in ``train.run.trl_compat``). The warm start trains the
     loaded model in place, so that name still points at the base checkpoint, and the KL term would pull the
     captioner back towards the model that never stated a direction: on the main job it cost 1.6 nats a
     caption at step 1, before any RL update. Anchored to the warm start, the KL is 0 at step 1 and grows

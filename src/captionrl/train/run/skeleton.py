@@ -1,7 +1,11 @@
 """The one training skeleton every recipe runs through, top to bottom:
 
-    prepare the run folder -> probe servers -> build the dataset -> load the policy -> build the trainer
-    -> preflight -> train -> save -> final evaluation -> curves -> result file
+    prepare the run folder -> checks (GPU settings, frozen bottom, memory plan, servers) -> build the dataset
+    -> load the policy -> build the trainer -> preflight -> train -> save -> final evaluation -> curves
+    -> result file
+
+Each step is handed the config once and goes down into the module that does it (``run_folder``, ``checks``,
+``loading``, ``builder``, ``sharding``, ``curves``); none calls back into a recipe except through ``Recipe``.
 
 A recipe (LineupRL, RubiCap, MoCo Rubric, SFT) is its config, its dataset and its reward functions: it
 subclasses ``Recipe`` and fills in ``dataset`` and ``reward_functions`` (and, where it differs, the
@@ -23,18 +27,14 @@ data) comes before the policy loads, so a mistake costs seconds, not a model loa
 from __future__ import annotations
 
 import logging
-import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from captionrl.errors import ConfigError
-from captionrl.train import common
-from captionrl.train.gpu_checks import check_gpu_settings
-from captionrl.train.memory_check import check_run_memory
-from captionrl.train.sharding import full_weights, no_zero3_init
+from captionrl.train.run import builder, checks, loading, run_folder
+from captionrl.train.run.sharding import full_weights, no_zero3_init
 
 logger = logging.getLogger(__name__)
 
@@ -78,14 +78,14 @@ class Recipe:
         return []
 
     def trainer_args(self, run: Run) -> Any:
-        return common.trainer_args(self.cfg.train, seed=int(self.cfg.train.seed or 0))
+        return builder.trainer_args(self.cfg.train, seed=int(self.cfg.train.seed or 0))
 
     def dataset(self, run: Run) -> Any:
         """The recipe's data, validated; runs before the policy loads."""
         raise NotImplementedError
 
     def load_policy(self, run: Run) -> None:
-        run.model, run.processing, run.is_vlm = common.load_policy(self.cfg.policy)
+        run.model, run.processing, run.is_vlm = loading.load_policy(self.cfg.policy)
 
     def train_dataset(self, run: Run) -> Any:
         """The ``datasets.Dataset`` the trainer iterates (default: ``run.data`` as a list of rows)."""
@@ -97,7 +97,7 @@ class Recipe:
         raise NotImplementedError
 
     def callbacks(self, run: Run) -> list[Any]:
-        from captionrl.train.logging import MetricsLog
+        from captionrl.train.run.logging import MetricsLog
 
         return [MetricsLog(run.out / "metrics.jsonl"), *self.extra_callbacks]
 
@@ -110,17 +110,18 @@ class Recipe:
         return bound if isinstance(bound, RewardBound) else None
 
     def build_trainer(self, run: Run) -> Any:
-        return common.build_trainer(self.cfg.train, run.args, run.model, run.processing, self.reward_functions(run),
-                                    self.train_dataset(run), callbacks=self.callbacks(run),
-                                    peft_config=common.lora_config(self.cfg.policy), bound=self.reward_bound())
+        rewards, data, callbacks = self.reward_functions(run), self.train_dataset(run), self.callbacks(run)
+        return builder.build_trainer(self.cfg.train, run.args, run.model, run.processing, rewards, data,
+                                     callbacks=callbacks, peft_config=loading.lora_config(self.cfg.policy),
+                                     bound=self.reward_bound())
 
     def fit(self, run: Run) -> None:
         """The training step: build the trainer, run the preflight hook before step 1, train (resuming from
         ``run.resume_from``); fills ``run.trainer``, ``run.train_output``, ``run.train_seconds`` (preflight
         excluded) and ``run.steps``."""
-        from captionrl.train.callbacks import PreflightCallback
-        from captionrl.train.compact_head import compact_on_cpu
-        from captionrl.train.freezing import frozen_bottom
+        from captionrl.train.run.callbacks import PreflightCallback
+        from captionrl.train.run.compact_head import compact_on_cpu
+        from captionrl.train.run.freezing import frozen_bottom
 
         n_frozen = getattr(self.cfg.train, "freeze_layers", 0)
         # the optimizer is built inside trainer.train(): it must see the frozen weights' requires_grad
@@ -133,7 +134,7 @@ class Recipe:
             if run.resume_from is not None:
                 logger.info(f"resuming from {run.resume_from}")
             t0 = time.perf_counter()
-            with compact_on_cpu():  # TRL's fused head: only the labelled positions on CPU too (train.compact_head)
+            with compact_on_cpu():  # TRL's fused head: only the labelled positions on CPU too (train.run.compact_head)
                 run.train_output = run.trainer.train(
                     resume_from_checkpoint=str(run.resume_from) if run.resume_from else None)
             run.train_seconds = time.perf_counter() - t0 - preflight.seconds
@@ -141,7 +142,7 @@ class Recipe:
 
     def save_model(self, run: Run) -> Path:
         """Save the trained policy as ``out/model``, on every rank (ZeRO-3 gathers); returns the folder."""
-        return common.save_final_model(run.trainer, run.out / "model")
+        return builder.save_final_model(run.trainer, run.out / "model")
 
     def is_main_process(self, run: Run) -> bool:
         """Whether this process evaluates and writes the result file."""
@@ -160,7 +161,7 @@ class Recipe:
     def metrics(self, run: Run) -> list[dict[str, Any]]:
         """The logged steps ``curves.png`` and the result file's reward and step-time figures read
         (default: ``out/metrics.jsonl``, one entry per step)."""
-        from captionrl.train.curves import load_metrics
+        from captionrl.train.run.curves import load_metrics
 
         path = run.out / "metrics.jsonl"
         return load_metrics(path) if path.is_file() else []
@@ -182,28 +183,17 @@ class Recipe:
         return {}
 
 
-def check_freeze_settings(cfg: Any) -> None:
-    """``train.freeze_layers`` is for full fine-tuning: with LoRA only the adapters train already."""
-    n = getattr(cfg.train, "freeze_layers", 0)
-    if n and getattr(getattr(cfg, "policy", None), "lora", False):
-        raise ConfigError("train.freeze_layers", n, "policy.lora is on: only the LoRA adapters train already",
-                          "set train.freeze_layers: 0, or policy.lora: false")
-
-
 def prepare(recipe: Recipe) -> Run:
-    """The first half, shared by every recipe (EvoLM too): run folder, servers, data, policy."""
+    """The first half, shared by every recipe (EvoLM too): run folder, checks, data, policy."""
     cfg = recipe.cfg
     run = Run(cfg=cfg, out=Path(cfg.train.out_dir))
-    common.quiet_offline_env(run.out)
-    run.resume_from = common.prepare_run_dir(cfg, run.out, cfg.train.resume,  # config diff check, before any load
-                                             recipe.checkpoint_files)
+    run_folder.quiet_offline_env(run.out)
+    run.resume_from = run_folder.prepare_run_dir(cfg, run.out, cfg.train.resume,  # config diff check, before any load
+                                                 recipe.checkpoint_files)
     run.args = recipe.trainer_args(run)
-    check_gpu_settings(run.args, getattr(cfg, "policy", None), recipe.servers())  # GPU-only mistakes, before any load
-    check_freeze_settings(cfg)
-    check_run_memory(cfg, run.args)  # on CUDA: the memory plan (captionrl plan), refused before any load if it does not fit
-    common.probe_servers(recipe.servers())
+    checks.check_run(cfg, run.args, recipe.servers())  # GPU settings, frozen bottom, memory plan, servers: before any load
     run.data = recipe.dataset(run)
-    common.apply_threads(cfg.train.threads)
+    loading.apply_threads(cfg.train.threads)
     recipe.load_policy(run)
     return run
 
@@ -225,7 +215,7 @@ def train(recipe: Recipe) -> Run:
             return run
         run.result.update(recipe.final_evaluation(run))
     run.result.update(curves(recipe, run))
-    timing = run.out / "timing.json"  # written by train.timing's StepTimer: parts of a step and the dtypes chosen
+    timing = run.out / "timing.json"  # written by train.run.timing's StepTimer: parts of a step and the dtypes chosen
     if timing.is_file():
         import json
 
@@ -238,22 +228,21 @@ def train(recipe: Recipe) -> Run:
 
 
 def curves(recipe: Recipe, run: Run) -> dict[str, Any]:
-    """``curves.png`` from ``metrics.jsonl`` (none when nothing was logged), first/last reward, step time."""
-    from captionrl.train.curves import curve_keys, plot_curves
+    """``curves.png`` from the recipe's logged steps (none when nothing was logged), first/last reward, step time."""
+    from captionrl.train.run.curves import run_curves
 
-    path = run.out / "metrics.jsonl"
     records = recipe.metrics(run)
-    keys = list(recipe.curve_keys) if recipe.curve_keys is not None else curve_keys(records)
-    keys = [k for k in keys if any(isinstance(r.get(k), (int, float)) for r in records)]
-    smooth = {} if recipe.curve_smooth is None else {"smooth": recipe.curve_smooth}
-    points = plot_curves(records, keys, path=run.out / "curves.png", title=recipe.title, **smooth) if keys else None
-    out: dict[str, Any] = {"curves": str(run.out / "curves.png") if points else None, "curve_points": points,
-                           "metrics": str(path) if records else None,
-                           "tensorboard": str(run.out / "tensorboard") if "tensorboard" in (run.args.report_to or []) else None}
-    rewards = [m["reward"] for m in records if isinstance(m.get("reward"), (int, float)) and not math.isnan(m["reward"])]
-    if rewards:
-        out["reward_first"], out["reward_last"] = round(rewards[0], 4), round(rewards[-1], 4)
-    times = [m["step_time"] for m in records if isinstance(m.get("step_time"), (int, float))]
-    if times:
-        out["step_seconds"] = round(sum(times) / len(times), 2)
-    return out
+    return run_curves(records, run.out, keys=recipe.curve_keys, smooth=recipe.curve_smooth, title=recipe.title,
+                      tensorboard="tensorboard" in (run.args.report_to or []))
+
+
+def run_summary(result: Mapping[str, Any], keys: Sequence[str]) -> str:
+    """The console summary of a finished run, for its command to print: where each named output went, and
+    how to open TensorBoard."""
+    lines = [f"{key + ':':<11} {result[key]}" for key in keys if result.get(key) is not None]
+    if result.get("tensorboard"):
+        lines.append(f"tensorboard: tensorboard --logdir {result['tensorboard']}")
+    if "reward_first" in result:
+        lines.append(f"reward:     {result['reward_first']} (first step) -> {result['reward_last']} (last step); "
+                     f"{result.get('step_seconds')} s/step")
+    return "\n".join(lines)

@@ -6,7 +6,7 @@ elsewhere, because on Neuron a changing number of valid positions would recompil
 no such cost, and it pays the other one in full: the LineupRL warm start's batch of 8 windows has ~1,800
 positions of which ~220 carry a label (the caption), so the 49,152-word projection, its softmax statistics and
 their backward ran on eight times the rows they needed (profiled: 11 of ~20 s a warm-start step; the warm
-start with this and ``train.bottom_cache`` in 0.40x the time under AVX2 kernels: docs/main-job.md "Time").
+start with this and ``train.run.bottom_cache`` in 0.40x the time under AVX2 kernels: docs/main-job.md "Time").
 The two paths compute the same per-token log-probabilities: the
 compact one gathers the labelled rows before the projection and scatters the results back
 (``tests/test_compact_head.py`` compares values and gradients).
@@ -14,7 +14,7 @@ compact one gathers the labelled rows before the projection and scatters the res
 How: ``trl.trainer.utils`` binds the name ``_use_triton`` for that one decision (``compact =
 _use_triton(hidden_states.device)``), separately from the kernel module's own binding, which keeps choosing
 the torch fallback on CPU. :func:`compact_on_cpu` rebinds the utils name, for the block, to a function that
-also says yes for CPU tensors. Declared in ``train.trl_compat``.
+also says yes for CPU tensors. Declared in ``train.run.trl_compat``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from captionrl.train.trl_compat import original
+from captionrl.train.run.trl_compat import original
 
 
 @contextmanager

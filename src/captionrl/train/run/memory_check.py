@@ -10,11 +10,10 @@ Judge). What the config cannot say is an assumption the plan prints: the image s
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +31,6 @@ from captionrl.memory_plan import (
 
 logger = logging.getLogger(__name__)
 
-RECIPES = {"lineup": "captionrl.train.lineup", "rubicap": "captionrl.train.rubicap", "moco": "captionrl.train.moco",
-           "moco-sft": "captionrl.train.moco_sft", "sft": "captionrl.train.sft"}
-"""Recipe -> the module whose ``CONFIG`` reads its YAML."""
 CONFIG_RECIPES = {"LineupConfig": "lineup", "RubicapConfig": "rubicap", "MocoConfig": "moco",
                   "MocoSFTConfig": "moco-sft", "SFTRunConfig": "sft"}
 
@@ -52,36 +48,6 @@ JUDGE_BATCH = 8
 IMAGE_SIZE = (1024, 1024)
 """The image an image recipe's plan assumes when none is given: one megapixel (PixMo-Cap and DenseFusion
 images vary; the processors allow up to 16,384 tokens per image, see ``--image-size``)."""
-
-
-def detect_recipe(data: Mapping[str, Any]) -> str:
-    """Which recipe a YAML mapping configures, from the sections only that recipe has."""
-    section = data.get("data")
-    data_section: Mapping[str, Any] = section if isinstance(section, Mapping) else {}
-    if "momentum" in data or "rubric" in data or str(data.get("method", "")) in ("moco", "evolm"):
-        return "moco"
-    if "rubrics" in data:
-        return "rubicap"
-    if {"captions", "rubrics", "judgments"} & set(data_section) or data_section.get("demo"):
-        return "moco-sft"
-    if "verifier" in data or {"prepared", "corpus", "window"} & set(data_section):
-        return "lineup"
-    if "path" in data_section and "algorithm" not in (data.get("train") or {}):
-        return "sft"
-    raise ConfigError("recipe", "auto", "cannot tell the recipe from the config's sections",
-                      f"set recipe to one of {', '.join(RECIPES)}")
-
-
-def load_recipe(path: str | Path, overrides: Sequence[str] = (), recipe: str = "auto") -> tuple[str, Any]:
-    """(recipe, validated config) of a preset plus ``key=value`` overrides, as the training command loads it."""
-    from captionrl.config import apply_overrides, from_dict, load_yaml
-
-    data = apply_overrides(load_yaml(path), overrides)
-    name = detect_recipe(data) if recipe == "auto" else recipe
-    if name not in RECIPES:
-        raise ConfigError("recipe", recipe, "unknown recipe", f"use auto or one of {', '.join(RECIPES)}")
-    cls = importlib.import_module(RECIPES[name]).CONFIG
-    return name, from_dict(cls, data)
 
 
 def named_accelerate_config(path: str | Path) -> str | None:
@@ -115,7 +81,8 @@ def plan_inputs(recipe: str, cfg: Any, *, parallel: Parallel, gpu_gib: float,
                 in_use_gib: float = 0.0, label: str | None = None) -> PlanInputs:
     """The plan's inputs for ``cfg`` of ``recipe`` on ``parallel``'s GPUs of ``gpu_gib`` each."""
     pol, t = cfg.policy, cfg.train
-    shape = model_shape(_policy_model(pol), pol.trust_remote_code)
+    model = _policy_model(pol)
+    shape = model_shape(model, pol.trust_remote_code)
     notes: list[str] = []
     dtype = pol.dtype if pol.dtype != "auto" else "float32"  # auto keeps trained weights float32 (devices.resolve_dtype)
     bf16 = t.bf16 if t.bf16 is not None else True

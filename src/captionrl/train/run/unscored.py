@@ -25,7 +25,7 @@ Where the row rescale would also scale a term that is not the policy's (GRPO's e
 refused when it loads (:func:`settings_problem`); a MoE router loss is scaled with it (noted in the log).
 
 It patches the one trainer instance, never TRL's class; the internals it relies on are declared (and
-tested) in :mod:`captionrl.train.trl_compat`.
+tested) in :mod:`captionrl.train.run.trl_compat`.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ def normaliser(trainer: Any) -> str:
         return "tokens"
     if loss_type in ROW_LOSSES:
         return "rows"
-    raise ValueError(f"train.unscored: unknown GRPO loss_type {loss_type!r} (TRL changed?): declare how it "
-                     "normalises in captionrl.train.unscored")
+    raise ValueError(f"train.run.unscored: unknown GRPO loss_type {loss_type!r} (TRL changed?): declare how it "
+                     "normalises in captionrl.train.run.unscored")
 
 
 def settings_problem(algorithm: str, loss_type: str | None, entropy_coef: float | None,
@@ -81,7 +81,7 @@ def exclude_unscored(trainer: Any) -> str:
     out land in ``trainer._captionrl_unscored`` (``batches``, ``samples``)."""
     import torch
 
-    from captionrl.train.trl_compat import original
+    from captionrl.train.run.trl_compat import original
 
     kind = normaliser(trainer)
     grpo = getattr(trainer, "loss_type", None) is not None
@@ -100,7 +100,7 @@ def exclude_unscored(trainer: Any) -> str:
         out = generate_pass(inputs)
         unscored = state["unscored"]
         if unscored is None:
-            raise RuntimeError("train.unscored: _generate_and_score_completions returned without calling "
+            raise RuntimeError("train.run.unscored: _generate_and_score_completions returned without calling "
                                "_calculate_rewards (TRL changed?)")
         if not bool(unscored.any()):  # the same answer on every process: the rewards are gathered
             return out

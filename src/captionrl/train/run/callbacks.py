@@ -200,7 +200,7 @@ class ResumeShuffleCallback(TrainerCallback):
 
 def _repeat_sampler(loader: Any) -> Any:
     """TRL's ``RepeatSampler`` under a (prepared) dataloader, or ``None``."""
-    from captionrl.train.trl_compat import trl_object
+    from captionrl.train.run.trl_compat import trl_object
 
     RepeatSampler = trl_object("trl.trainer.utils.RepeatSampler")
 

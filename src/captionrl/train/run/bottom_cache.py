@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from captionrl.train.freezing import transformer_blocks
+from captionrl.train.run.freezing import transformer_blocks
 
 logger = logging.getLogger(__name__)
 

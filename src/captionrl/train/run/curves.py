@@ -2,7 +2,7 @@
 
 A run's metrics are TRL's log entries (reward, its std, the fraction of groups whose rewards are all
 equal, completion lengths, loss, KL) plus what reward functions and callbacks add (``identification/*``,
-``shaping/*``, ``rubric/*``, ``momentum/distance``, ``momentum/*_to_initial``). ``MetricsLog`` (``train.logging``) keeps them in
+``shaping/*``, ``rubric/*``, ``momentum/distance``, ``momentum/*_to_initial``). ``MetricsLog`` (``train.run.logging``) keeps them in
 ``metrics.jsonl``; ``load_metrics`` reads that file (or a ``trainer_state.json``, or entries already in
 memory) and ``plot_curves`` draws one panel per metric: the logged trace plus a centred moving average.
 """
@@ -68,7 +68,7 @@ def curve_keys(records: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 TIME_PARTS = ("generation", "reward", "logprobs", "backward", "optimizer")
-"""The disjoint parts of a step (``train/timing.py``); ``time/verifier`` is a share of ``time/reward``."""
+"""The disjoint parts of a step (``train/run/timing.py``); ``time/verifier`` is a share of ``time/reward``."""
 
 
 def _time_breakdown(rows: Sequence[Mapping[str, Any]]) -> dict[str, tuple[list[float], list[float]]]:
@@ -104,6 +104,10 @@ def _plot_time_breakdown(ax: Any, timing: Mapping[str, tuple[list[float], list[f
     ax.grid(alpha=0.3)
 
 
+SMOOTH = 9
+"""Points of the curves' centred moving average (the MoCo paper's Figure 5 uses 9)."""
+
+
 def moving_average(values: Sequence[float], window: int) -> list[float]:
     """Centred moving average (the MoCo paper's Figure 5 uses 9 points); shrinks at the edges."""
     half = window // 2
@@ -118,7 +122,7 @@ def plot_curves(
     source: Source,
     keys: Sequence[str] | None = None,
     path: str | Path = "curves.png",
-    smooth: int = 9,
+    smooth: int = SMOOTH,
     title: str | None = None,
 ) -> dict[str, int]:
     """Plot each ``key`` against the step (logged trace plus a centred moving average) into a PNG.
@@ -128,13 +132,17 @@ def plot_curves(
     read with ``load_metrics``; entries given in memory are plotted as they are. Returns the number of
     points plotted per key.
     """
+    rows = load_metrics(source) if isinstance(source, (str, Path)) else metric_entries(source)
+    return _plot_rows(rows, list(keys) if keys is not None else curve_keys(rows), path, smooth, title)
+
+
+def _plot_rows(rows: Sequence[Mapping[str, Any]], names: Sequence[str], path: str | Path, smooth: int,
+               title: str | None) -> dict[str, int]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = load_metrics(source) if isinstance(source, (str, Path)) else metric_entries(source)
-    names = list(keys) if keys is not None else curve_keys(rows)
     series: dict[str, tuple[list[float], list[float]]] = {}
     for key in names:
         xs, ys = [], []
@@ -170,3 +178,25 @@ def plot_curves(
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return {k: len(v[1]) for k, v in series.items()}
+
+
+def run_curves(records: Sequence[Mapping[str, Any]], out: str | Path, keys: Sequence[str] | None = None,
+               smooth: int | None = None, title: str | None = None, tensorboard: bool = False) -> dict[str, Any]:
+    """A finished run's curves, as its result file holds them: ``curves.png`` in the run folder ``out`` from the
+    logged steps ``records`` (none when nothing was logged; ``keys=None``: the watched metrics present), where
+    the metrics and TensorBoard's logs are, the first and last reward, and the mean step time."""
+    folder = Path(out)
+    names = list(keys) if keys is not None else curve_keys(records)
+    names = [k for k in names if any(isinstance(r.get(k), (int, float)) for r in records)]
+    png = folder / "curves.png"
+    points = _plot_rows(records, names, png, SMOOTH if smooth is None else smooth, title) if names else None
+    result: dict[str, Any] = {"curves": str(png) if points else None, "curve_points": points,
+                              "metrics": str(folder / "metrics.jsonl") if records else None,
+                              "tensorboard": str(folder / "tensorboard") if tensorboard else None}
+    rewards = [m["reward"] for m in records if isinstance(m.get("reward"), (int, float)) and not math.isnan(m["reward"])]
+    if rewards:
+        result["reward_first"], result["reward_last"] = round(rewards[0], 4), round(rewards[-1], 4)
+    times = [m["step_time"] for m in records if isinstance(m.get("step_time"), (int, float))]
+    if times:
+        result["step_seconds"] = round(sum(times) / len(times), 2)
+    return result

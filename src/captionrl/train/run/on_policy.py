@@ -9,8 +9,8 @@ old policy *is* the current one: the ratio is 1, clipping never acts, and the gr
 ``logps.detach()``; this module gives RLOO the same shortcut, so the loss and the gradient are the ones
 TRL computes, minus one forward pass over the whole batch (8 s of a 66 s step in the README's CPU job).
 
-It patches the one trainer instance (as :mod:`captionrl.train.timing` does), never TRL's class; the TRL
-internals it relies on are declared (and tested) in :mod:`captionrl.train.trl_compat`.
+It patches the one trainer instance (as :mod:`captionrl.train.run.timing` does), never TRL's class; the TRL
+internals it relies on are declared (and tested) in :mod:`captionrl.train.run.trl_compat`.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def reuse_on_policy_logprobs(trainer: Any) -> str | None:
         return None
     import torch
 
-    from captionrl.train.trl_compat import original
+    from captionrl.train.run.trl_compat import original
 
     per_token_pass = original(trainer, "_get_per_token_logps_and_entropies")
     loss_pass = original(trainer, "_compute_loss")

@@ -24,6 +24,14 @@ def check_freeze_layers(value: Any, field: str) -> None:
         raise ConfigError(field, value, "must be a whole number >= 0", f"set {field}: 0 (train every block) or 20")
 
 
+def check_freeze_settings(cfg: Any) -> None:
+    """``train.freeze_layers`` is for full fine-tuning: with LoRA only the adapters train already."""
+    n = getattr(cfg.train, "freeze_layers", 0)
+    if n and getattr(getattr(cfg, "policy", None), "lora", False):
+        raise ConfigError("train.freeze_layers", n, "policy.lora is on: only the LoRA adapters train already",
+                          "set train.freeze_layers: 0, or policy.lora: false")
+
+
 def transformer_blocks(model: Any) -> Sequence[Any]:
     """The model's stack of transformer blocks (the ``ModuleList`` as long as ``config.num_hidden_layers``)."""
     import torch.nn as nn

@@ -416,7 +416,7 @@ def share_prompt_forward(trainer: Any) -> str | None:
     reason = shared_prefix_reason(trainer)
     if reason is not None:
         return reason
-    from captionrl.train.trl_compat import original
+    from captionrl.train.run.trl_compat import original
 
     own_pass = original(trainer, "_get_per_token_logps_and_entropies")
     qwen_vl = qwen_vl_backbone(trainer.model) is not None

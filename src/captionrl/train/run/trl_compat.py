@@ -1,9 +1,9 @@
 """Every private TRL name captionrl relies on, in one place, and the check that the installed TRL still has it.
 
 captionrl never subclasses TRL's trainers, but six modules patch one trainer instance or read TRL
-internals: ``train.compact_head`` (the fused LM head scores only labelled positions on CPU too), ``train.on_policy`` (RLOO's redundant old-policy pass), ``train.shared_prefix`` (each group's
-prompt once in the loss pass), ``train.unscored`` (unscored samples leave the loss's normaliser),
-``train.timing`` (the per-step time breakdown) and ``train.callbacks`` (the sampler's shuffle on resume). A TRL release may rename or reshape
+internals: ``train.run.compact_head`` (the fused LM head scores only labelled positions on CPU too), ``train.run.on_policy`` (RLOO's redundant old-policy pass), ``train.run.shared_prefix`` (each group's
+prompt once in the loss pass), ``train.run.unscored`` (unscored samples leave the loss's normaliser),
+``train.run.timing`` (the per-step time breakdown) and ``train.run.callbacks`` (the sampler's shuffle on resume). A TRL release may rename or reshape
 any of them, and some breaks would be silent (a timing breakdown of zeros; placeholder old log-probs read
 with ``.get``). So each internal is declared here as an ``Internal`` (where it lives, the parameters the
 patch passes on, the source text the patch relies on, who uses it and why), the patches fetch them through
@@ -55,80 +55,80 @@ def _both(name: str, used_by: str, params: tuple[str, ...] = (), source: tuple[s
 
 
 INTERNALS: list[Internal] = [
-    # train.on_policy: RLOO's old-policy pass is skipped when training is on-policy
-    Internal("RLOOTrainer", "_get_per_token_logps_and_entropies", "train.on_policy (returns placeholder log-probs "
+    # train.run.on_policy: RLOO's old-policy pass is skipped when training is on-policy
+    Internal("RLOOTrainer", "_get_per_token_logps_and_entropies", "train.run.on_policy (returns placeholder log-probs "
              "from the no-grad old-policy pass; keeps the loss pass's own)",
              params=("model", "input_ids", "attention_mask", "logits_to_keep")),
-    Internal("RLOOTrainer", "_compute_loss", "train.on_policy (feeds inputs whose old_logps are the loss pass's own)",
+    Internal("RLOOTrainer", "_compute_loss", "train.run.on_policy (feeds inputs whose old_logps are the loss pass's own)",
              params=("model", "inputs"), source=('inputs["old_logps"]',)),
-    Internal("RLOOTrainer", "_generate_and_score_completions", "train.on_policy (the old-policy pass it skips runs "
+    Internal("RLOOTrainer", "_generate_and_score_completions", "train.run.on_policy (the old-policy pass it skips runs "
              "there under no_grad and is stored as old_logps)",
              source=("torch.no_grad()", "old_per_token_logps, _, _ = self._get_per_token_logps_and_entropies(",
                      '"old_logps": old_logps')),
-    Internal("RLOOTrainer", "__init__", "train.on_policy (reads trainer.num_iterations and trainer.beta)",
+    Internal("RLOOTrainer", "__init__", "train.run.on_policy (reads trainer.num_iterations and trainer.beta)",
              source=("self.num_iterations = args.num_iterations", "self.beta = args.beta")),
     # train.warm_start.anchor_reference: the KL reference is loaded from the policy config's _name_or_path
     *_both("__init__", "train.warm_start.anchor_reference (the reference model is built from the policy "
            "config's _name_or_path, which it points at the warm-started weights)",
            source=("create_model_from_path(get_config_model_id(self.model.config)",)),
-    # train.timing: time/generation, time/reward, time/logprobs and time/backward per step
-    *_both("_generate", "train.timing (time/generation)", params=("prompts",)),
-    *_both("_calculate_rewards", "train.timing (time/reward)",
+    # train.run.timing: time/generation, time/reward, time/logprobs and time/backward per step
+    *_both("_generate", "train.run.timing (time/generation)", params=("prompts",)),
+    *_both("_calculate_rewards", "train.run.timing (time/reward)",
            params=("inputs", "prompts", "completions", "completion_ids_list")),
-    *_both("_prepare_inputs", "train.timing (generation + scoring + log-prob passes of a step)",
+    *_both("_prepare_inputs", "train.run.timing (generation + scoring + log-prob passes of a step)",
            params=("generation_batch",)),
-    *_both("training_step", "train.timing (time/backward: the step less its _prepare_inputs)",
+    *_both("training_step", "train.run.timing (time/backward: the step less its _prepare_inputs)",
            params=("model", "inputs", "num_items_in_batch")),
-    Internal("transformers.Trainer", "training_step", "train.timing (TRL's training_step reaches _prepare_inputs "
+    Internal("transformers.Trainer", "training_step", "train.run.timing (TRL's training_step reaches _prepare_inputs "
              "through it, so the step less _prepare_inputs is the forward-backward pass)",
              source=("self._prepare_inputs(",)),
-    # train.shared_prefix: each group's prompt once in the loss pass (TRL's fused LM head on a shared cache)
-    *_both("_get_per_token_logps_and_entropies", "train.shared_prefix (the loss pass it replaces for text "
+    # train.run.shared_prefix: each group's prompt once in the loss pass (TRL's fused LM head on a shared cache)
+    *_both("_get_per_token_logps_and_entropies", "train.run.shared_prefix (the loss pass it replaces for text "
            "batches: same arguments, same (logps, entropies, aux_loss) result)",
            params=("model", "input_ids", "attention_mask", "logits_to_keep", "batch_size", "compute_entropy",
                    "compute_aux_loss"),
            source=("fused_lm_head=True", "labels[:, :-logits_to_keep] = -100", "outputs.log_probs[:, -logits_to_keep:]")),
-    Internal("trl.trainer.utils.add_fused_lm_head", None, "train.shared_prefix (the fused head runs the backbone "
+    Internal("trl.trainer.utils.add_fused_lm_head", None, "train.run.shared_prefix (the fused head runs the backbone "
              "with the caller's kwargs, so a cache passed in is used; log_probs/entropy over label != -100)",
              source=("backbone_outputs = getattr(self, backbone_attr)(*args, **kwargs)", "labels = labels[:, 1:]")),
-    # train.compact_head: on CPU too, the fused LM head scores only the labelled positions
-    Internal("trl.trainer.utils", "_use_triton", "train.compact_head (rebound for the fused head's choice between "
+    # train.run.compact_head: on CPU too, the fused LM head scores only the labelled positions
+    Internal("trl.trainer.utils", "_use_triton", "train.run.compact_head (rebound for the fused head's choice between "
              "scoring the labelled positions and scoring all; the kernel module keeps its own binding)"),
-    Internal("trl.trainer.utils.add_fused_lm_head", None, "train.compact_head (its one use of _use_triton is the "
+    Internal("trl.trainer.utils.add_fused_lm_head", None, "train.run.compact_head (its one use of _use_triton is the "
              "compact choice, and the compact path gathers the labelled rows)",
              source=("compact = _use_triton(hidden_states.device)", "hidden_states[mask] if compact else",
                      "labels[mask] if compact else")),
-    # train.unscored: samples every reward left None leave the loss and its normaliser
-    *_both("_calculate_rewards", "train.unscored (which samples every reward left None: the all-NaN rows of the "
+    # train.run.unscored: samples every reward left None leave the loss and its normaliser
+    *_both("_calculate_rewards", "train.run.unscored (which samples every reward left None: the all-NaN rows of the "
            "gathered rewards)", params=("inputs", "prompts", "completions", "completion_ids_list"),
            source=("rewards_per_func = gather(rewards_per_func)", "torch.nan")),
-    *_both("_generate_and_score_completions", "train.unscored (the batch it returns is masked and recounted "
+    *_both("_generate_and_score_completions", "train.run.unscored (the batch it returns is masked and recounted "
            "before the loss reads it; unscored rows get advantage 0 there)",
            source=('"completion_mask": completion_mask', "unscorable_mask = torch.isnan(rewards_per_func).all(dim=1)",
                    "advantages = torch.nan_to_num(advantages, nan=0.0)",
                    "self.accelerator.process_index * len(prompts)")),
-    Internal("GRPOTrainer", "_generate_and_score_completions", "train.unscored (num_items_in_batch is the gathered "
+    Internal("GRPOTrainer", "_generate_and_score_completions", "train.run.unscored (num_items_in_batch is the gathered "
              "sum of the loss mask; it is recounted the same way after masking)",
              source=("loss_mask = completion_mask if tool_mask is None else completion_mask * tool_mask",
                      "num_items_in_batch = self.accelerator.gather(loss_mask.sum()).sum()")),
-    *_both("_compute_loss", "train.unscored (the row-normalised losses are rescaled by N / N_scored)",
+    *_both("_compute_loss", "train.run.unscored (the row-normalised losses are rescaled by N / N_scored)",
            params=("model", "inputs")),
-    Internal("GRPOTrainer", "_compute_loss", "train.unscored (which loss types divide by a token count of the "
+    Internal("GRPOTrainer", "_compute_loss", "train.run.unscored (which loss types divide by a token count of the "
              "mask, which by the number of rows)",
              source=('inputs["num_items_in_batch"]', "loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)",
                      "(per_token_loss.size(0) * self.max_completion_length)", "loss = (per_token_loss * mask).sum(-1).mean()",
                      "loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()")),
-    Internal("RLOOTrainer", "_compute_loss", "train.unscored (RLOO's loss is a mean over rows; an unscored row's "
+    Internal("RLOOTrainer", "_compute_loss", "train.run.unscored (RLOO's loss is a mean over rows; an unscored row's "
              "advantage 0 makes its term exactly 0)", source=("loss = per_sequence_loss.mean()",)),
-    *_both("_prepare_inputs", "train.shared_prefix.micro_batch_sharing (what a loss pass holds: each rank's "
+    *_both("_prepare_inputs", "train.run.shared_prefix.micro_batch_sharing (what a loss pass holds: each rank's "
            "generation batch shuffled, then cut into steps_per_generation loss passes)",
            source=("shuffle_sequence_dict(generation_batch)",
                    "split_tensor_dict(generation_batch, self.args.steps_per_generation)")),
-    *_both("_get_train_sampler", "train.shared_prefix.micro_batch_sharing (the G copies of a prompt are adjacent "
+    *_both("_get_train_sampler", "train.run.shared_prefix.micro_batch_sharing (the G copies of a prompt are adjacent "
            "in the sampler's order)", source=("mini_repeat_count=self.num_generations",)),
-    # train.callbacks: a resumed run continues the sampler's shuffle sequence
-    Internal("trl.trainer.utils.RepeatSampler", None, "train.callbacks.ResumeShuffleCallback (finds the sampler)"),
-    Internal("trl.trainer.utils.RepeatSampler", "__iter__", "train.callbacks.ResumeShuffleCallback (replays one "
+    # train.run.callbacks: a resumed run continues the sampler's shuffle sequence
+    Internal("trl.trainer.utils.RepeatSampler", None, "train.run.callbacks.ResumeShuffleCallback (finds the sampler)"),
+    Internal("trl.trainer.utils.RepeatSampler", "__iter__", "train.run.callbacks.ResumeShuffleCallback (replays one "
              "shuffle per skipped epoch: one randperm of num_samples from the sampler's generator)",
              source=("torch.randperm(self.num_samples, generator=self.generator)", "if self.shuffle")),
 ]
@@ -198,14 +198,14 @@ def trl_object(path: str) -> Any:
     """A declared TRL object by its dotted path (``trl.trainer.utils.RepeatSampler``), or an error naming it
     and the TRL version when it moved."""
     if not any(i.owner == path for i in INTERNALS):
-        raise RuntimeError(f"captionrl.train.trl_compat: {path} is not a declared TRL internal; declare it in "
+        raise RuntimeError(f"captionrl.train.run.trl_compat: {path} is not a declared TRL internal; declare it in "
                            "INTERNALS (or register()) so tests/test_trl_compat.py checks it")
     try:
         return _resolve_owner(path)
     except (AttributeError, ImportError) as exc:
         raise RuntimeError(f"{path} does not exist in TRL {trl_version()} ({exc}); captionrl was checked against "
                            f"TRL {CHECKED_TRL}: install {TRL_PIN} (see pyproject.toml) or update "
-                           "captionrl.train.trl_compat") from exc
+                           "captionrl.train.run.trl_compat") from exc
 
 
 def original(obj: Any, name: str) -> Any:
@@ -215,11 +215,11 @@ def original(obj: Any, name: str) -> Any:
     stops the run with the cause instead of breaking it somewhere later."""
     owners = {i.owner for i in INTERNALS if i.name == name}
     if not owners:
-        raise RuntimeError(f"captionrl.train.trl_compat: {name} is not a declared TRL internal; declare it in "
+        raise RuntimeError(f"captionrl.train.run.trl_compat: {name} is not a declared TRL internal; declare it in "
                            "INTERNALS (or register()) so tests/test_trl_compat.py checks it")
     if not hasattr(obj, name):
         raise RuntimeError(
             f"{type(obj).__name__}.{name} does not exist in TRL {trl_version()}; captionrl's patches were checked "
             f"against TRL {CHECKED_TRL}: install {TRL_PIN} (see pyproject.toml) or update "
-            "captionrl.train.trl_compat and the patch that uses it")
+            "captionrl.train.run.trl_compat and the patch that uses it")
     return getattr(obj, name)

@@ -129,7 +129,7 @@ class StepTimer(_callback_base()):  # type: ignore[misc]
         return wrapper
 
     def _wrap_trainer(self) -> None:
-        from captionrl.train.trl_compat import original
+        from captionrl.train.run.trl_compat import original
 
         tr = self.trainer
         tr._generate = self._timed(original(tr, "_generate"), "generation")
@@ -254,8 +254,8 @@ class StepTimer(_callback_base()):  # type: ignore[misc]
         if n and mean["step"] > 0:
             share = {"reward": round(mean["reward"] / mean["step"], 4),
                      "verifier": round(mean["verifier"] / mean["step"], 4)}
-        reuse = getattr(self.trainer, "_captionrl_on_policy", {}).get("reason")  # train/on_policy.py
-        shared = getattr(self.trainer, "_captionrl_shared_prefix", None)  # train/shared_prefix.py
+        reuse = getattr(self.trainer, "_captionrl_on_policy", {}).get("reason")  # train/run/on_policy.py
+        shared = getattr(self.trainer, "_captionrl_shared_prefix", None)  # train/run/shared_prefix.py
         return {"steps": n, "mean_seconds": mean, "share_of_step": share, "timed_backends": self.backends,
                 "dtypes": dict(DTYPE_CHOICES),
                 "old_policy_logprobs": f"skipped: {reuse}" if reuse else "computed (TRL's pass)",

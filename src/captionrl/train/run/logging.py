@@ -1,5 +1,5 @@
 """Live feedback of a training run: per-step metrics file, a one-line console summary and per-caption
-sample records (the curves PNG is ``train.curves``).
+sample records (the curves PNG is ``train.run.curves``).
 
 TRL already computes the step metrics (reward, its std, the fraction of groups whose rewards are all
 equal, completion lengths) and forwards what reward functions log with ``log_metric`` (hard and soft
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from captionrl.records import RecordWriter, read_jsonl
-from captionrl.train.curves import watched
+from captionrl.train.run.curves import watched
 
 
 def _import_callback_base() -> type:
