@@ -108,8 +108,17 @@ def test_preflight_passes_the_cpu_config_and_refuses_an_unguarded_likelihood_rew
     means = {r.probe: r.mean for r in ok.rows}
     assert all(means[p] < means["honest"] - cfg.train.preflight_margin for p in means if p != "honest")
     assert {"start_only", "start_sentence", "key_values", "echo_values", "wrong_direction", "hedge"} <= set(means)
-    assert means["invented_values"] < 0  # the number budget prices a list of invented values (24 numbers)
     assert "honest" in (tmp_path / "ok" / "preflight.md").read_text()
+    # the number budget prices a list of invented values (one a window value, 6 over the budget of 10 at 0.1
+    # each): without it the probe scores that much more, or wins outright
+    _, rows, free, honest, dumps = _setup(verifier, ["reward.number_penalty=0"])
+    try:
+        unpriced = run_preflight(free, rows, honest, dumps, keys=lineup.PREFLIGHT_KEYS, out_dir=tmp_path / "free",
+                                 extra=series_extra_probes(rows, cfg.instruction()), margin=cfg.train.preflight_margin)
+        gap = {r.probe: r.mean for r in unpriced.rows}["invented_values"] - means["invented_values"]
+        assert gap == pytest.approx(0.6, abs=0.05)
+    except PreflightError as exc:
+        assert "invented_values" in str(exc)
 
     # a share bonus and no description terms: one copied value wins it
     scored = verifier.scored

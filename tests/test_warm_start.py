@@ -16,7 +16,7 @@ from captionrl.domains.lineup_data import build_lineup_data
 from captionrl.errors import ConfigError
 from captionrl.eval.description import description_checks
 from captionrl.train.lineup import LineupConfig
-from captionrl.train.warm_start import WarmStartConfig, printed_values, warm_start_records
+from captionrl.train.warm_start import WarmStartConfig, names_extremum, printed_values, warm_start_records
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = ROOT / "configs" / "lineup-cpu.yaml"
@@ -215,7 +215,9 @@ def test_a_run_warm_starts_before_rl_and_a_rerun_does_not_train_it_again(tmp_pat
     assert first["step"] == 1 and abs(first["kl"]) < 1e-3, first["kl"]
     targets = [json.loads(line) for line in (out / "warm_start" / "targets.jsonl").read_text().splitlines()]
     rows = build_lineup_data(cfg.data, cfg.reward.k, cfg.seed).rows["train"]
-    assert [t["caption"] for t in targets] == [short_description(printed_values(r)) for r in rows]
+    assert [t["caption"] for t in targets] == [
+        short_description(printed_values(r), extremum=names_extremum(str(r["item_id"]), cfg.warm_start.extremum_share,
+                                                                     cfg.seed)) for r in rows]
     assert (out / "warm_start" / "model").is_dir() and result["steps"] == 2
     # a rerun of the finished run resumes RL from its checkpoint and leaves the warm start alone
     mtime = (out / "warm_start" / "sft_summary.json").stat().st_mtime
