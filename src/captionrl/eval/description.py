@@ -184,7 +184,14 @@ class Verdict:
                                  "higher_is_better": c.higher_is_better} for c in self.comparisons]}
 
 
-DECIDING = (("direction_skill", True), ("other_facts", True), ("c2s_eval", True), ("red", False),
+EVAL_IDENTIFICATION = "c2s_eval"
+"""The per-item check of held-out identification: per window, the mean probability the evaluation verifiers
+(never the training verifier) put on the true series among its candidates."""
+
+DESCRIBES_MORE = ("direction_skill", "other_facts", EVAL_IDENTIFICATION)
+"""The checks whose rise beyond its interval makes a run better: the caption says more that is right."""
+
+DECIDING = (("direction_skill", True), ("other_facts", True), (EVAL_IDENTIFICATION, True), ("red", False),
             ("bottleneck_mse", False))
 """The checks a verdict weighs, and which way is better. Describing more (a direction beyond guessing, other
 key facts, captions by which verifiers that took no part in training pick the window out: ``c2s_eval``) makes a
@@ -233,14 +240,14 @@ def verdict(trained: Mapping[str, Mapping[str, float]], initial: Mapping[str, Ma
                    and (c := compare(trained[check], initial[check], check, up)) is not None]
     worse = [c for c in comparisons if c.worse]
     better = [c for c in comparisons if c.better]
-    describes_more = [c for c in better if c.check in ("direction_skill", "other_facts", "c2s_eval")]
+    describes_more = [c for c in better if c.check in DESCRIBES_MORE]
     if degenerated or worse:
         outcome = "worse"
     elif describes_more:
         outcome = "better"
     else:
         outcome = "not better"
-        reasons.append("none of direction_skill, other_facts, c2s_eval improved beyond its interval")
+        reasons.append(f"none of {', '.join(DESCRIBES_MORE)} improved beyond its interval")
     if worse:
         reasons.append("worse on " + ", ".join(c.text() for c in worse))
     if better:

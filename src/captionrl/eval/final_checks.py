@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from captionrl.errors import DataError
+from captionrl.eval.description import EVAL_IDENTIFICATION
 from captionrl.eval.stats import mean_interval
 from captionrl.judges.claims import COLOURS, audit, extract_rules
 from captionrl.judges.transcription import TranscriptionConfig, transcription
@@ -108,11 +109,6 @@ def caption_checks(captions: Mapping[str, str], series: Mapping[str, Any], *,
         "red_of_checkable_ci": interval(red_checkable), "green_of_checkable_ci": interval(green_checkable),
     }
     return row
-
-
-EVAL_IDENTIFICATION = "c2s_eval"
-"""The per-item check of held-out identification: per window, the mean probability the evaluation verifiers
-(never the training verifier) put on the true series among its candidates."""
 
 
 def identification_items(records: Sequence[Mapping[str, Any]], train_verifier: str = TRAIN_VERIFIER,
@@ -223,6 +219,7 @@ def run_final_checks(systems: Mapping[str, Mapping[str, str]], series: Mapping[s
         raise DataError("references", unknown, f"not among the compared systems {names[1:]}",
                         "name systems given to run_final_checks, other than the first")
     ident = identification_columns(identification)
+    identified = identification_items(identification_records or [])
     rows = []
     per_item: dict[str, dict[str, dict[str, float]]] = {}
     for name, caps in systems.items():
@@ -232,18 +229,15 @@ def run_final_checks(systems: Mapping[str, Mapping[str, str]], series: Mapping[s
         described = description_checks(caps, series, instruction=instruction, tolerance=tolerance)
         row.update(summarise(described))
         row.update(ident.get(name, {}))
-        rows.append(row)
         per_item[name] = {**described, "red": red}
-    identified = identification_items(identification_records or [])
-    for name in names:
-        mine = {i: v for i, v in identified.get(name, {}).items() if i in systems[name]}
+        mine = {i: v for i, v in identified.get(name, {}).items() if i in caps}
         if mine:
             per_item[name][EVAL_IDENTIFICATION] = mine
             mi = mean_interval(list(mine.values()))
-            row = next(r for r in rows if r["system"] == name)
             row[EVAL_IDENTIFICATION] = round(mi[0], 4) if mi else None
             if mi:
                 row[EVAL_IDENTIFICATION + "_ci"] = [round(mi[1], 4), round(mi[2], 4)]
+        rows.append(row)
     notes = []
     if bottleneck or bottleneck_items:
         try:
@@ -331,7 +325,7 @@ def _cell(v: Any) -> str:
     return f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
-BY_GROUP_COLUMNS = ("n", "direction_right", "direction_skill", "other_facts", "key_facts", "extrema_right", "c2s_eval",
+BY_GROUP_COLUMNS = ("n", "direction_right", "direction_skill", "other_facts", "key_facts", "extrema_right", EVAL_IDENTIFICATION,
                     "red", "degenerate", "same_sentence", "bottleneck_mse")
 """The columns of the per-corpus table (each with its interval over that corpus's windows)."""
 
@@ -350,9 +344,11 @@ def run_final_checks_by_group(systems: Mapping[str, Mapping[str, str]], series: 
     verdicts: dict[str, Any] = {}
     for group, ids in groups.items():
         keep = set(ids)
+        records = [r for r in kwargs.get("identification_records") or [] if r.get("item_id") in keep]
         sub = run_final_checks({name: {i: c for i, c in caps.items() if i in keep} for name, caps in systems.items()},
                                {i: v for i, v in series.items() if i in keep}, out / group,
-                               **{**kwargs, "bottleneck": False, "identification": None},
+                               **{**kwargs, "bottleneck": False, "identification": None,
+                                  "identification_records": records},
                                bottleneck_items=bottleneck_items)
         for row in sub["rows"]:
             table.append({"corpus": group, "system": row["system"],

@@ -27,10 +27,11 @@ from typing import Any
 
 from captionrl.config import help_field
 from captionrl.errors import ConfigError, DataError
+from captionrl.eval.description import EVAL_IDENTIFICATION
 from captionrl.records import read_jsonl, write_json
 
 CHECKS = (("direction_skill", True), ("other_facts", True), ("direction_right", True), ("key_facts", True),
-          ("c2s_eval", True), ("red", False), ("same_sentence", False), ("degenerate", False))
+          (EVAL_IDENTIFICATION, True), ("red", False), ("same_sentence", False), ("degenerate", False))
 """The per-item checks whose differences are shown, and whether higher is better."""
 
 
@@ -118,7 +119,6 @@ def recheck(run: str | Path) -> dict[str, Any]:
     from each reference (the warm start when the run has one, the initial model)."""
     from captionrl.eval.description import compare, description_checks, verdict
     from captionrl.eval.final_checks import (
-        EVAL_IDENTIFICATION,
         caption_checks,
         identification_items,
         verdict_references,
