@@ -20,6 +20,10 @@ metrics of the TRL face, ``extra_logs`` of the engines):
   to ``coverage_target``, less the ones the series contradicts (a hedge is one), and a penalty for a
   degenerate caption (a bare number, a few words, the instruction echoed); series rows only. It pays
   describing: the factuality bonus pays a share, which one copied value fills;
+- truthful base (``truthful_base``): a caption that states a key fact its series contradicts keeps no base
+  score (its identification), only its penalties and description term: a named value, right or wrong, tells
+  the true window from lineup candidates that share its start, end and trend, so the lineup alone pays a
+  false claim as much as a true one; series rows only;
 - numbers-masked pass (``masked_weight > 0``): the base reward also scores the caption with its numbers
   masked, and the base becomes ``(1 - w) * base + w * masked``: a caption that is identifiable only through
   copied numbers loses that part. A failed masked judgment leaves the caption unscored (``None``).
@@ -94,6 +98,7 @@ class ShapingConfig:
     wrong_fact_penalty: float = help_field(0.0, "penalty per distinct key fact the series contradicts, a hedge such as 'rises or falls' included (judges.key_facts); 0 = off")
     degenerate_penalty: float = help_field(0.0, "penalty for a degenerate caption (no words: a bare number or a list of numbers; under 5 words; the instruction echoed), which earns no coverage either; 0 = off")
     no_fact_penalty: float = help_field(0.0, "penalty for a caption that states no key fact at all, right or wrong (words about nothing a reader of the series needs): without it a policy priced for wrong facts learns that saying nothing checkable is safest; 0 = off")
+    truthful_base: bool = help_field(False, "the judge's score (the base: identification under LineupRL) counts only for a caption whose key facts the series contradicts in none (judges.key_facts, by direction_rule): a wrong value still tells the true window from candidates that lack it, so without this the lineup pays a false claim as much as a true one; series rows only")
 
     WEIGHTS: ClassVar[tuple[str, ...]] = ("length_penalty", "transcription_penalty", "run_penalty", "factuality_penalty",
                                           "factuality_bonus", "unfinished_penalty", "number_penalty", "coverage_bonus",
@@ -188,6 +193,7 @@ class Shaped:
     factuality_penalty: float
     facts: KeyFacts | None = None   # what the caption describes (series rows)
     description_term: float = 0.0   # coverage bonus less the wrong-fact and degenerate penalties
+    base_withheld: bool = False     # truthful_base: the base did not count (a contradicted key fact)
 
 
 def _score(x: Any) -> float | None:
@@ -243,7 +249,7 @@ class Shaper:
         """The shaped reward of each caption from its base score (and masked score) and its series."""
         c = self.cfg
         n = len(captions)
-        has_series = series is not None and any(len(s or []) for s in series)
+        has_series = series is not None and any(s is not None and len(s) for s in series)
         facts = self.factuality.findings(captions, series) if has_series and self.factuality.enabled else [None] * n
         out = []
         for i, cap in enumerate(captions):
@@ -260,13 +266,14 @@ class Shaper:
             f = facts[i]
             fp = self.factuality.penalty(f) if f is not None else 0.0
             kf = key_facts(cap, series[i], instruction=self.instruction, tolerance=c.factuality_tolerance) \
-                if has_series and len(series[i] or []) else None  # type: ignore[index]
+                if has_series and series[i] is not None and len(series[i]) else None  # type: ignore[index]
             if kf is not None and c.direction_rule == "label":
                 kf = with_labelled_direction(kf, series[i])  # type: ignore[index]
             dt = self.description(kf) if kf is not None and c.describes() else 0.0
-            reward = None if base is None else base - lp - tp - fp + dt
+            withheld = bool(c.truthful_base and base is not None and kf is not None and kf.wrong_facts > 0)
+            reward = None if base is None else (0.0 if withheld else base) - lp - tp - fp + dt
             out.append(Shaped(reward, raw, masked, lp, tr, tp, f.red_share if f else None,
-                              f.green_share if f else None, fp, kf, dt))
+                              f.green_share if f else None, fp, kf, dt, withheld))
         return out
 
 
@@ -290,14 +297,16 @@ def terms(caption: str, s: Shaped) -> dict[str, float]:
     if k is not None:
         out.update({"key_facts": float(k.correct_facts), "wrong_facts": float(k.wrong_facts),
                     "direction_stated": float(k.direction_stated), "direction_right": float(bool(k.direction_correct)),
-                    "degenerate": float(k.degenerate is not None), "description_term": s.description_term})
+                    "degenerate": float(k.degenerate is not None), "description_term": s.description_term,
+                    "base_withheld": float(s.base_withheld)})
     return out
 
 
 SERIES_TERMS = ("transcription_penalty", "transcription_share", "copied_values", "longest_run", "has_run")
 FACTUALITY_TERMS = ("red_share", "green_share", "factuality_penalty")
 FORM_TERMS = ("caption_chars", "ends_with_stop", "numbers", "length_penalty")
-DESCRIPTION_TERMS = ("key_facts", "wrong_facts", "direction_stated", "direction_right", "degenerate", "description_term")
+DESCRIPTION_TERMS = ("key_facts", "wrong_facts", "direction_stated", "direction_right", "degenerate", "description_term",
+                     "base_withheld")
 
 
 def metrics(extras: Sequence[Mapping[str, Any]]) -> dict[str, float]:
