@@ -28,7 +28,7 @@ def rewards(truthful: bool) -> dict[str, float]:
                                   truthful_base=truthful))
     caps = list(BASE)
     shaped = shaper.shape(caps, [BASE[c] for c in caps], [WINDOW] * len(caps))
-    return {c: s.reward for c, s in zip(caps, shaped)}
+    return {c: s.reward for c, s in zip(caps, shaped, strict=True)}
 
 
 def test_without_it_a_wrong_extreme_pays_more_than_saying_nothing_of_it():
@@ -56,5 +56,5 @@ def test_off_by_default_and_a_wrong_type_is_named():
     from captionrl.config import load_config
     from captionrl.train.lineup_config import LineupConfig
 
-    with pytest.raises(ConfigError, match="reward.truthful_base"):
+    with pytest.raises(ConfigError, match=r"reward\.truthful_base"):
         load_config(LineupConfig, None, ["reward.truthful_base=maybe"])
