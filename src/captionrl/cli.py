@@ -131,7 +131,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = config_from_args(config_cls, args)
         check_output_paths(cfg)  # an output folder that names a file fails here, not after a model loaded
-        return int(module.run_command(cfg) or 0)
+        code = int(module.run_command(cfg) or 0)
+        close_process_group()
+        return code
     except CaptionRLError as exc:  # input (files, configs, servers): one line, no traceback; bugs keep theirs
         print(f"error: {type(exc).__name__}: {' '.join(str(exc).splitlines())}", file=sys.stderr)
         return 2
@@ -144,6 +146,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: rerun the same command to resume", file=sys.stderr)
         return 130
+
+
+def close_process_group() -> None:
+    """End a distributed command cleanly: each rank tears its own process group down before exiting.
+
+    Left to the interpreter's exit, the group is destroyed by static destructors while a communication
+    thread may still be joinable, and a rank that finished its work can abort ("terminate called without
+    an active exception") and fail the whole launch; accelerate's ``end_training`` does the same for its
+    own scripts. No barrier: the other ranks return while rank 0 runs the final checks alone, which may
+    outlast a collective's timeout. Only a command that imported torch can hold a group, so other commands
+    never load it; a failed command skips this and leaves its exit to the launcher."""
+    if "torch" not in sys.modules:
+        return
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
