@@ -109,6 +109,15 @@ def test_preflight_passes_the_cpu_config_and_refuses_an_unguarded_likelihood_rew
     assert all(means[p] < means["honest"] - cfg.train.preflight_margin for p in means if p != "honest")
     assert {"start_only", "start_sentence", "key_values", "echo_values", "wrong_direction", "hedge"} <= set(means)
     assert "honest" in (tmp_path / "ok" / "preflight.md").read_text()
+    # a series value named as the extreme it is not loses to the same answer without it...
+    assert means["wrong_extreme"] < means["answer"]
+    # ...only because the false claim keeps no more than chance's identification: kept in full, the lineup pays it
+    _, rows, full, honest, dumps = _setup(verifier, ["reward.false_claim_base=full"])
+    with pytest.raises(PreflightError, match=r"wrong_extreme") as err:
+        run_preflight(full, rows, honest, dumps, keys=lineup.PREFLIGHT_KEYS, out_dir=tmp_path / "full",
+                      extra=series_extra_probes(rows, cfg.instruction()), margin=cfg.train.preflight_margin)
+    assert "reward.false_claim_base" in str(err.value)
+    assert json.loads((tmp_path / "full" / "preflight.json").read_text())["winners"] == ["wrong_extreme"]
     # the number budget prices a list of invented values (one a window value, 6 over the budget of 10 at 0.1
     # each): without it the probe scores that much more, or wins outright
     _, rows, free, honest, dumps = _setup(verifier, ["reward.number_penalty=0"])

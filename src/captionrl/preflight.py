@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from captionrl.errors import ConfigError
+from captionrl.probes import REFERENCES, probe_captions, reference_of
 from captionrl.probes import invented_values as invented_caption
-from captionrl.probes import probe_captions
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +43,9 @@ class ProbeRow:
     mean: float | None
     scored: int
     n: int
-    margin: float | None      # probe mean - honest mean (>= -train.preflight_margin: the probe wins)
+    margin: float | None      # probe mean - its reference's mean (>= -train.preflight_margin: the probe wins)
     wins: bool
+    against: str = "honest"   # the reference it must lose to (probes.reference_of); itself for a reference
 
 
 @dataclass
@@ -60,11 +61,12 @@ class PreflightResult:
     examples: dict[str, str] = field(default_factory=dict)
 
     def table(self) -> str:
-        lines = ["| probe | mean reward | scored | minus honest | wins |", "|---|---|---|---|---|"]
+        lines = ["| probe | mean reward | scored | against | minus it | wins |", "|---|---|---|---|---|---|"]
         for r in self.rows:
             mean = "unscored" if r.mean is None else f"{r.mean:.4f}"
             margin = "" if r.margin is None else f"{r.margin:+.4f}"
-            lines.append(f"| {r.probe} | {mean} | {r.scored}/{r.n} | {margin} | {'YES' if r.wins else ''} |")
+            against = "" if r.against == r.probe else r.against
+            lines.append(f"| {r.probe} | {mean} | {r.scored}/{r.n} | {against} | {margin} | {'YES' if r.wins else ''} |")
         return "\n".join(lines) + "\n"
 
     def to_json(self) -> dict[str, Any]:
@@ -100,17 +102,29 @@ def series_extra_probes(rows: Sequence[Mapping[str, Any]], instruction: str,
                         precision: int = 2) -> dict[str, list[str]]:
     """Every series-only probe of LineupRL rows (``captionrl.probes.SERIES_PROBES``): ``invented_values`` and
     the lazy optimums (start value alone, key values without words, the instruction echoed with values, the
-    right values with the wrong direction, a hedge)."""
-    from captionrl.probes import series_probes
+    right values with the wrong direction, a hedge), and the false claim ``wrong_extreme`` with the plain
+    ``answer`` it must lose to (``probes.false_claim_probes``)."""
+    from captionrl.probes import false_claim_probes, series_probes
 
     lazy = [series_probes([float(x) for x in r["series"]], instruction, precision) for r in rows]
+    false = [false_claim_probes([float(x) for x in r["series"]], precision) for r in rows]
     return {"invented_values": invented_values(rows, precision),
-            **{name: [p[name] for p in lazy] for name in (lazy[0] if lazy else {})}}
+            **{name: [p[name] for p in lazy] for name in (lazy[0] if lazy else {})},
+            **{name: [p[name] for p in false] for name in (false[0] if false else {})}}
 
 
 def probe_wins(mean: float | None, honest_mean: float | None, margin: float) -> bool:
-    """A probe wins when its mean reward is within ``margin`` of the honest reference's, or above it."""
+    """A probe wins when its mean reward is within ``margin`` of its reference's, or above it."""
     return mean is not None and honest_mean is not None and mean - honest_mean >= -margin
+
+
+def winning_probes(means: Mapping[str, float | None], margin: float) -> list[str]:
+    """The probes (not a reference, not a captioner's own captions) whose mean is within ``margin`` of the
+    honest reference's or above it, and the false claims that score at or above their true twin
+    (``probes.reference_of``): the twin says less than the honest caption, so the margin that makes describing
+    pay does not apply, but a false sentence must cost."""
+    return [p for p, v in means.items() if p not in REFERENCES and not p.startswith("captioner")
+            and probe_wins(v, means.get(reference_of(p)), margin if reference_of(p) == "honest" else 0.0)]
 
 
 def mean_scored(values: Sequence[Any]) -> tuple[float | None, int]:
@@ -165,15 +179,14 @@ def run_preflight(reward: Callable[..., Sequence[Any]], rows: Sequence[Mapping[s
     """
     scores = score_probes(reward, rows, honest, dumps, extra=extra)
     honest_mean, _ = mean_scored(scores["honest"])
+    means = {probe: mean_scored(vals) for probe, vals in scores.items()}
+    winners = winning_probes({p: m for p, (m, _) in means.items()}, margin)
     table: list[ProbeRow] = []
-    winners: list[str] = []
-    for probe, vals in scores.items():
-        mean, scored = mean_scored(vals)
-        gap = None if mean is None or honest_mean is None else mean - honest_mean
-        wins = probe != "honest" and probe_wins(mean, honest_mean, margin)
-        if wins:
-            winners.append(probe)
-        table.append(ProbeRow(probe, mean, scored, len(vals), gap, wins))
+    for probe, (mean, scored) in means.items():
+        against = probe if probe in REFERENCES else reference_of(probe)
+        ref = means.get(against, (None, 0))[0]
+        gap = None if probe in REFERENCES or mean is None or ref is None else mean - ref
+        table.append(ProbeRow(probe, mean, scored, len(scores[probe]), gap, probe in winners, against))
     passed = honest_mean is not None and not winners
     first = {name: list(caps[:1]) for name, caps in (extra or {}).items()}
     examples = {p: c[0] for p, c in probe_captions(list(honest[:1]), list(dumps[:1]), first).items()} if honest else {}
@@ -192,7 +205,7 @@ def run_preflight(reward: Callable[..., Sequence[Any]], rows: Sequence[Mapping[s
         logger.info(f"reward preflight ({len(rows)} items):\n{result.table()}")
     if not passed and not force:
         within = f" or within {margin:g} of it (train.preflight_margin)" if margin > 0 else ""
-        why = (f"probe(s) {winners} score at or above the honest reference ({_fmt(honest_mean)}){within}" if winners
+        why = (f"probe(s) {winners} score at or above their reference (honest: {_fmt(honest_mean)}){within}" if winners
                else "the reward scored no honest reference")
         raise PreflightError(
             "reward", ", ".join(keys) or "the reward", f"{why}: a policy can earn this reward without describing.\n"

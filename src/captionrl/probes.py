@@ -25,6 +25,14 @@ And the lazy optimums a LineupRL captioner can learn instead of describing, seri
 - ``hedge``: the right values and "rises or falls overall" (a direction that asserts nothing).
 
 A probe that scores at least as high as ``honest`` is a way to gain reward without describing.
+
+And a false claim, series only (``false_claim_probes``), judged against the caption it extends rather than the
+honest reference:
+
+- ``wrong_extreme``: the plain ``answer`` (the right direction, start and end) with a series value that is not
+  its extreme named as its highest (or lowest) value. Under a lineup whose candidates share the start, the end
+  and the trend, any value copied from the series picks the true window out, so a reward that pays this
+  above the bare ``answer`` pays a false claim, however far below the honest reference both score.
 """
 
 from __future__ import annotations
@@ -43,6 +51,15 @@ SERIES_PROBES = ("invented_values", "start_only", "start_sentence", "key_values"
                  "hedge")
 """Probes that exist only for series items (scored where the item has values to move)."""
 ALL_PROBES = (*PROBES, *SERIES_PROBES)
+FALSE_CLAIM_PROBES = {"wrong_extreme": "answer"}
+"""Probe -> the reference caption it must lose to: the same caption without its false sentence."""
+REFERENCES = ("honest", "answer")
+"""Captions that are references, never probes: nothing is asked of their scores but to beat the probes'."""
+
+
+def reference_of(probe: str) -> str:
+    """The reference caption a probe must score below: ``honest``, or its true twin (``FALSE_CLAIM_PROBES``)."""
+    return FALSE_CLAIM_PROBES.get(probe, "honest")
 
 
 def other_text(texts: Sequence[str], i: int) -> str:
@@ -96,6 +113,24 @@ def series_probes(values: Sequence[float], instruction: str, precision: int = 2)
         "wrong_direction": f"The series starts at {start} and ends at {end}, and overall it {opposite}.",
         "hedge": f"The series starts at {start} and ends at {end}, and it rises or falls overall.",
     }
+
+
+def false_claim_probes(values: Sequence[float], precision: int = 2) -> dict[str, str]:
+    """The ``answer`` of one series and its ``wrong_extreme`` twin (see the module doc): the extreme it names
+    is the interior one the warm start's targets name (the highest where neither is interior), its value the
+    series value at the middle rank of distance from that extreme, a number the verifier reads in the true
+    window but not the extreme the caption calls it."""
+    import numpy as np
+
+    from captionrl.domains.describe import fmt, interior_extremum, short_description
+
+    v = np.asarray(values, dtype=float)
+    answer = short_description(v, precision)
+    named = interior_extremum(v, precision) or "Its highest value"
+    word = "lowest" if "lowest" in named else "highest"
+    extreme = v.min() if word == "lowest" else v.max()
+    wrong = v[np.argsort(np.abs(v - extreme), kind="stable")[len(v) // 2]]
+    return {"answer": answer, "wrong_extreme": f"{answer} Its {word} value is {fmt(float(wrong), precision)}."}
 
 
 def probe_captions(honest: Sequence[str], dumps: Sequence[str],

@@ -87,12 +87,10 @@ def shaped_means(reward: Any, spec: Any, captions: Mapping[str, Sequence[str]], 
 
 
 def winners(means: Mapping[str, float | None], margin: float) -> list[str]:
-    """The probes (not honest, not a captioner) whose mean is within ``margin`` of the honest one, or above."""
-    from captionrl.preflight import probe_wins
+    """The probes whose mean is within ``margin`` of their reference's, or above (``preflight.winning_probes``)."""
+    from captionrl.preflight import winning_probes
 
-    honest = means.get("honest")
-    return [p for p, v in means.items() if p != "honest" and not p.startswith("captioner")
-            and probe_wins(v, honest, margin)]
+    return winning_probes(means, margin)
 
 
 def captioner_captions(cfg: PreflightCommandConfig, rows: Sequence[Mapping[str, Any]]) -> list[list[str]]:
@@ -115,7 +113,7 @@ def run_command(cfg: PreflightCommandConfig) -> int:
     from captionrl.backends import make_backend
     from captionrl.domains.lineup_data import build_lineup_data
     from captionrl.preflight import sample_rows, series_extra_probes, series_references
-    from captionrl.probes import probe_captions
+    from captionrl.probes import probe_captions, reference_of
     from captionrl.rewards.reward import build_reward
     from captionrl.train.run.loading import apply_threads
 
@@ -152,15 +150,16 @@ def run_command(cfg: PreflightCommandConfig) -> int:
     print(f"reward preflight of {len(rows)} training rows (K={cfg.reward.k}, {cfg.reward.mode}, "
           f"pinned distractors: {cfg.data.pin_endpoints})\n")
     lam = cfg.reward.lam or 1.0
-    print("| caption | mean reward | identification (soft) | numbers masked (soft) | minus honest |\n|---|---|---|---|---|")
+    print("| caption | mean reward | identification (soft) | numbers masked (soft) | minus its reference |\n|---|---|---|---|---|")
     for p in captions:
-        r, s, h = full[p], _mean(soft[p]), full.get("honest")
+        r, s, h = full[p], _mean(soft[p]), full.get(reference_of(p))
         m = _mean([None if v is None else v / lam for v in masked[p]]) if masked is not None else None
         gap = "" if r is None or h is None else f"{r - h:+.3f}"
         print(f"| {p} | {'unscored' if r is None else f'{r:.3f}'} | {'' if s is None else f'{s:.3f}'} | "
               f"{'' if m is None else f'{m:.3f}'} | {gap} |")
     won = winners(full, margin)
-    print(f"\nprobes within {margin:g} of the honest reference or above: {', '.join(won) or 'none'}")
+    print(f"\nprobes within {margin:g} of their reference (honest; for wrong_extreme, answer) or above: "
+          f"{', '.join(won) or 'none'}")
     if cfg.ablate and cfg.probes:
         def report(title: str, steps: Sequence[tuple[str, dict[str, float | None]]]) -> None:
             print(f"\n{title}\n| switched off | honest | probes that would win (mean) |\n|---|---|---|")

@@ -20,10 +20,12 @@ metrics of the TRL face, ``extra_logs`` of the engines):
   to ``coverage_target``, less the ones the series contradicts (a hedge is one), and a penalty for a
   degenerate caption (a bare number, a few words, the instruction echoed); series rows only. It pays
   describing: the factuality bonus pays a share, which one copied value fills;
-- truthful base (``truthful_base``): a caption that states a key fact its series contradicts keeps no base
-  score (its identification), only its penalties and description term: a named value, right or wrong, tells
-  the true window from lineup candidates that share its start, end and trend, so the lineup alone pays a
-  false claim as much as a true one; series rows only;
+- the base of a false claim (``false_claim_base``): a caption that states a key fact its series contradicts
+  keeps its base score (``full``), at most chance's (``chance``: ``lam / k``, what a lineup pays a caption that
+  tells its candidates nothing apart) or none of it (``none``). A named value copied from the series tells the
+  true window from lineup candidates that share its start, end and trend whether or not it is the extreme the
+  caption calls it, so under ``full`` the lineup pays a false claim about as much as a true one; series rows
+  only;
 - numbers-masked pass (``masked_weight > 0``): the base reward also scores the caption with its numbers
   masked, and the base becomes ``(1 - w) * base + w * masked``: a caption that is identifiable only through
   copied numbers loses that part. A failed masked judgment leaves the caption unscored (``None``).
@@ -46,6 +48,8 @@ from captionrl.rewards.factuality import EXTRACTORS, FactualityTerm
 
 DIRECTION_RULES = ("claims", "label")
 """``direction_rule``'s values: the claim checker's tolerance, or the window's one label."""
+FALSE_CLAIM_BASES = ("full", "chance", "none")
+"""``false_claim_base``'s values: the base a caption with a contradicted key fact keeps."""
 
 MASK_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 MASK = "#"
@@ -98,7 +102,7 @@ class ShapingConfig:
     wrong_fact_penalty: float = help_field(0.0, "penalty per distinct key fact the series contradicts, a hedge such as 'rises or falls' included (judges.key_facts); 0 = off")
     degenerate_penalty: float = help_field(0.0, "penalty for a degenerate caption (no words: a bare number or a list of numbers; under 5 words; the instruction echoed), which earns no coverage either; 0 = off")
     no_fact_penalty: float = help_field(0.0, "penalty for a caption that states no key fact at all, right or wrong (words about nothing a reader of the series needs): without it a policy priced for wrong facts learns that saying nothing checkable is safest; 0 = off")
-    truthful_base: bool = help_field(False, "the judge's score (the base: identification under LineupRL) counts only for a caption whose key facts the series contradicts in none (judges.key_facts, by direction_rule): a wrong value still tells the true window from candidates that lack it, so without this the lineup pays a false claim as much as a true one; series rows only")
+    false_claim_base: str = help_field("full", "the judge's score (the base: identification under LineupRL) that a caption stating a key fact its series contradicts keeps (judges.key_facts, by direction_rule): full; chance, at most lam / k (what a lineup pays a caption that tells nothing apart); or none. A value copied from the series tells the true window from candidates that share its start, end and trend whether or not it is the extreme the caption calls it, so under full the lineup pays a false claim about as much as a true one; series rows only")
 
     WEIGHTS: ClassVar[tuple[str, ...]] = ("length_penalty", "transcription_penalty", "run_penalty", "factuality_penalty",
                                           "factuality_bonus", "unfinished_penalty", "number_penalty", "coverage_bonus",
@@ -134,6 +138,9 @@ class ShapingConfig:
             raise ConfigError(f"{f}.coverage_target", self.coverage_target, "must be >= 1", "set e.g. 4")
         if self.factuality_tolerance <= 0:
             raise ConfigError(f"{f}.factuality_tolerance", self.factuality_tolerance, "must be > 0", "use 0.35 (the span audit's)")
+        if self.false_claim_base not in FALSE_CLAIM_BASES:
+            raise ConfigError(f"{f}.false_claim_base", self.false_claim_base, "unknown value",
+                              f"use one of {', '.join(FALSE_CLAIM_BASES)}")
         if self.claims_extractor not in EXTRACTORS:
             raise ConfigError(f"{f}.claims_extractor", self.claims_extractor, "unknown extractor", f"use one of {', '.join(EXTRACTORS)}")
         if self.claims_extractor == "llm" and not self.claims_backend:
@@ -193,7 +200,7 @@ class Shaped:
     factuality_penalty: float
     facts: KeyFacts | None = None   # what the caption describes (series rows)
     description_term: float = 0.0   # coverage bonus less the wrong-fact and degenerate penalties
-    base_withheld: bool = False     # truthful_base: the base did not count (a contradicted key fact)
+    base_withheld: bool = False     # false_claim_base: the base was capped or withheld (a contradicted key fact)
 
 
 def _score(x: Any) -> float | None:
@@ -212,6 +219,28 @@ class Shaper:
         self.guard = self.cfg.guard()
         self.factuality = self.cfg.factuality_term()
         self.instruction = instruction
+        self.chance = self.chance_base(self.cfg)
+
+    @staticmethod
+    def chance_base(cfg: ShapingConfig) -> float | None:
+        """``lam / k``: the identification base of a caption that tells the K candidates nothing apart; needed
+        by ``false_claim_base: chance``, which only an identification reward (its ``lam`` and ``k``) has."""
+        lam, k = getattr(cfg, "lam", None), getattr(cfg, "k", None)
+        if lam is not None and k:
+            return float(lam) / int(k)
+        if cfg.false_claim_base == "chance":
+            raise ConfigError(f"{cfg.FIELD_PREFIX}.false_claim_base", "chance",
+                              "needs the identification reward's lam and k (chance is lam / k)",
+                              "use false_claim_base: none, or full, with another judge family")
+        return None
+
+    def false_claim_cap(self, base: float | None) -> float | None:
+        """The base a caption with a contradicted key fact keeps, by ``false_claim_base``."""
+        if base is None or self.cfg.false_claim_base == "full":
+            return base
+        if self.cfg.false_claim_base == "none":
+            return 0.0
+        return min(base, self.chance)
 
     def needs_series(self) -> bool:
         """Whether a term reads the ``series`` column (the guard, the factuality and description terms)."""
@@ -270,8 +299,9 @@ class Shaper:
             if kf is not None and c.direction_rule == "label":
                 kf = with_labelled_direction(kf, series[i])  # type: ignore[index]
             dt = self.description(kf) if kf is not None and c.describes() else 0.0
-            withheld = bool(c.truthful_base and base is not None and kf is not None and kf.wrong_facts > 0)
-            reward = None if base is None else (0.0 if withheld else base) - lp - tp - fp + dt
+            withheld = bool(c.false_claim_base != "full" and base is not None and kf is not None and kf.wrong_facts > 0)
+            kept = self.false_claim_cap(base) if withheld else base
+            reward = None if kept is None else kept - lp - tp - fp + dt
             out.append(Shaped(reward, raw, masked, lp, tr, tp, f.red_share if f else None,
                               f.green_share if f else None, fp, kf, dt, withheld))
         return out

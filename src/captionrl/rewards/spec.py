@@ -117,6 +117,9 @@ class RewardSpec(ShapingConfig, RewardBound, IdentifyScoring):
     def __post_init__(self) -> None:
         RewardBound.__post_init__(self)  # the bound's checks, then (cooperatively) IdentifyScoring's
         check_family(self.family, FAMILIES)
+        if self.false_claim_base == "chance" and self.family != "identification":
+            raise ConfigError("reward.false_claim_base", "chance", f"chance (lam / k) is an identification score's; family is {self.family}",
+                              "use false_claim_base: none, or full")
         if not self.subject.strip():
             raise ConfigError("reward.subject", self.subject, "must name what the captions describe",
                               "set reward.subject: time series (or image)")

@@ -46,7 +46,7 @@ __all__ = ["CONFIG", "LineupConfig", "LineupEvalConfig", "LineupRecipe", "prefli
 # ---------------------------------------------------------------------- reward preflight
 SHAPING_KEYS = ("reward.transcription_penalty", "reward.run_penalty", "reward.max_copied_values",
                 "reward.max_numbers", "reward.number_penalty", "reward.factuality_penalty", "reward.factuality_bonus",
-                "reward.masked_weight")
+                "reward.masked_weight", "reward.false_claim_base")
 """The shaping keys that change what the reward preflight finds (printed, with the family's, on a refusal)."""
 
 FAMILY_KEYS = {"identification": ("reward.mode", "reward.signal"),
