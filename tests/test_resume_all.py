@@ -208,6 +208,14 @@ def test_sft_killed_while_saving_resumes_from_the_previous_checkpoint(run_dir, t
     summary = json.loads((run_dir / "sft_summary.json").read_text())
     assert summary["steps"] == 2 and summary["resumed_from"] == str(_ckpt(run_dir, 1))
 
+    # interrupted after its last checkpoint (the final save lost): the rerun trains no step beyond max_steps
+    # (the Trainer alone resumes a run that ends inside an epoch into one more step)
+    shutil.rmtree(run_dir / "model")
+    text = _rerun(cmd, tmp_path / "after-last.log")
+    assert not _ckpt(run_dir, 3).exists() and (run_dir / "model" / "config.json").is_file()
+    assert json.loads((run_dir / "sft_summary.json").read_text())["steps"] == 2
+    assert f"{_ckpt(run_dir, 2)} is the last step (2): nothing left to train" in text, text[-3000:]
+
 
 # ---------------------------------------------------------------------- multi-role SFT (LoRA)
 @pytest.mark.slow

@@ -176,6 +176,22 @@ class PreflightCallback(TrainerCallback):
         self.seconds = time.perf_counter() - t0
 
 
+class TrainingAlreadyDone(Exception):
+    """Raised by ``StopAtMaxSteps`` before a step beyond ``max_steps``; ``train.run.skeleton`` catches it."""
+
+
+class StopAtMaxSteps(TrainerCallback):
+    """A run resumed from its last checkpoint (``max_steps`` reached: the final save or the final checks were
+    interrupted) trains nothing more. transformers' Trainer checks the step count only after a step, so when
+    ``max_steps`` ends inside an epoch (the LineupRL CPU job: 16 steps of a 32-step epoch) it resumes into one
+    more generation and update than the run asked for; this stops it at the step's beginning, before anything
+    is generated or scored."""
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.max_steps > 0 and state.global_step >= state.max_steps:
+            raise TrainingAlreadyDone(state.global_step)
+
+
 class ResumeShuffleCallback(TrainerCallback):
     """A run resumed in epoch e >= 1 continues with epoch e's data order, not epoch 0's.
 

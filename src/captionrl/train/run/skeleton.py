@@ -119,7 +119,7 @@ class Recipe:
         """The training step: build the trainer, run the preflight hook before step 1, train (resuming from
         ``run.resume_from``); fills ``run.trainer``, ``run.train_output``, ``run.train_seconds`` (preflight
         excluded) and ``run.steps``."""
-        from captionrl.train.run.callbacks import PreflightCallback
+        from captionrl.train.run.callbacks import PreflightCallback, StopAtMaxSteps, TrainingAlreadyDone
         from captionrl.train.run.compact_head import compact_on_cpu
         from captionrl.train.run.freezing import frozen_bottom
 
@@ -131,12 +131,17 @@ class Recipe:
             run.trainer = self.build_trainer(run)
             preflight = PreflightCallback(lambda: self.preflight(run))  # once the model is on the accelerator, every rank
             run.trainer.add_callback(preflight)
+            run.trainer.add_callback(StopAtMaxSteps())
             if run.resume_from is not None:
                 logger.info(f"resuming from {run.resume_from}")
             t0 = time.perf_counter()
             with compact_on_cpu():  # TRL's fused head: only the labelled positions on CPU too (train.run.compact_head)
-                run.train_output = run.trainer.train(
-                    resume_from_checkpoint=str(run.resume_from) if run.resume_from else None)
+                try:
+                    run.train_output = run.trainer.train(
+                        resume_from_checkpoint=str(run.resume_from) if run.resume_from else None)
+                except TrainingAlreadyDone:
+                    run.train_output = finished_output(run.trainer.state)
+                    logger.info(f"{run.resume_from} is the last step ({run.trainer.state.max_steps}): nothing left to train")
             run.train_seconds = time.perf_counter() - t0 - preflight.seconds
         run.steps = int(run.trainer.state.global_step)
 
@@ -225,6 +230,15 @@ def train(recipe: Recipe) -> Run:
 
     write_json(run.out / recipe.result_file, run.result)
     return run
+
+
+def finished_output(state: Any) -> Any:
+    """``trainer.train()``'s result for a run resumed at ``max_steps``: its step, and the mean of the losses its
+    checkpoint logged as the training loss."""
+    from transformers.trainer_utils import TrainOutput
+
+    losses = [float(h["loss"]) for h in state.log_history if "loss" in h]
+    return TrainOutput(state.global_step, sum(losses) / len(losses) if losses else float("nan"), {})
 
 
 def curves(recipe: Recipe, run: Run) -> dict[str, Any]:
