@@ -9,9 +9,11 @@ and ``transformers serve``, can use like any HF folder.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -58,7 +60,15 @@ def embedded_model_dir(dtype: str = "float32") -> Path:
 
 
 def convert_gguf(gguf: Path, target: Path, dtype: str = "float32") -> Path:
-    """Convert a GGUF file to a saved HF folder (weights, config with ``architectures``, tokenizer)."""
+    """Convert a GGUF file to a saved HF folder (weights, config with ``architectures``, tokenizer).
+
+    Whatever the libraries print while converting (DeepSpeed's "Setting accelerator to CPU", imported on the
+    GGUF path) goes to stderr: stdout belongs to the command's product (``captionrl models --json | jq``)."""
+    with contextlib.redirect_stdout(sys.stderr):
+        return _convert(gguf, target, dtype)
+
+
+def _convert(gguf: Path, target: Path, dtype: str) -> Path:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,10 +26,7 @@ def run_command(cfg: ModelsConfig) -> int:
     if cfg.load:
         from captionrl.embedded import describe_embedded
 
-        # the product is stdout's alone: loading the model imports libraries that print there (DeepSpeed's
-        # "Setting accelerator to CPU" on a first conversion), which would break `--json | jq`
-        with contextlib.redirect_stdout(sys.stderr):
-            info["embedded"] = describe_embedded()
+        info["embedded"] = describe_embedded()
     if cfg.json:
         print(json.dumps(info, indent=2))
         return 0
