@@ -8,11 +8,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from captionrl.commands.preflight import shaped_means, switchable_terms, winners
+from captionrl.commands.preflight import shaped_means, switchable_terms
 from captionrl.config import load_config
 from captionrl.domains.lineup_data import build_lineup_data
 from captionrl.judges.claims_verifier import parse_claims_spec
-from captionrl.preflight import series_extra_probes, series_references
+from captionrl.preflight import series_extra_probes, series_references, winning_probes
 from captionrl.probes import probe_captions
 from captionrl.rewards.reward import Reward
 from captionrl.train.lineup_config import LineupConfig
@@ -48,9 +48,9 @@ def test_reshaping_from_judge_scores_computed_once_reproduces_the_reward_and_swi
 
 def test_winners_are_probes_within_the_margin_never_the_honest_reference_or_a_captioner():
     means = {"honest": 1.0, "dump": 0.8, "empty": 0.5, "captioner[0]": 2.0, "other_item": None}
-    assert winners(means, 0.25) == ["dump"]
-    assert winners(means, 0.1) == []
-    assert winners({"dump": 1.0}, 0.0) == []  # no honest reference scored: nothing to beat
+    assert winning_probes(means, 0.25) == ["dump"]
+    assert winning_probes(means, 0.1) == []
+    assert winning_probes({"dump": 1.0}, 0.0) == []  # no honest reference scored: nothing to beat
 
 
 @pytest.mark.slow

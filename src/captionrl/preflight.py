@@ -106,11 +106,10 @@ def series_extra_probes(rows: Sequence[Mapping[str, Any]], instruction: str,
     ``answer`` it must lose to (``probes.false_claim_probes``)."""
     from captionrl.probes import false_claim_probes, series_probes
 
-    lazy = [series_probes([float(x) for x in r["series"]], instruction, precision) for r in rows]
-    false = [false_claim_probes([float(x) for x in r["series"]], precision) for r in rows]
+    per_row = [{**series_probes(v, instruction, precision), **false_claim_probes(v, precision)}
+               for v in ([float(x) for x in r["series"]] for r in rows)]
     return {"invented_values": invented_values(rows, precision),
-            **{name: [p[name] for p in lazy] for name in (lazy[0] if lazy else {})},
-            **{name: [p[name] for p in false] for name in (false[0] if false else {})}}
+            **{name: [p[name] for p in per_row] for name in (per_row[0] if per_row else {})}}
 
 
 def probe_wins(mean: float | None, honest_mean: float | None, margin: float) -> bool:
@@ -178,8 +177,8 @@ def run_preflight(reward: Callable[..., Sequence[Any]], rows: Sequence[Mapping[s
         PreflightError: a probe's mean is >= the honest mean - margin, or the honest reference is never scored.
     """
     scores = score_probes(reward, rows, honest, dumps, extra=extra)
-    honest_mean, _ = mean_scored(scores["honest"])
     means = {probe: mean_scored(vals) for probe, vals in scores.items()}
+    honest_mean = means["honest"][0]
     winners = winning_probes({p: m for p, (m, _) in means.items()}, margin)
     table: list[ProbeRow] = []
     for probe, (mean, scored) in means.items():

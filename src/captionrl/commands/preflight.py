@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 
 from captionrl.config import help_field
 from captionrl.errors import ConfigError
+from captionrl.preflight import winning_probes
 from captionrl.train.lineup_config import LineupConfig
 
 
@@ -86,13 +87,6 @@ def shaped_means(reward: Any, spec: Any, captions: Mapping[str, Sequence[str]], 
     return out
 
 
-def winners(means: Mapping[str, float | None], margin: float) -> list[str]:
-    """The probes whose mean is within ``margin`` of their reference's, or above (``preflight.winning_probes``)."""
-    from captionrl.preflight import winning_probes
-
-    return winning_probes(means, margin)
-
-
 def captioner_captions(cfg: PreflightCommandConfig, rows: Sequence[Mapping[str, Any]]) -> list[list[str]]:
     """``cfg.samples`` captions per row from ``cfg.captioner`` at the training temperature."""
     from captionrl.backends import ChatRequest
@@ -113,7 +107,7 @@ def run_command(cfg: PreflightCommandConfig) -> int:
     from captionrl.backends import make_backend
     from captionrl.domains.lineup_data import build_lineup_data
     from captionrl.preflight import sample_rows, series_extra_probes, series_references
-    from captionrl.probes import probe_captions, reference_of
+    from captionrl.probes import FALSE_CLAIM_PROBES, probe_captions, reference_of
     from captionrl.rewards.reward import build_reward
     from captionrl.train.run.loading import apply_threads
 
@@ -157,14 +151,14 @@ def run_command(cfg: PreflightCommandConfig) -> int:
         gap = "" if r is None or h is None else f"{r - h:+.3f}"
         print(f"| {p} | {'unscored' if r is None else f'{r:.3f}'} | {'' if s is None else f'{s:.3f}'} | "
               f"{'' if m is None else f'{m:.3f}'} | {gap} |")
-    won = winners(full, margin)
-    print(f"\nprobes within {margin:g} of their reference (honest; for wrong_extreme, answer) or above: "
-          f"{', '.join(won) or 'none'}")
+    won = winning_probes(full, margin)
+    twins = "".join(f"; for {p}, {ref}" for p, ref in FALSE_CLAIM_PROBES.items())
+    print(f"\nprobes within {margin:g} of their reference (honest{twins}) or above: {', '.join(won) or 'none'}")
     if cfg.ablate and cfg.probes:
         def report(title: str, steps: Sequence[tuple[str, dict[str, float | None]]]) -> None:
             print(f"\n{title}\n| switched off | honest | probes that would win (mean) |\n|---|---|---|")
             for term, means in steps:
-                won, h = winners(means, margin), means.get("honest")
+                won, h = winning_probes(means, margin), means.get("honest")
                 print(f"| {term} | {'' if h is None else f'{h:.3f}'} | "
                       + (", ".join(f"{p} ({means[p]:.3f})" for p in won) or "none") + " |")
 
@@ -192,5 +186,5 @@ def minimal_terms(means_without: Any, terms: Sequence[str], margin: float) -> tu
     for term in terms:
         means = means_without([*off, term])
         steps.append((term if not off else f"{term} (with {', '.join(off)})", means))
-        (kept if winners(means, margin) else off).append(term)
+        (kept if winning_probes(means, margin) else off).append(term)
     return kept, steps

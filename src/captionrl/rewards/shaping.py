@@ -234,13 +234,9 @@ class Shaper:
                               "use false_claim_base: none, or full, with another judge family")
         return None
 
-    def false_claim_cap(self, base: float | None) -> float | None:
-        """The base a caption with a contradicted key fact keeps, by ``false_claim_base``."""
-        if base is None or self.cfg.false_claim_base == "full":
-            return base
-        if self.cfg.false_claim_base == "none":
-            return 0.0
-        return min(base, self.chance)
+    def false_claim_cap(self, base: float) -> float:
+        """The base a caption with a contradicted key fact keeps under ``false_claim_base`` chance or none."""
+        return 0.0 if self.cfg.false_claim_base == "none" else min(base, self.chance)
 
     def needs_series(self) -> bool:
         """Whether a term reads the ``series`` column (the guard, the factuality and description terms)."""
@@ -300,7 +296,7 @@ class Shaper:
                 kf = with_labelled_direction(kf, series[i])  # type: ignore[index]
             dt = self.description(kf) if kf is not None and c.describes() else 0.0
             withheld = bool(c.false_claim_base != "full" and base is not None and kf is not None and kf.wrong_facts > 0)
-            kept = self.false_claim_cap(base) if withheld else base
+            kept = self.false_claim_cap(base) if withheld else base  # withheld: base is a number
             reward = None if kept is None else kept - lp - tp - fp + dt
             out.append(Shaped(reward, raw, masked, lp, tr, tp, f.red_share if f else None,
                               f.green_share if f else None, fp, kf, dt, withheld))
