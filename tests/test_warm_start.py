@@ -132,6 +132,7 @@ def test_a_share_of_the_targets_names_the_extreme_the_same_way_every_time():
     ("warm_start.freeze_layers=2.5", "warm_start.freeze_layers"),
     ("warm_start.extremum_share=1.5", "warm_start.extremum_share"),
     ("warm_start.extremum_share=-0.1", "warm_start.extremum_share"),
+    ("warm_start.rescale_share=2", "warm_start.rescale_share"),
 ])
 def test_bad_warm_start_settings_name_the_field(override, field):
     with pytest.raises(ConfigError) as err:
@@ -164,6 +165,44 @@ def test_reversed_windows_teach_the_opposite_direction_from_the_same_values():
     assert ("Overall, the series rises", "Overall, the series falls") in words
     assert ("Overall, the series falls", "Overall, the series rises") in words
     assert all(a != "Overall, the series rises" or b == "Overall, the series falls" for a, b in words)
+
+
+def test_rescaled_windows_keep_their_shape_and_their_target_follows_the_printed_values():
+    """``rescale_share``: that share of the windows is shown at another level and spread, half of them upside
+    down; each prompt shows exactly the values its target describes, the direction is kept (or, mirrored,
+    reversed), levels spread over orders of magnitude, and the draw depends on the seed and id only."""
+    from captionrl.domains.describe import overall_direction
+    from captionrl.domains.timeseries import render_numbers
+
+    rows = _rows(48)
+    plain = warm_start_records(rows, 2)
+    assert warm_start_records(rows, 2, rescale_share=0.0) == plain
+    every = warm_start_records(rows, 2, rescale_share=1.0, seed=1)
+    assert [e["id"] for e in every] == [p["id"] for p in plain]
+    kept = mirrored = 0
+    levels = []
+    flip = {"up": "down", "down": "up", "flat": "flat"}
+    for row, rec in zip(rows, every, strict=True):
+        text = rec["prompt"][-1]["content"].split("\n")[1]
+        shown = [float(x) for x in text.split(", ")]
+        assert text == render_numbers(np.array(shown), precision=2)[0] != row["series_text"]
+        assert rec["prompt"][-1]["content"].replace(text, row["series_text"]) == row["prompt"][-1]["content"]
+        assert rec["caption"] == short_description(shown, 2)  # written from what the captioner is shown
+        before, after = np.array(printed_values(row)), np.array(shown)
+        if np.ptp(before) == 0 or np.ptp(after) == 0:
+            continue
+        corr = np.corrcoef(before, after)[0, 1]
+        assert abs(corr) > 0.98  # the same shape, upright or upside down (up to the printed rounding)
+        upright = corr > 0
+        assert overall_direction(after) == (overall_direction(before) if upright else flip[overall_direction(before)])
+        kept, mirrored = kept + upright, mirrored + (not upright)
+        levels.append(np.log10(abs(after).mean() + 1e-9))
+    assert kept > 10 and mirrored > 10
+    assert max(levels) - min(levels) > 3  # levels over at least three orders of magnitude
+    half = warm_start_records(rows, 2, rescale_share=0.5, seed=1)
+    changed = sum(h != p for h, p in zip(half, plain, strict=True))
+    assert 0.25 * len(rows) < changed < 0.75 * len(rows)
+    assert warm_start_records(rows[::-1], 2, rescale_share=0.5, seed=1)[::-1] == half
 
 
 def test_a_row_whose_prompt_lacks_its_printed_series_cannot_be_reversed():

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from captionrl.config import help_field
 from captionrl.domains.describe import SHORT_DESCRIPTION_ORDERS
 from captionrl.errors import ConfigError
@@ -48,6 +50,7 @@ class WarmStartConfig:
     order: str = help_field("direction_first", "the target's order: direction_first (\"Overall, the series rises. It starts at X and ends at Y.\") or values_first (\"It starts at X and ends at Y, so overall the series rises.\": the direction after the two values it mostly follows from)")
     freeze_layers: int = help_field(0, "bottom transformer blocks kept frozen, with the embeddings, during the warm start (RL then trains every weight): 20 of the embedded model's 30 make a CPU step ~20 s instead of ~35")
     extremum_share: float = help_field(0.0, "share of the targets, drawn per window from the run's seed, that add a third sentence naming the interior extreme beyond the start and end (\"Its highest value is 317.9.\"): RL then samples captions that name what a pinned lineup pays for (0 = never, 1 = wherever there is one)")
+    rescale_share: float = help_field(0.0, "share of the records, drawn per window from the run's seed, whose window is shown rescaled to a random level and spread, and mirrored upside down for half of them (its direction then the opposite): the direction follows the values, not which series or scale they come from (0 = every window as it is)")
     reuse_frozen: bool = help_field(True, "with freeze_layers, compute the frozen bottom's output once per window and reuse it in later epochs (the same training up to float rounding; the frozen forward is about a third of a CPU step, and `bench/bench_warm_start_cache.py --ref HEAD --overrides warm_start.reuse_frozen=false` times the cache alone)")
 
     def __post_init__(self) -> None:
@@ -63,6 +66,9 @@ class WarmStartConfig:
         if not 0.0 <= self.extremum_share <= 1.0:
             raise ConfigError("warm_start.extremum_share", self.extremum_share, "must be within [0, 1]",
                               "use 0 (no target names an extreme) or 0.5 (half of them)")
+        if not 0.0 <= self.rescale_share <= 1.0:
+            raise ConfigError("warm_start.rescale_share", self.rescale_share, "must be within [0, 1]",
+                              "use 0 (every window as it is) or 0.5 (half of them rescaled)")
         check_freeze_layers(self.freeze_layers, "warm_start.freeze_layers")
 
     @property
@@ -78,13 +84,46 @@ def printed_values(row: Mapping[str, Any]) -> list[float]:
 def reversed_prompt(row: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The row's prompt with its printed series in the opposite order (every other word the same)."""
     text = str(row["series_text"])
-    flipped = ", ".join(reversed(text.split(", ")))
+    return prompt_with_series(row, ", ".join(reversed(text.split(", "))))
+
+
+def prompt_with_series(row: Mapping[str, Any], new_text: str) -> list[dict[str, Any]]:
+    """The row's prompt with its printed series replaced by ``new_text`` (every other word the same)."""
+    text = str(row["series_text"])
     messages = [dict(m) for m in row["prompt"]]
     hits = [m for m in messages if isinstance(m.get("content"), str) and text in m["content"]]
     if len(hits) != 1:
         raise ValueError(f"row {row.get('item_id')}: the printed series is in {len(hits)} prompt messages, not 1")
-    hits[0]["content"] = hits[0]["content"].replace(text, flipped)
+    hits[0]["content"] = hits[0]["content"].replace(text, new_text)
     return messages
+
+
+def draw(item_id: str, seed: int, purpose: str) -> float:
+    """A number in [0, 1) from (seed, id, purpose) alone: a resumed or repeated warm start draws the same
+    whatever the order of its rows."""
+    return zlib.crc32(f"{seed}:{item_id}:{purpose}".encode()) / 2**32
+
+
+def rescaled_values(values: Sequence[float], item_id: str, seed: int, precision: int) -> list[float]:
+    """``values`` shown at another level and spread, as printed at ``precision``: standardised, mirrored upside
+    down for half of the windows (their direction the opposite), then spread by 0.05-20 around a level within
+    three spreads of 0, plus 1-1000 for half of them. The direction rule reads the trend in standard
+    deviations and the sign of end minus start, so it is unchanged by the rescaling and reversed by the
+    mirror; the target is still written from the printed values. Why: the training corpus's levels say which
+    series a window comes from (co2 near 316, ...) and so its likely direction; rescaled, only the values'
+    order does."""
+    from captionrl.domains.timeseries import render_numbers
+
+    rng = np.random.default_rng(zlib.crc32(f"{seed}:{item_id}:rescale".encode()))
+    v = np.asarray(values, dtype=float)
+    if rng.random() < 0.5:
+        v = v.max() + v.min() - v
+    sd = float(v.std())
+    z = (v - v.mean()) / sd if sd > 0 else np.zeros_like(v)
+    spread = 10 ** rng.uniform(-1.3, 1.3)
+    level = spread * rng.uniform(-3.0, 3.0) + (10 ** rng.uniform(0.0, 3.0) if rng.random() < 0.5 else 0.0)
+    text, _ = render_numbers(level + spread * z, precision=precision)
+    return [float(x) for x in text.split(", ")]
 
 
 def names_extremum(item_id: str, share: float, seed: int) -> bool:
@@ -97,11 +136,14 @@ def names_extremum(item_id: str, share: float, seed: int) -> bool:
 
 def warm_start_records(rows: Sequence[Mapping[str, Any]], precision: int, *,
                        reverse: bool = False, order: str = "direction_first",
-                       extremum_share: float = 0.0, seed: int = 0) -> list[dict[str, Any]]:
+                       extremum_share: float = 0.0, rescale_share: float = 0.0,
+                       seed: int = 0) -> list[dict[str, Any]]:
     """One SFT record per training row: the row's own prompt and the describer's sentence of its values;
     with ``reverse`` a second one per row, its series reversed and described (id ``<id>~reversed``); a
-    share ``extremum_share`` of the records (``names_extremum``) also names the interior extreme."""
+    share ``extremum_share`` of the records (``names_extremum``) also names the interior extreme; a share
+    ``rescale_share`` shows its window rescaled (``rescaled_values``) and describes that."""
     from captionrl.domains.describe import short_description
+    from captionrl.domains.timeseries import render_numbers
 
     def record(item_id: str, prompt: list[dict[str, Any]], values: list[float]) -> dict[str, Any]:
         extremum = names_extremum(item_id, extremum_share, seed)
@@ -110,8 +152,11 @@ def warm_start_records(rows: Sequence[Mapping[str, Any]], precision: int, *,
 
     out = []
     for r in rows:
-        values = printed_values(r)
-        out.append(record(str(r["item_id"]), list(r["prompt"]), values))
+        values, prompt = printed_values(r), list(r["prompt"])
+        if draw(str(r["item_id"]), seed, "rescale") < rescale_share:
+            values = rescaled_values(values, str(r["item_id"]), seed, precision)
+            prompt = prompt_with_series(r, render_numbers(np.asarray(values), precision=precision)[0])
+        out.append(record(str(r["item_id"]), prompt, values))
         if reverse:
             out.append(record(f"{r['item_id']}~reversed", reversed_prompt(r), values[::-1]))
     return out
@@ -129,7 +174,8 @@ def warm_start(cfg: Any, rows: Sequence[Mapping[str, Any]], model: Any, processi
     folder.mkdir(parents=True, exist_ok=True)
     targets = folder / "targets.jsonl"
     records = warm_start_records(rows, cfg.data.precision, reverse=ws.reverse, order=ws.order,
-                                 extremum_share=ws.extremum_share, seed=cfg.seed)
+                                 extremum_share=ws.extremum_share, rescale_share=ws.rescale_share,
+                                 seed=cfg.seed)
     with RecordWriter(targets, key_field="id") as w:
         w.write_many(r for r in records if not w.has(r["id"]))
     steps_per_epoch = -(-len(records) // ws.batch_size)
