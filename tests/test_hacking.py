@@ -28,7 +28,7 @@ def test_probe_sets_are_well_formed():
     im = image_probes(n=2, seed=0)
     assert set(im.captions) == set(PROBES) and im.captions["other_item"][0] != im.captions["honest"][0]
     # series also get invented values: plausible numbers, none of them the series' own at any rounding
-    assert set(s.captions) == {*PROBES, *SERIES_PROBES}
+    assert set(s.captions) == {*PROBES, *SERIES_PROBES, "answer", "wrong_extreme"}
     assert s.captions["invented_values"][0].startswith("The values are ")
 
 
@@ -49,7 +49,11 @@ def test_cider_report_without_a_model(tmp_path):
     for domain in ("series", "images"):
         row = rows[f"cider ({domain})"]
         assert row["honest"] > max(row[p] for p in PROBES[1:])
-        assert row["exploitable"] == "-"
+    assert rows["cider (images)"]["exploitable"] == "-"
+    # CIDEr-D pays n-grams shared with the reference, true or not: "Its highest value is X." with the wrong X
+    # scores above the same answer without it
+    assert rows["cider (series)"]["exploitable"] == "wrong_extreme"
+    assert rows["cider (series)"]["wrong_extreme"] > rows["cider (series)"]["answer"]
     assert summary.protocol == "hacking" and summary.columns[0] == "honest"
     assert summary.extra["skipped"] == ["future-reward (images): skipped, does not apply: the items carry no widget column"]
     # only NotApplicable skips: a bug (TypeError, ImportError, LookupError) is not a probe that does not apply
@@ -90,9 +94,31 @@ def test_series_table_has_the_transcription_guard_columns(tmp_path):
     assert claims["honest"] > claims["dump"] == pytest.approx(1 / 4)
     # ...but identification rewards any one distinguishing fact: the start value alone, or the right values
     # with the wrong direction, identify as well as a description; no number-only probe wins it
-    lazy = {"start_only", "start_sentence", "wrong_direction", "hedge"}
+    # (and a false extreme added to the answer costs it nothing: identification alone does not read truth)
+    lazy = {"start_only", "start_sentence", "wrong_direction", "hedge", "wrong_extreme"}
     assert set(claims["exploitable"].split(", ")) <= lazy and "start_only" in claims["exploitable"]
     assert "transcription guard (series)" in (tmp_path / "table.md").read_text()
+
+
+def test_a_false_extreme_is_judged_against_the_answer_it_extends(tmp_path):
+    """``wrong_extreme`` is the plain answer plus a series value named as the extreme it is not: the report
+    compares it with that answer (asked for or not). Identification alone, even by the code-checked verifier,
+    pays the false sentence as much as the answer (both pick the true window out of random distractors), so it
+    is flagged: only the training reward's factuality terms make it cost."""
+    summary = run(HackingEvalConfig(rewards=["identification-claims"], domains=["series"], out=str(tmp_path), n=4,
+                                    length=16, probes=["wrong_extreme"]))
+    claims = {r["system"]: r for r in summary.rows}["identification-claims (series)"]
+    assert set(summary.config["probes"]) == {"honest", "answer", "wrong_extreme"}
+    assert claims["wrong_extreme"] == pytest.approx(claims["answer"]) and claims["exploitable"] == "wrong_extreme"
+    assert claims["honest"] >= claims["answer"]
+    assert any("wrong_extreme's: answer" in n for n in summary.notes)
+    # the rule itself: a probe at or above its own reference wins, whatever the honest caption scores
+    from captionrl.eval.hacking import winners
+
+    assert winners({"honest": 0.9, "answer": 0.5, "wrong_extreme": 0.6, "dump": 0.2},
+                   ["honest", "answer", "wrong_extreme", "dump"]) == "wrong_extreme"
+    assert winners({"honest": 0.9, "answer": 0.5, "wrong_extreme": 0.4, "dump": 0.9},
+                   ["honest", "answer", "wrong_extreme", "dump"]) == "dump"
 
 
 def test_wrong_direction_probe_follows_the_checkers_direction_rule():

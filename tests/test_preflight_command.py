@@ -12,8 +12,8 @@ from captionrl.commands.preflight import shaped_means, switchable_terms
 from captionrl.config import load_config
 from captionrl.domains.lineup_data import build_lineup_data
 from captionrl.judges.claims_verifier import parse_claims_spec
-from captionrl.preflight import series_extra_probes, series_references, winning_probes
-from captionrl.probes import probe_captions
+from captionrl.preflight import series_extra_probes, series_references
+from captionrl.probes import probe_captions, winning_probes
 from captionrl.rewards.reward import Reward
 from captionrl.train.lineup_config import LineupConfig
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from captionrl.errors import ConfigError
-from captionrl.probes import REFERENCES, probe_captions, reference_of
+from captionrl.probes import REFERENCES, probe_captions, reference_of, winning_probes
 from captionrl.probes import invented_values as invented_caption
 
 logger = logging.getLogger(__name__)
@@ -110,20 +110,6 @@ def series_extra_probes(rows: Sequence[Mapping[str, Any]], instruction: str,
                for v in ([float(x) for x in r["series"]] for r in rows)]
     return {"invented_values": invented_values(rows, precision),
             **{name: [p[name] for p in per_row] for name in (per_row[0] if per_row else {})}}
-
-
-def probe_wins(mean: float | None, honest_mean: float | None, margin: float) -> bool:
-    """A probe wins when its mean reward is within ``margin`` of its reference's, or above it."""
-    return mean is not None and honest_mean is not None and mean - honest_mean >= -margin
-
-
-def winning_probes(means: Mapping[str, float | None], margin: float) -> list[str]:
-    """The probes (not a reference, not a captioner's own captions) whose mean is within ``margin`` of the
-    honest reference's or above it, and the false claims that score at or above their true twin
-    (``probes.reference_of``): the twin says less than the honest caption, so the margin that makes describing
-    pay does not apply, but a false sentence must cost."""
-    return [p for p, v in means.items() if p not in REFERENCES and not p.startswith("captioner")
-            and probe_wins(v, means.get(reference_of(p)), margin if reference_of(p) == "honest" else 0.0)]
 
 
 def mean_scored(values: Sequence[Any]) -> tuple[float | None, int]:

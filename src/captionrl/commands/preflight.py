@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from captionrl.config import help_field
 from captionrl.errors import ConfigError
-from captionrl.preflight import winning_probes
+from captionrl.probes import winning_probes
 from captionrl.train.lineup_config import LineupConfig
 
 
