@@ -39,8 +39,10 @@ class _Remembered:
         self._backend = backend
         self._scores: dict[tuple[str, str], float | None] = {}
         self.scored = 0  # pairs the model scored
+        self.calls = 0  # calls asking for scores, remembered or not
 
     def loglikelihood(self, pairs):
+        self.calls += 1
         new = [p for p in dict.fromkeys(pairs) if p not in self._scores]
         if new:
             self._scores.update(zip(new, self._backend.loglikelihood(new), strict=True))
@@ -143,6 +145,37 @@ def test_preflight_passes_the_cpu_config_and_refuses_an_unguarded_likelihood_rew
     assert "reward.transcription_penalty" in str(err.value)
     assert json.loads((tmp_path / "bad" / "preflight.json").read_text())["winners"][0] == "dump"
     assert scored > 0 and verifier.scored == scored  # the same probes of the same rows: scored once
+
+
+def test_a_resumed_run_does_not_score_a_passed_preflight_again(tmp_path, embedded_backend):
+    """The run's preflight saves what it scored (a fingerprint of the reward, the verifier and the items): the
+    same preflight in the same run folder, as a resumed run asks for, reads the pass back instead of scoring;
+    any change of what it depends on scores again, and a forced or failed table is never reused."""
+    from captionrl.preflight import passed_before
+
+    remembered = _Remembered(embedded_backend)
+    cfg = load_config(lineup.LineupConfig, ROOT / "configs" / "lineup-cpu.yaml",
+                      ["data.n_train=8", f"train.preflight_items={N_ITEMS}"])
+    rows = build_lineup_data(cfg.data, cfg.reward.k, cfg.seed).rows["train"]
+    reward = RewardFunction(build_reward(cfg.reward, remembered, series=cfg.series_print(), name="lineup",
+                                         series_rows=True))
+    first = lineup.preflight(cfg, rows, reward, tmp_path)
+    assert first.passed and remembered.calls > 0
+    saved = json.loads((tmp_path / "preflight.json").read_text())
+    assert saved["fingerprint"] == lineup.preflight_fingerprint(cfg, sample_rows(rows, N_ITEMS, cfg.seed))
+    calls = remembered.calls
+    assert lineup.preflight(cfg, rows, reward, tmp_path) is None and remembered.calls == calls
+    stricter = load_config(lineup.LineupConfig, ROOT / "configs" / "lineup-cpu.yaml",
+                           ["data.n_train=8", f"train.preflight_items={N_ITEMS}", "train.preflight_margin=0.2"])
+    assert lineup.preflight(stricter, rows, reward, tmp_path).passed and remembered.calls > calls
+    other_items = lineup.preflight_fingerprint(cfg, sample_rows(rows, N_ITEMS, cfg.seed + 1))
+    assert not passed_before(tmp_path, other_items) and not passed_before(tmp_path, "")
+    saved = json.loads((tmp_path / "preflight.json").read_text())
+    for forced_or_failed in ({"forced": True}, {"passed": False}):
+        (tmp_path / "preflight.json").write_text(json.dumps({**saved, **forced_or_failed}))
+        assert not passed_before(tmp_path, saved["fingerprint"])
+    (tmp_path / "preflight.json").write_text("{not json")
+    assert not passed_before(tmp_path, saved["fingerprint"])
 
 
 def test_invented_values_escape_the_guard_and_the_number_budget_prices_them():

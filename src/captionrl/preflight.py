@@ -59,6 +59,7 @@ class PreflightResult:
     forced: bool = False
     item_ids: list[str] = field(default_factory=list)
     examples: dict[str, str] = field(default_factory=dict)
+    fingerprint: str = ""   # what was scored (``passed_before``): the reward, its verifier, the items
 
     def table(self) -> str:
         lines = ["| probe | mean reward | scored | against | minus it | wins |", "|---|---|---|---|---|---|"]
@@ -72,7 +73,23 @@ class PreflightResult:
     def to_json(self) -> dict[str, Any]:
         return {"protocol": "reward-preflight", "passed": self.passed, "forced": self.forced,
                 "honest_mean": self.honest_mean, "winners": self.winners, "items": self.item_ids,
-                "rows": [asdict(r) for r in self.rows], "examples": self.examples}
+                "rows": [asdict(r) for r in self.rows], "examples": self.examples, "fingerprint": self.fingerprint}
+
+
+def passed_before(out_dir: str | Path, fingerprint: str) -> bool:
+    """Whether ``out_dir/preflight.json`` records a passed preflight (not a forced one) with this
+    ``fingerprint``: the same reward, verifier and items scored the same probes, so a resumed run need not
+    score them again."""
+    import json
+
+    path = Path(out_dir) / "preflight.json"
+    if not fingerprint or not path.is_file():
+        return False
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(saved.get("passed")) and not saved.get("forced") and saved.get("fingerprint") == fingerprint
 
 
 def sample_rows(rows: Sequence[Mapping[str, Any]], n: int, seed: int) -> list[Mapping[str, Any]]:
@@ -146,7 +163,8 @@ def run_preflight(reward: Callable[..., Sequence[Any]], rows: Sequence[Mapping[s
                   dumps: Sequence[str], *, keys: Sequence[str] = (), force: bool = False,
                   out_dir: str | Path | None = None, echo: bool = True,
                   hint: str = "switch the transcription guard on, raise its penalties",
-                  extra: Mapping[str, Sequence[str]] | None = None, margin: float = 0.0) -> PreflightResult:
+                  extra: Mapping[str, Sequence[str]] | None = None, margin: float = 0.0,
+                  fingerprint: str = "") -> PreflightResult:
     """Score the probes on ``rows`` (already sampled), save the table, refuse when a probe wins.
 
     Args:
@@ -159,6 +177,7 @@ def run_preflight(reward: Callable[..., Sequence[Any]], rows: Sequence[Mapping[s
         hint: an example of a change that helps, for the refusal's fix (the recipe knows its reward).
         extra: further probes per row (name -> captions), e.g. ``invented_values`` for series.
         margin: a probe must score at least this much below the honest mean (``train.preflight_margin``).
+        fingerprint: what is scored, saved with the table (``passed_before`` reads it back).
     Raises:
         PreflightError: a probe's mean is >= the honest mean - margin, or the honest reference is never scored.
     """
@@ -176,7 +195,8 @@ def run_preflight(reward: Callable[..., Sequence[Any]], rows: Sequence[Mapping[s
     first = {name: list(caps[:1]) for name, caps in (extra or {}).items()}
     examples = {p: c[0] for p, c in probe_captions(list(honest[:1]), list(dumps[:1]), first).items()} if honest else {}
     result = PreflightResult(table, honest_mean, winners, passed, forced=force and not passed,
-                             item_ids=[str(r.get("item_id", i)) for i, r in enumerate(rows)], examples=examples)
+                             item_ids=[str(r.get("item_id", i)) for i, r in enumerate(rows)], examples=examples,
+                             fingerprint=fingerprint)
     if out_dir is not None:
         from captionrl.records import write_json
 

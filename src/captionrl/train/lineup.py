@@ -69,18 +69,47 @@ def preflight(cfg: LineupConfig, rows: Sequence[Mapping[str, Any]], reward: Any,
     ``PreflightError`` otherwise."""
     import os
 
-    from captionrl.preflight import run_preflight, sample_rows, series_extra_probes, series_references
+    from captionrl.preflight import (
+        passed_before,
+        run_preflight,
+        sample_rows,
+        series_extra_probes,
+        series_references,
+    )
 
     if cfg.train.preflight_items <= 0:
         return None
     chosen = sample_rows(rows, cfg.train.preflight_items, cfg.seed)
-    honest, dumps = series_references(chosen, cfg.data.precision)
+    fingerprint = preflight_fingerprint(cfg, chosen)
     main = int(os.environ.get("RANK", "0")) == 0
+    if passed_before(out, fingerprint):
+        if main:
+            logger.info(f"reward preflight: passed before in this run folder with the same reward, verifier and "
+                        f"items ({out / 'preflight.json'}); not scored again")
+        return None
+    honest, dumps = series_references(chosen, cfg.data.precision)
     if main:
         logger.info(f"reward preflight under the {cfg.reward.family} reward")
     return run_preflight(reward, chosen, honest, dumps, keys=preflight_keys(cfg.reward), force=cfg.train.force_preflight,
                          out_dir=out if main else None, echo=main, margin=cfg.train.preflight_margin,
-                         extra=series_extra_probes(chosen, cfg.instruction(), cfg.data.precision))
+                         extra=series_extra_probes(chosen, cfg.instruction(), cfg.data.precision),
+                         fingerprint=fingerprint)
+
+
+def preflight_fingerprint(cfg: LineupConfig, rows: Sequence[Mapping[str, Any]]) -> str:
+    """A digest of everything the preflight's outcome depends on: the package version, the reward and
+    verifier settings, the instruction, the printing precision, the margin and the sampled rows' prompts and
+    candidates (from which every probe caption is written)."""
+    import hashlib
+    import json
+    from dataclasses import asdict
+
+    from captionrl import __version__
+
+    what = {"version": __version__, "reward": asdict(cfg.reward), "verifier": asdict(cfg.verifier),
+            "instruction": cfg.instruction(), "precision": cfg.data.precision, "margin": cfg.train.preflight_margin,
+            "rows": [{k: r.get(k) for k in ("item_id", "prompt", "series_text", "candidates")} for r in rows]}
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
 
 
 # ---------------------------------------------------------------------- run
