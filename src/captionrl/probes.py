@@ -70,7 +70,7 @@ def probe_wins(mean: float | None, honest_mean: float | None, margin: float) -> 
 def winning_probes(means: Mapping[str, float | None], margin: float) -> list[str]:
     """The probes (not a reference, not a captioner's own captions) whose mean is within ``margin`` of the
     honest reference's or above it, and the false claims that score at or above their true twin
-    (``probes.reference_of``): the twin says less than the honest caption, so the margin that makes describing
+    (``reference_of``): the twin says less than the honest caption, so the margin that makes describing
     pay does not apply, but a false sentence must cost."""
     return [p for p, v in means.items() if p not in REFERENCES and not p.startswith("captioner")
             and probe_wins(v, means.get(reference_of(p)), margin if reference_of(p) == "honest" else 0.0)]

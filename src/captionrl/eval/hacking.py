@@ -22,8 +22,8 @@ reward that raises ``NotApplicable`` for these probes is skipped with a note, no
   it above the same caption without the false sentence pays a false claim.
 
 The report puts each reward's mean on each probe next to its mean on the honest caption and flags every
-probe that scores at least as high as its reference (``honest``; ``answer`` for ``wrong_extreme``): that is a way for a policy to gain reward without
-describing the item. Expected (and shown, not hidden): the likelihood verifier prefers the number dump;
+probe that scores at least as high as its reference (``honest``; ``answer`` for ``wrong_extreme``): that is a
+way for a policy to gain reward without describing the item. Expected (and shown, not hidden): the likelihood verifier prefers the number dump;
 the letter verifier scores the injected answer at exactly chance (1/K) because the true series visits
 every letter; a reference-free judge family may like self-praise.
 """

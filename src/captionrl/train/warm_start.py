@@ -50,7 +50,7 @@ class WarmStartConfig:
     order: str = help_field("direction_first", "the target's order: direction_first (\"Overall, the series rises. It starts at X and ends at Y.\") or values_first (\"It starts at X and ends at Y, so overall the series rises.\": the direction after the two values it mostly follows from)")
     freeze_layers: int = help_field(0, "bottom transformer blocks kept frozen, with the embeddings, during the warm start (RL then trains every weight): 20 of the embedded model's 30 make a CPU step ~20 s instead of ~35")
     extremum_share: float = help_field(0.0, "share of the targets, drawn per window from the run's seed, that add a third sentence naming the interior extreme beyond the start and end (\"Its highest value is 317.9.\"): RL then samples captions that name what a pinned lineup pays for (0 = never, 1 = wherever there is one)")
-    rescale_share: float = help_field(0.0, "share of the records, drawn per window from the run's seed, whose window is shown rescaled to a random level and spread, and mirrored upside down for half of them (its direction then the opposite): the direction follows the values, not which series or scale they come from (0 = every window as it is)")
+    rescale_share: float = help_field(0.0, "share of the records, drawn per window from the run's seed, whose window is shown rescaled to a random level and spread, and mirrored upside down for half of them (its direction then the opposite), so that only the values' order says the direction, not which series the level betrays (0 = every window as it is; at 1 the CPU config's 4 epochs teach no direction: docs/results/warm-start-rescaled-windows.md)")
     reuse_frozen: bool = help_field(True, "with freeze_layers, compute the frozen bottom's output once per window and reuse it in later epochs (the same training up to float rounding; the frozen forward is about a third of a CPU step, and `bench/bench_warm_start_cache.py --ref HEAD --overrides warm_start.reuse_frozen=false` times the cache alone)")
 
     def __post_init__(self) -> None:
@@ -98,10 +98,15 @@ def prompt_with_series(row: Mapping[str, Any], new_text: str) -> list[dict[str, 
     return messages
 
 
+def draw_key(item_id: str, seed: int, purpose: str) -> int:
+    """A 32-bit key from (seed, id, purpose) alone: a resumed or repeated warm start draws the same whatever
+    the order of its rows."""
+    return zlib.crc32(f"{seed}:{item_id}:{purpose}".encode())
+
+
 def draw(item_id: str, seed: int, purpose: str) -> float:
-    """A number in [0, 1) from (seed, id, purpose) alone: a resumed or repeated warm start draws the same
-    whatever the order of its rows."""
-    return zlib.crc32(f"{seed}:{item_id}:{purpose}".encode()) / 2**32
+    """A number in [0, 1) from (seed, id, purpose) alone (``draw_key``)."""
+    return draw_key(item_id, seed, purpose) / 2**32
 
 
 def rescaled_values(values: Sequence[float], item_id: str, seed: int, precision: int) -> list[float]:
@@ -114,7 +119,7 @@ def rescaled_values(values: Sequence[float], item_id: str, seed: int, precision:
     order does."""
     from captionrl.domains.timeseries import render_numbers
 
-    rng = np.random.default_rng(zlib.crc32(f"{seed}:{item_id}:rescale".encode()))
+    rng = np.random.default_rng(draw_key(item_id, seed, "rescale"))  # the key of the measured runs
     v = np.asarray(values, dtype=float)
     if rng.random() < 0.5:
         v = v.max() + v.min() - v
