@@ -121,12 +121,9 @@ def series_extra_probes(rows: Sequence[Mapping[str, Any]], instruction: str,
     the lazy optimums (start value alone, key values without words, the instruction echoed with values, the
     right values with the wrong direction, a hedge), and the false claim ``wrong_extreme`` with the plain
     ``answer`` it must lose to (``probes.false_claim_probes``)."""
-    from captionrl.probes import false_claim_probes, series_probes
+    from captionrl.probes import series_probe_columns
 
-    per_row = [{**series_probes(v, instruction, precision), **false_claim_probes(v, precision)}
-               for v in ([float(x) for x in r["series"]] for r in rows)]
-    return {"invented_values": invented_values(rows, precision),
-            **{name: [p[name] for p in per_row] for name in (per_row[0] if per_row else {})}}
+    return series_probe_columns([r["series"] for r in rows], instruction, precision)
 
 
 def mean_scored(values: Sequence[Any]) -> tuple[float | None, int]:

@@ -147,6 +147,17 @@ def false_claim_probes(values: Sequence[float], precision: int = 2) -> dict[str,
     return {"answer": answer, "wrong_extreme": f"{answer} Its {word} value is {fmt(float(wrong), precision)}."}
 
 
+def series_probe_columns(series: Sequence[Sequence[float]], instruction: str,
+                         precision: int = 2) -> dict[str, list[str]]:
+    """Every series-only probe as a column, one caption per series: ``invented_values``, the lazy optimums
+    (``series_probes``) and the false claim with the answer it extends (``false_claim_probes``). The reward
+    preflight and ``captionrl eval hacking`` both build their series probes here."""
+    values = [[float(x) for x in s] for s in series]
+    per_item = [{**series_probes(v, instruction, precision), **false_claim_probes(v, precision)} for v in values]
+    return {"invented_values": [invented_values(v, precision) for v in values],
+            **{name: [p[name] for p in per_item] for name in (per_item[0] if per_item else {})}}
+
+
 def probe_captions(honest: Sequence[str], dumps: Sequence[str],
                    extra: Mapping[str, Sequence[str]] | None = None) -> dict[str, list[str]]:
     """Every probe's caption per item; ``extra`` adds domain probes (e.g. ``invented_values`` for series)."""

@@ -47,7 +47,6 @@ from captionrl.probes import (
     FALSE_CLAIM_PROBES,
     GENERIC_WORDS,
     REFERENCES,
-    invented_values,
     probe_captions,
     reference_of,
     winning_probes,
@@ -117,11 +116,9 @@ def series_extra(cands: list[list[Any]]) -> dict[str, list[str]]:
     and the lazy optimums, the echo under the default caption instruction; and the false claim with the
     answer it extends (``captionrl.probes.false_claim_probes``)."""
     from captionrl.domains.captioning import CAPTION_INSTRUCTION
-    from captionrl.probes import false_claim_probes, series_probes
+    from captionrl.probes import series_probe_columns
 
-    per_item = [{**series_probes(c[0], CAPTION_INSTRUCTION), **false_claim_probes(c[0])} for c in cands]
-    return {"invented_values": [invented_values(c[0]) for c in cands],
-            **{name: [p[name] for p in per_item] for name in (per_item[0] if per_item else {})}}
+    return series_probe_columns([c[0] for c in cands], CAPTION_INSTRUCTION)
 
 
 def image_probes(n: int = 4, seed: int = 0) -> ProbeSet:
