@@ -109,14 +109,14 @@ def draw(item_id: str, seed: int, purpose: str) -> float:
     return draw_key(item_id, seed, purpose) / 2**32
 
 
-def rescaled_values(values: Sequence[float], item_id: str, seed: int, precision: int) -> list[float]:
-    """``values`` shown at another level and spread, as printed at ``precision``: standardised, mirrored upside
-    down for half of the windows (their direction the opposite), then spread by 0.05-20 around a level within
-    three spreads of 0, plus 1-1000 for half of them. The direction rule reads the trend in standard
-    deviations and the sign of end minus start, so it is unchanged by the rescaling and reversed by the
-    mirror; the target is still written from the printed values. Why: the training corpus's levels say which
-    series a window comes from (co2 near 316, ...) and so its likely direction; rescaled, only the values'
-    order does."""
+def rescaled_values(values: Sequence[float], item_id: str, seed: int, precision: int) -> tuple[list[float], str]:
+    """``values`` shown at another level and spread: (the values as printed at ``precision``, the printed
+    text the prompt shows). Standardised, mirrored upside down for half of the windows (their direction the
+    opposite), then spread by 0.05-20 around a level within three spreads of 0, plus 1-1000 for half of them.
+    The direction rule reads the trend in standard deviations and the sign of end minus start, so it is
+    unchanged by the rescaling and reversed by the mirror; the target is still written from the printed
+    values. Why: the training corpus's levels say which series a window comes from (co2 near 316, ...) and so
+    its likely direction; rescaled, only the values' order does."""
     from captionrl.domains.timeseries import render_numbers
 
     rng = np.random.default_rng(draw_key(item_id, seed, "rescale"))  # the key of the measured runs
@@ -128,7 +128,7 @@ def rescaled_values(values: Sequence[float], item_id: str, seed: int, precision:
     spread = 10 ** rng.uniform(-1.3, 1.3)
     level = spread * rng.uniform(-3.0, 3.0) + (10 ** rng.uniform(0.0, 3.0) if rng.random() < 0.5 else 0.0)
     text, _ = render_numbers(level + spread * z, precision=precision)
-    return [float(x) for x in text.split(", ")]
+    return [float(x) for x in text.split(", ")], text
 
 
 def names_extremum(item_id: str, share: float, seed: int) -> bool:
@@ -148,7 +148,6 @@ def warm_start_records(rows: Sequence[Mapping[str, Any]], precision: int, *,
     share ``extremum_share`` of the records (``names_extremum``) also names the interior extreme; a share
     ``rescale_share`` shows its window rescaled (``rescaled_values``) and describes that."""
     from captionrl.domains.describe import short_description
-    from captionrl.domains.timeseries import render_numbers
 
     def record(item_id: str, prompt: list[dict[str, Any]], values: list[float]) -> dict[str, Any]:
         extremum = names_extremum(item_id, extremum_share, seed)
@@ -159,8 +158,8 @@ def warm_start_records(rows: Sequence[Mapping[str, Any]], precision: int, *,
     for r in rows:
         values, prompt = printed_values(r), list(r["prompt"])
         if draw(str(r["item_id"]), seed, "rescale") < rescale_share:
-            values = rescaled_values(values, str(r["item_id"]), seed, precision)
-            prompt = prompt_with_series(r, render_numbers(np.asarray(values), precision=precision)[0])
+            values, text = rescaled_values(values, str(r["item_id"]), seed, precision)
+            prompt = prompt_with_series(r, text)
         out.append(record(str(r["item_id"]), prompt, values))
         if reverse:
             out.append(record(f"{r['item_id']}~reversed", reversed_prompt(r), values[::-1]))
