@@ -242,7 +242,8 @@ def test_a_run_warm_starts_before_rl_and_a_rerun_does_not_train_it_again(tmp_pat
 
     out = tmp_path / "run"
     over = [*TINY, f"policy.model={tiny_llama}", f"train.out_dir={out}", "warm_start.epochs=1",
-            "warm_start.batch_size=2", "warm_start.freeze_layers=1", "eval.enabled=false",  # the tiny policy has 2 blocks
+            "warm_start.batch_size=2", "warm_start.freeze_layers=1",  # the tiny policy has 2 blocks
+            "eval.compare_initial=true", "eval.controls=false",  # the final checks' three systems, verdict included
             "train.beta=0.1", "warm_start.learning_rate=1.0e-2"]  # a KL term, and a warm start that moves the weights
     cfg = load_config(LineupConfig, CPU, over)
     result = lineup.run(cfg, verifier=embedded_backend)
@@ -261,8 +262,15 @@ def test_a_run_warm_starts_before_rl_and_a_rerun_does_not_train_it_again(tmp_pat
     # a rerun of the finished run resumes RL from its checkpoint and leaves the warm start alone
     mtime = (out / "warm_start" / "sft_summary.json").stat().st_mtime
     again = load_config(LineupConfig, CPU, [*over, "train.max_steps=3"])
+    store = out / "eval" / "reference_captions.jsonl"
+    kept = [json.loads(line) for line in store.read_text().splitlines()]
+    assert sorted(r["system"] for r in kept) == ["initial", "initial", "warm start", "warm start"]  # 2 windows each
     lineup.run(again, verifier=embedded_backend)
     assert (out / "warm_start" / "sft_summary.json").stat().st_mtime == mtime
+    # ... and reads the reference models' held-out captions back instead of captioning again
+    assert [json.loads(line) for line in store.read_text().splitlines()] == kept
+    systems = json.loads((out / "eval" / "summary.json").read_text())
+    assert {r["system"] for r in systems["rows"]} >= {"trained", "warm start", "initial"}
 
 
 @pytest.mark.slow

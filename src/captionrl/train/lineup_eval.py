@@ -106,6 +106,56 @@ def generate_captions(model: Any, processing: Any, rows: Sequence[Mapping[str, A
     return {str(r["item_id"]): (g.text or "") for r, g in zip(rows, gens, strict=True)}
 
 
+def weights_digest(model: Any) -> str:
+    """A digest of every weight of ``model`` (names, dtypes, shapes and bytes): two models with the same
+    digest generate the same greedy captions from the same prompts."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        flat = tensor.detach().reshape(-1).contiguous().cpu()
+        h.update(f"{name}|{flat.dtype}|{tuple(tensor.shape)}|".encode())
+        h.update(flat.view(torch.uint8).numpy())
+    return h.hexdigest()
+
+
+def stored_captions(store: Path, model: Any, processing: Any, rows: Sequence[Mapping[str, Any]],
+                    max_new_tokens: int, use_chart: bool, name: str,
+                    clipped: dict[str, bool] | None = None) -> dict[str, str]:
+    """``generate_captions``, kept in ``store`` (JSONL) by what made each caption: the model's weights
+    (``weights_digest``), the prompt, the token budget and the input kind. A reference model (the warm start,
+    the initial model) that already captioned these prompts in this run folder is not asked again: a rerun
+    that finds its warm start done, or a run resumed during its final checks, reads its captions back."""
+    import hashlib
+    import json
+
+    from captionrl.records import RecordWriter
+
+    made_by = weights_digest(model)
+
+    def key(row: Mapping[str, Any]) -> str:
+        what = {"weights": made_by, "prompt": row["prompt"], "max_new_tokens": max_new_tokens, "chart": use_chart}
+        return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
+
+    keys = {str(r["item_id"]): key(r) for r in rows}
+    with RecordWriter(store) as writer:
+        todo = [r for r in rows if not writer.has(keys[str(r["item_id"])])]
+        if todo:
+            cut: dict[str, bool] = {}
+            fresh = generate_captions(model, processing, todo, max_new_tokens, use_chart, name, cut)
+            writer.write_many({"key": keys[i], "system": name, "item_id": i, "caption": c, "clipped": cut.get(i)}
+                              for i, c in fresh.items())
+        elif rows:
+            logger.info(f"final checks: the {name} captions of these {len(rows)} windows were made before by the "
+                        f"same weights ({store}); read back")
+        got = {i: writer.get(k) or {} for i, k in keys.items()}
+    if clipped is not None:
+        clipped.update({i: bool(rec.get("clipped")) for i, rec in got.items()})
+    return {i: str(rec.get("caption", "")) for i, rec in got.items()}
+
+
 def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, verifier: Any,
              out_dir: Path, use_chart: bool, progress: Any = None) -> dict[str, Any]:
     """Held-out identification of the trained captioner (and the untrained one) via ``eval.identification``;
@@ -125,11 +175,12 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
                                                        clipped["trained"]))]
     advance()
     warm = out_dir.parent / "warm_start" / "model"
+    store = out_dir / "reference_captions.jsonl"  # the reference models' captions, read back by a rerun
     if cfg.warm_start.enabled and warm.is_dir():  # RL's start point: the verdict's reference
         model = load_checkpoint_policy(cfg, warm)
         clipped[WARM_START] = {}
-        systems.append(CaptionSet(WARM_START, generate_captions(model, processing, rows, max_new, use_chart,
-                                                                WARM_START, clipped[WARM_START])))
+        systems.append(CaptionSet(WARM_START, stored_captions(store, model, processing, rows, max_new, use_chart,
+                                                              WARM_START, clipped[WARM_START])))
         del model
         advance()
     if cfg.eval.compare_initial:
@@ -138,8 +189,8 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
 
         base, base_proc, _ = load_policy(cfg.policy)
         base = to_inference_device(base).eval()
-        systems.append(CaptionSet("initial", generate_captions(base, base_proc, rows, max_new, use_chart, "initial",
-                                                               clipped["initial"])))
+        systems.append(CaptionSet("initial", stored_captions(store, base, base_proc, rows, max_new, use_chart, "initial",
+                                                             clipped["initial"])))
         del base
         advance()
     items = [data.pool[r["item_id"]] for r in rows]
