@@ -298,3 +298,40 @@ def test_the_warm_start_teaches_the_embedded_captioner_to_write_the_targets(tmp_
     assert sum(c.startswith("Overall, the series") for c in before.values()) == 0, before
     checks = description_checks(after, series, instruction=cfg.instruction())
     assert np.mean(list(checks["direction_stated"].values())) >= 0.75, after
+
+
+def test_a_finished_warm_start_is_loaded_not_trained_again_and_keeps_no_checkpoint(tmp_path, tiny_llama, monkeypatch):
+    """A rerun with the same settings and targets loads the saved weights (every one equal to the trained
+    model's) without an SFT run; another learning rate trains again. The SFT checkpoint is gone once the
+    model is saved."""
+    import torch
+
+    from captionrl.train import sft
+    from captionrl.train.run.loading import load_policy
+    from captionrl.train.warm_start import DONE, warm_start
+    from test_train_lineup import TINY
+
+    over = [*TINY, f"policy.model={tiny_llama}", f"train.out_dir={tmp_path}", "warm_start.epochs=1",
+            "warm_start.batch_size=2", "warm_start.freeze_layers=1", "warm_start.learning_rate=1.0e-2"]
+    cfg = load_config(LineupConfig, CPU, over)
+    rows = build_lineup_data(cfg.data, cfg.reward.k, cfg.seed).rows["train"]
+    model, processing, _ = load_policy(cfg.policy)
+    first = warm_start(cfg, rows, model, processing, tmp_path)
+    folder = tmp_path / "warm_start"
+    assert (folder / DONE).is_file() and (folder / "model" / "config.json").is_file()
+    assert not (folder / "checkpoints").exists()
+    trained = {k: v.clone() for k, v in model.state_dict().items()}
+
+    runs: list[int] = []
+    sft_run = sft.run
+    monkeypatch.setattr(sft, "run", lambda *a, **k: runs.append(1) or sft_run(*a, **k))
+    fresh, processing, _ = load_policy(cfg.policy)
+    assert any(not torch.equal(v, trained[k]) for k, v in fresh.state_dict().items())  # the warm start moved it
+    again = warm_start(cfg, rows, fresh, processing, tmp_path)
+    assert runs == [] and again["reused"] and again["steps"] == first["steps"] == 2
+    assert all(torch.equal(v, trained[k]) for k, v in fresh.state_dict().items())
+
+    other = load_config(LineupConfig, CPU, [*over, "warm_start.learning_rate=5.0e-3"])
+    third, processing, _ = load_policy(other.policy)
+    assert "reused" not in warm_start(other, rows, third, processing, tmp_path)
+    assert runs == [1]

@@ -9,7 +9,9 @@ start and end values, so the reward has right and wrong directions to tell apart
 
 The targets are written by code from the values the captioner reads (the row's printed series), so they
 are right by construction and need no teacher model; the run is TRL's ``SFTTrainer`` (``train.sft``) on
-the RL prompts themselves, in ``out_dir/warm_start`` (its own checkpoints: a rerun resumes or skips it).
+the RL prompts themselves, in ``out_dir/warm_start``: an interrupted warm start resumes from its own
+checkpoint; a finished one records what it was trained from (``warm_start_done.json``) and drops its
+checkpoint, and a rerun with the same settings and targets loads its saved weights instead of training.
 The paper's recipe starts RL from the instruction-tuned model: ``epochs: 0`` (the default) is that.
 
 Two options: ``freeze_layers`` keeps the embeddings and the bottom blocks fixed while the labels are taught
@@ -182,6 +184,12 @@ def warm_start(cfg: Any, rows: Sequence[Mapping[str, Any]], model: Any, processi
                                  seed=cfg.seed)
     with RecordWriter(targets, key_field="id") as w:
         w.write_many(r for r in records if not w.has(r["id"]))
+    fingerprint = warm_start_fingerprint(cfg, records)
+    done = finished_summary(folder, fingerprint)
+    if done is not None and load_warm_weights(model, folder / "model"):
+        logger.info(f"warm start: done before in {folder} with the same settings and targets; its weights loaded, "
+                    "not trained again")
+        return done
     steps_per_epoch = -(-len(records) // ws.batch_size)
     t = cfg.train
     sft_cfg = sft.SFTRunConfig(
@@ -199,8 +207,79 @@ def warm_start(cfg: Any, rows: Sequence[Mapping[str, Any]], model: Any, processi
     with (frozen_bottom(model, ws.freeze_layers, field="warm_start.freeze_layers"),
           cached_frozen_bottom(model, ws.freeze_layers if ws.reuse_frozen else 0) as cache):
         result = sft.run(sft_cfg, model=model, processing=processing, callbacks=callbacks)
-    return {"folder": str(folder), "steps": result.get("steps"), "train_loss": result.get("train_loss"),
-            "seconds": result.get("train_seconds"), "frozen_bottom_cache": cache.summary() if cache else None}
+    summary = {"folder": str(folder), "steps": result.get("steps"), "train_loss": result.get("train_loss"),
+               "seconds": result.get("train_seconds"), "frozen_bottom_cache": cache.summary() if cache else None}
+    mark_finished(folder, fingerprint, summary)
+    return summary
+
+
+DONE = "warm_start_done.json"
+"""The finished warm start's record in its folder: what it was trained from and its summary."""
+
+
+def warm_start_fingerprint(cfg: Any, records: Sequence[Mapping[str, Any]]) -> str:
+    """A digest of what the warm start's weights depend on: the initial policy, the warm start's settings,
+    the seed, the precision it trained in and every target record (prompt and caption)."""
+    import hashlib
+    import json
+    from dataclasses import asdict
+
+    what = {"policy": asdict(cfg.policy), "warm_start": asdict(cfg.warm_start), "seed": cfg.seed,
+            "bf16": cfg.train.bf16, "use_cpu": cfg.train.use_cpu, "records": list(records)}
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def finished_summary(folder: Path, fingerprint: str) -> dict[str, Any] | None:
+    """The summary of a warm start finished in ``folder`` from the same ``fingerprint`` (None otherwise: not
+    finished, another warm start, or an unreadable record)."""
+    import json
+
+    try:
+        done = json.loads((folder / DONE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(done, dict) or done.get("fingerprint") != fingerprint:
+        return None
+    return {**done.get("summary", {}), "reused": True}
+
+
+def mark_finished(folder: Path, fingerprint: str, summary: Mapping[str, Any]) -> None:
+    """Record the finished warm start, then remove its SFT checkpoints: ``folder/model`` holds its weights,
+    which a rerun loads (``load_warm_weights``), and a checkpoint (weights and optimizer state) would keep as
+    much again on disk for no reader."""
+    import os
+    import shutil
+
+    from captionrl.records import write_json
+
+    if int(os.environ.get("RANK", "0")) != 0 or not (folder / "model" / "config.json").is_file():
+        return  # the main process records it, once there is a saved model a rerun can load
+    write_json(folder / DONE, {"fingerprint": fingerprint, "summary": dict(summary)})
+    shutil.rmtree(folder / "checkpoints", ignore_errors=True)
+
+
+def load_warm_weights(model: Any, folder: Path) -> bool:
+    """Load the saved warm start's weights (``*.safetensors`` in ``folder``) into ``model`` in place; False
+    (``model`` untouched) when the files are missing or do not fit its parameters exactly (a tied output
+    layer is the one name a saved model may leave out)."""
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return False
+    state: dict[str, Any] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    own = model.state_dict()
+    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+    if set(state) - set(own) or set(own) - set(state) - tied:
+        logger.warning(f"warm start: the weights in {folder} do not fit the policy's parameters; training it again")
+        return False
+    if any(own[k].shape != v.shape for k, v in state.items()):
+        logger.warning(f"warm start: the weights in {folder} have other shapes than the policy's; training it again")
+        return False
+    model.load_state_dict(state, strict=False)
+    return True
 
 
 def anchor_reference(model: Any, out: Path) -> Path | None:
