@@ -335,3 +335,64 @@ def test_a_finished_warm_start_is_loaded_not_trained_again_and_keeps_no_checkpoi
     third, processing, _ = load_policy(other.policy)
     assert "reused" not in warm_start(other, rows, third, processing, tmp_path)
     assert runs == [1]
+
+
+def test_a_run_starts_from_another_runs_finished_warm_start_only_when_it_was_made_the_same_way(
+        tmp_path, tiny_llama, monkeypatch):
+    """``warm_start.from_run``: the finished warm start of another run folder is copied in and loaded (no SFT
+    run, every weight equal); one trained with another setting or seed, or a folder without a finished warm
+    start, is refused naming what differs."""
+    import torch
+
+    from captionrl.train import sft
+    from captionrl.train.run.loading import load_policy
+    from captionrl.train.warm_start import DONE, warm_start
+    from test_train_lineup import TINY
+
+    base = [*TINY, f"policy.model={tiny_llama}", "warm_start.epochs=1", "warm_start.batch_size=2",
+            "warm_start.freeze_layers=1", "warm_start.learning_rate=1.0e-2"]
+    first_out, second_out = tmp_path / "main", tmp_path / "control"
+    cfg = load_config(LineupConfig, CPU, [*base, f"train.out_dir={first_out}"])
+    rows = build_lineup_data(cfg.data, cfg.reward.k, cfg.seed).rows["train"]
+    model, processing, _ = load_policy(cfg.policy)
+    warm_start(cfg, rows, model, processing, first_out)
+    trained = {k: v.clone() for k, v in model.state_dict().items()}
+
+    runs: list[int] = []
+    sft_run = sft.run
+    monkeypatch.setattr(sft, "run", lambda *a, **k: runs.append(1) or sft_run(*a, **k))
+    control = load_config(LineupConfig, CPU, [*base, f"train.out_dir={second_out}", "reward.lam=0.0",
+                                              f"warm_start.from_run={first_out}"])
+    fresh, processing, _ = load_policy(control.policy)
+    got = warm_start(control, rows, fresh, processing, second_out)
+    assert runs == [] and got["from_run"] == str(first_out / "warm_start")
+    assert all(torch.equal(v, trained[k]) for k, v in fresh.state_dict().items())
+    assert (second_out / "warm_start" / DONE).is_file() and (second_out / "warm_start" / "model" / "config.json").is_file()
+
+    other_rate = load_config(LineupConfig, CPU, [*base, f"train.out_dir={tmp_path / 'x'}",
+                                                 "warm_start.learning_rate=5.0e-3", f"warm_start.from_run={first_out}"])
+    with pytest.raises(ConfigError, match="warm_start settings") as err:
+        warm_start(other_rate, rows, fresh, processing, tmp_path / "x")
+    assert err.value.field == "warm_start.from_run"
+    assert err.value.problem == "its warm start differs in its warm_start settings"
+    other_seed = load_config(LineupConfig, CPU, [*base, f"train.out_dir={tmp_path / 'y'}", "seed=1",
+                                                 f"warm_start.from_run={first_out}"])
+    seed_rows = build_lineup_data(other_seed.data, other_seed.reward.k, other_seed.seed).rows["train"]
+    with pytest.raises(ConfigError) as err:
+        warm_start(other_seed, seed_rows, fresh, processing, tmp_path / "y")
+    assert err.value.problem.startswith("its warm start differs in its seed, training windows")
+    (tmp_path / "empty").mkdir()
+    nothing = load_config(LineupConfig, CPU, [*base, f"warm_start.from_run={tmp_path / 'empty'}"])
+    with pytest.raises(ConfigError, match="no finished warm start"):
+        warm_start(nothing, rows, fresh, processing, tmp_path / "z")
+    assert runs == []
+
+
+@pytest.mark.parametrize("override, problem", [
+    (["warm_start.epochs=0", "warm_start.from_run=."], "is set but the warm start is off"),
+    (["warm_start.from_run=/no/such/run"], "is not a folder"),
+])
+def test_warm_start_from_run_is_checked_on_load(override, problem):
+    with pytest.raises(ConfigError, match=problem) as err:
+        load_config(LineupConfig, CPU, override)
+    assert err.value.field == "warm_start.from_run"

@@ -53,6 +53,7 @@ class WarmStartConfig:
     freeze_layers: int = help_field(0, "bottom transformer blocks kept frozen, with the embeddings, during the warm start (RL then trains every weight): 20 of the embedded model's 30 make a CPU step ~20 s instead of ~35")
     extremum_share: float = help_field(0.0, "share of the targets, drawn per window from the run's seed, that add a third sentence naming the interior extreme beyond the start and end (\"Its highest value is 317.9.\"): RL then samples captions that name what a pinned lineup pays for (0 = never, 1 = wherever there is one)")
     rescale_share: float = help_field(0.0, "share of the records, drawn per window from the run's seed, whose window is shown rescaled to a random level and spread, and mirrored upside down for half of them (its direction then the opposite), so that only the values' order says the direction, not which series the level betrays (0 = every window as it is; at 1 the CPU config's 4 epochs teach no direction: docs/results/warm-start-rescaled-windows.md)")
+    from_run: str = help_field("", "a finished warm start to start RL from instead of training one: a run folder (or its warm_start folder) made with the same policy, seed, data and warm_start settings, checked against its warm_start_done.json; its model is copied into this run (e.g. the identification-off control of a run: reward.lam=0 warm_start.from_run=runs/lineup-cpu)")
     reuse_frozen: bool = help_field(True, "with freeze_layers, compute the frozen bottom's output once per window and reuse it in later epochs (the same training up to float rounding; the frozen forward is about a third of a CPU step, and `bench/bench_warm_start_cache.py --ref HEAD --overrides warm_start.reuse_frozen=false` times the cache alone)")
 
     def __post_init__(self) -> None:
@@ -72,6 +73,12 @@ class WarmStartConfig:
             raise ConfigError("warm_start.rescale_share", self.rescale_share, "must be within [0, 1]",
                               "use 0 (every window as it is) or 0.5 (half of them rescaled)")
         check_freeze_layers(self.freeze_layers, "warm_start.freeze_layers")
+        if self.from_run and self.epochs <= 0:
+            raise ConfigError("warm_start.from_run", self.from_run, "is set but the warm start is off (epochs 0)",
+                              "set warm_start.epochs as in that run, or leave from_run empty")
+        if self.from_run and not Path(self.from_run).is_dir():
+            raise ConfigError("warm_start.from_run", self.from_run, "is not a folder",
+                              "give the folder of a run whose warm start finished (its train.out_dir)")
 
     @property
     def enabled(self) -> bool:
@@ -184,12 +191,15 @@ def warm_start(cfg: Any, rows: Sequence[Mapping[str, Any]], model: Any, processi
                                  seed=cfg.seed)
     with RecordWriter(targets, key_field="id") as w:
         w.write_many(r for r in records if not w.has(r["id"]))
-    fingerprint = warm_start_fingerprint(cfg, records)
+    identity = warm_start_identity(cfg, records)
+    fingerprint = digest(identity)
     done = finished_summary(folder, fingerprint)
     if done is not None and load_warm_weights(model, folder / "model"):
         logger.info(f"warm start: done before in {folder} with the same settings and targets; its weights loaded, "
                     "not trained again")
         return done
+    if ws.from_run:
+        return reuse_finished(Path(ws.from_run), folder, identity, model)
     steps_per_epoch = -(-len(records) // ws.batch_size)
     t = cfg.train
     sft_cfg = sft.SFTRunConfig(
@@ -209,41 +219,58 @@ def warm_start(cfg: Any, rows: Sequence[Mapping[str, Any]], model: Any, processi
         result = sft.run(sft_cfg, model=model, processing=processing, callbacks=callbacks)
     summary = {"folder": str(folder), "steps": result.get("steps"), "train_loss": result.get("train_loss"),
                "seconds": result.get("train_seconds"), "frozen_bottom_cache": cache.summary() if cache else None}
-    mark_finished(folder, fingerprint, summary)
+    mark_finished(folder, identity, summary)
     return summary
 
 
 DONE = "warm_start_done.json"
 """The finished warm start's record in its folder: what it was trained from and its summary."""
 
+IDENTITY_NAMES = {"policy": "policy", "warm_start": "warm_start settings", "seed": "seed",
+                  "precision": "training precision (train.bf16, train.use_cpu)",
+                  "targets": "training windows or targets (data settings, instruction)"}
+"""What a warm start's weights depend on, as an error names each part."""
 
-def warm_start_fingerprint(cfg: Any, records: Sequence[Mapping[str, Any]]) -> str:
-    """A digest of what the warm start's weights depend on: the initial policy, the warm start's settings,
-    the seed, the precision it trained in and every target record (prompt and caption)."""
-    import hashlib
-    import json
+
+def warm_start_identity(cfg: Any, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """What the warm start's weights depend on: the initial policy, the warm start's settings (not where a
+    finished one is reused from), the seed, the precision it trains in and every target record (prompt and
+    caption, as a digest)."""
     from dataclasses import asdict
 
-    what = {"policy": asdict(cfg.policy), "warm_start": asdict(cfg.warm_start), "seed": cfg.seed,
-            "bf16": cfg.train.bf16, "use_cpu": cfg.train.use_cpu, "records": list(records)}
-    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
+    settings = {k: v for k, v in asdict(cfg.warm_start).items() if k != "from_run"}
+    return {"policy": asdict(cfg.policy), "warm_start": settings, "seed": cfg.seed,
+            "precision": {"bf16": cfg.train.bf16, "use_cpu": cfg.train.use_cpu}, "targets": digest(list(records))}
 
 
-def finished_summary(folder: Path, fingerprint: str) -> dict[str, Any] | None:
-    """The summary of a warm start finished in ``folder`` from the same ``fingerprint`` (None otherwise: not
-    finished, another warm start, or an unreadable record)."""
+def digest(obj: Any) -> str:
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def read_finished(folder: Path) -> dict[str, Any] | None:
+    """``folder``'s finished-warm-start record (None: none, or unreadable)."""
     import json
 
     try:
         done = json.loads((folder / DONE).read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(done, dict) or done.get("fingerprint") != fingerprint:
+    return done if isinstance(done, dict) and isinstance(done.get("fingerprint"), str) else None
+
+
+def finished_summary(folder: Path, fingerprint: str) -> dict[str, Any] | None:
+    """The summary of a warm start finished in ``folder`` from the same ``fingerprint`` (None otherwise: not
+    finished, another warm start, or an unreadable record)."""
+    done = read_finished(folder)
+    if done is None or done["fingerprint"] != fingerprint:
         return None
     return {**done.get("summary", {}), "reused": True}
 
 
-def mark_finished(folder: Path, fingerprint: str, summary: Mapping[str, Any]) -> None:
+def mark_finished(folder: Path, identity: Mapping[str, Any], summary: Mapping[str, Any]) -> None:
     """Record the finished warm start, then remove its SFT checkpoints: ``folder/model`` holds its weights,
     which a rerun loads (``load_warm_weights``), and a checkpoint (weights and optimizer state) would keep as
     much again on disk for no reader."""
@@ -254,8 +281,49 @@ def mark_finished(folder: Path, fingerprint: str, summary: Mapping[str, Any]) ->
 
     if int(os.environ.get("RANK", "0")) != 0 or not (folder / "model" / "config.json").is_file():
         return  # the main process records it, once there is a saved model a rerun can load
-    write_json(folder / DONE, {"fingerprint": fingerprint, "summary": dict(summary)})
+    write_json(folder / DONE, {"fingerprint": digest(dict(identity)), "identity": dict(identity),
+                               "summary": dict(summary)})
     shutil.rmtree(folder / "checkpoints", ignore_errors=True)
+
+
+def reuse_finished(source: Path, folder: Path, identity: Mapping[str, Any], model: Any) -> dict[str, Any]:
+    """Start from the warm start finished in ``source`` (a run folder or its ``warm_start`` folder): check it
+    was trained from the same ``identity``, copy its model into ``folder`` (this run's RL start point, read by
+    the final checks and the KL anchor), record it there and load its weights into ``model``."""
+    import os
+    import shutil
+
+    field = "warm_start.from_run"
+    src = source / "warm_start" if (source / "warm_start" / DONE).is_file() else source
+    done = read_finished(src)
+    if done is None:
+        raise ConfigError(field, str(source), f"holds no finished warm start (no readable {DONE} in it or in its "
+                          "warm_start folder; a warm start writes it when it finishes)",
+                          "point it at the folder of a run whose warm start finished, or leave it empty to train one")
+    if done["fingerprint"] != digest(dict(identity)):
+        theirs = done.get("identity") or {}
+        differ = [IDENTITY_NAMES[k] for k in IDENTITY_NAMES if theirs.get(k) != identity.get(k)]
+        raise ConfigError(field, str(source), f"its warm start differs in its {', '.join(differ)}",
+                          "use that run's policy, seed, data and warm_start settings, or leave it empty to train one")
+    if src.resolve() != folder.resolve() and int(os.environ.get("RANK", "0")) == 0:
+        shutil.rmtree(folder / "model", ignore_errors=True)
+        shutil.copytree(src / "model", folder / "model")  # a copy: a later save here must not write into theirs
+        mark_finished(folder, identity, {**done.get("summary", {}), "from_run": str(src)})
+    _wait_for(folder / DONE)
+    if not load_warm_weights(model, folder / "model"):
+        raise ConfigError(field, str(source), "its saved model does not fit the policy's parameters",
+                          "point it at a run of the same policy, or leave it empty to train one")
+    logger.info(f"warm start: the one finished in {src} (same settings and targets), copied into {folder}")
+    return {**done.get("summary", {}), "reused": True, "from_run": str(src)}
+
+
+def _wait_for(path: Path, seconds: float = 600.0) -> None:
+    """Other ranks wait for the main process's copy of a reused warm start."""
+    import time
+
+    end = time.monotonic() + seconds
+    while not path.is_file() and time.monotonic() < end:
+        time.sleep(0.5)
 
 
 def load_warm_weights(model: Any, folder: Path) -> bool:
