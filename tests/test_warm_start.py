@@ -332,9 +332,32 @@ def test_a_finished_warm_start_is_loaded_not_trained_again_and_keeps_no_checkpoi
     assert all(torch.equal(v, trained[k]) for k, v in fresh.state_dict().items())
 
     other = load_config(LineupConfig, CPU, [*over, "warm_start.learning_rate=5.0e-3"])
+    with pytest.raises(ConfigError) as err:  # another warm start in this folder: not trained over the finished one
+        warm_start(other, rows, fresh, processing, tmp_path)
+    assert err.value.field == "train.out_dir" and "differs from this run's in its warm_start settings" in err.value.problem
+    elsewhere = load_config(LineupConfig, CPU, [*over, "warm_start.learning_rate=5.0e-3", f"train.out_dir={tmp_path / 'b'}"])
     third, processing, _ = load_policy(other.policy)
-    assert "reused" not in warm_start(other, rows, third, processing, tmp_path)
+    assert "reused" not in warm_start(elsewhere, rows, third, processing, tmp_path / "b")
     assert runs == [1]
+
+
+def test_the_targets_are_rewritten_for_a_new_warm_start_and_an_interrupted_one_is_not_resumed_on_others(tmp_path):
+    from captionrl.train.warm_start import write_targets
+
+    rows = _rows(6)
+    first = warm_start_records(rows, 2, seed=0)
+    other = warm_start_records(rows, 2, seed=0, order="values_first")
+    write_targets(tmp_path, first)
+    write_targets(tmp_path, first)  # the same targets again (a resumed warm start)
+    assert [json.loads(line) for line in (tmp_path / "targets.jsonl").read_text().splitlines()] == first
+    write_targets(tmp_path, other)  # no checkpoint: a new warm start, taught the new targets only
+    assert [json.loads(line)["caption"] for line in (tmp_path / "targets.jsonl").read_text().splitlines()] == [
+        r["caption"] for r in other]
+    (tmp_path / "checkpoints" / "checkpoint-2").mkdir(parents=True)
+    write_targets(tmp_path, other)  # an interrupted warm start of the same targets resumes
+    with pytest.raises(ConfigError, match="was taught other targets") as err:
+        write_targets(tmp_path, first)
+    assert err.value.field == "train.out_dir"
 
 
 def test_a_run_starts_from_another_runs_finished_warm_start_only_when_it_was_made_the_same_way(

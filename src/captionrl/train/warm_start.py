@@ -179,7 +179,6 @@ def warm_start(cfg: Any, rows: Sequence[Mapping[str, Any]], model: Any, processi
                callbacks: Sequence[Any] = ()) -> dict[str, Any]:
     """Teach ``model`` (in place) the describer's captions of ``rows``, in ``out/warm_start``; returns the SFT
     run's summary (loss, steps, where its records are). ``callbacks``: extra ``TrainerCallback``s."""
-    from captionrl.records import RecordWriter
     from captionrl.train import sft
 
     ws: WarmStartConfig = cfg.warm_start
@@ -189,17 +188,19 @@ def warm_start(cfg: Any, rows: Sequence[Mapping[str, Any]], model: Any, processi
     records = warm_start_records(rows, cfg.data.precision, reverse=ws.reverse, order=ws.order,
                                  extremum_share=ws.extremum_share, rescale_share=ws.rescale_share,
                                  seed=cfg.seed)
-    with RecordWriter(targets, key_field="id") as w:
-        w.write_many(r for r in records if not w.has(r["id"]))
     identity = warm_start_identity(cfg, records)
-    fingerprint = digest(identity)
-    done = finished_summary(folder, fingerprint)
+    done = read_finished(folder)
+    if done is not None and done["fingerprint"] != digest(identity):
+        raise ConfigError("train.out_dir", str(out), f"its finished warm start ({folder}) differs from this "
+                          f"run's in its {differing(done, identity)}", f"use another train.out_dir, or delete "
+                          f"{folder} to train a new warm start there")
     if done is not None and load_warm_weights(model, folder / "model"):
         logger.info(f"warm start: done before in {folder} with the same settings and targets; its weights loaded, "
                     "not trained again")
-        return done
+        return {**done.get("summary", {}), "reused": True}
     if ws.from_run:
         return reuse_finished(Path(ws.from_run), folder, identity, model)
+    write_targets(folder, records)
     steps_per_epoch = -(-len(records) // ws.batch_size)
     t = cfg.train
     sft_cfg = sft.SFTRunConfig(
@@ -261,13 +262,30 @@ def read_finished(folder: Path) -> dict[str, Any] | None:
     return done if isinstance(done, dict) and isinstance(done.get("fingerprint"), str) else None
 
 
-def finished_summary(folder: Path, fingerprint: str) -> dict[str, Any] | None:
-    """The summary of a warm start finished in ``folder`` from the same ``fingerprint`` (None otherwise: not
-    finished, another warm start, or an unreadable record)."""
-    done = read_finished(folder)
-    if done is None or done["fingerprint"] != fingerprint:
-        return None
-    return {**done.get("summary", {}), "reused": True}
+def differing(done: Mapping[str, Any], identity: Mapping[str, Any]) -> str:
+    """The parts of ``identity`` a finished warm start's record (``DONE``) differs in, as an error names them."""
+    theirs = done.get("identity") or {}
+    return ", ".join(IDENTITY_NAMES[k] for k in IDENTITY_NAMES if theirs.get(k) != identity.get(k)) or "targets"
+
+
+def write_targets(folder: Path, records: Sequence[Mapping[str, Any]]) -> None:
+    """Write the SFT records to ``folder/targets.jsonl``, which the warm start is taught from; refuse when an
+    interrupted warm start there (a checkpoint) was taught other records, which resuming would mix."""
+    import json
+
+    from captionrl.records import dumps, read_jsonl
+
+    path = folder / "targets.jsonl"
+    lines = [dumps(dict(r)) for r in records]
+    before = list(read_jsonl(path, appended=True)) if path.is_file() else []
+    if before and digest(before) != digest([json.loads(line) for line in lines]) and any(
+            (folder / "checkpoints").glob("checkpoint-*")):
+        raise ConfigError("train.out_dir", str(folder.parent), f"an interrupted warm start in {folder} was taught "
+                          "other targets (another seed, data or warm_start setting)", f"use another train.out_dir, "
+                          f"or delete {folder} to start the warm start again")
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    tmp.replace(path)
 
 
 def mark_finished(folder: Path, identity: Mapping[str, Any], summary: Mapping[str, Any]) -> None:
@@ -301,9 +319,7 @@ def reuse_finished(source: Path, folder: Path, identity: Mapping[str, Any], mode
                           "warm_start folder; a warm start writes it when it finishes)",
                           "point it at the folder of a run whose warm start finished, or leave it empty to train one")
     if done["fingerprint"] != digest(dict(identity)):
-        theirs = done.get("identity") or {}
-        differ = [IDENTITY_NAMES[k] for k in IDENTITY_NAMES if theirs.get(k) != identity.get(k)]
-        raise ConfigError(field, str(source), f"its warm start differs in its {', '.join(differ)}",
+        raise ConfigError(field, str(source), f"its warm start differs in its {differing(done, identity)}",
                           "use that run's policy, seed, data and warm_start settings, or leave it empty to train one")
     if src.resolve() != folder.resolve() and int(os.environ.get("RANK", "0")) == 0:
         shutil.rmtree(folder / "model", ignore_errors=True)
