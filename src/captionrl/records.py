@@ -222,6 +222,14 @@ class RecordWriter:
         self.close()
 
 
+def digest(obj: Any) -> str:
+    """A SHA-256 of ``obj`` as sorted JSON (what is not JSON is written with ``str``): a fingerprint of settings
+    and records that is the same in every process and every run."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
 def write_json(path: str | Path, obj: Any) -> None:
     """Write a JSON summary atomically (write to a temporary file, then rename)."""
     p = Path(path)

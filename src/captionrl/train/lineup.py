@@ -100,16 +100,15 @@ def preflight_fingerprint(cfg: LineupConfig, rows: Sequence[Mapping[str, Any]]) 
     """A digest of everything the preflight's outcome depends on: the package version, the reward and
     verifier settings, the instruction, the printing precision, the margin and the sampled rows' prompts and
     candidates (from which every probe caption is written)."""
-    import hashlib
-    import json
     from dataclasses import asdict
 
     from captionrl import __version__
+    from captionrl.records import digest
 
-    what = {"version": __version__, "reward": asdict(cfg.reward), "verifier": asdict(cfg.verifier),
-            "instruction": cfg.instruction(), "precision": cfg.data.precision, "margin": cfg.train.preflight_margin,
-            "rows": [{k: r.get(k) for k in ("item_id", "prompt", "series_text", "candidates")} for r in rows]}
-    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
+    return digest({"version": __version__, "reward": asdict(cfg.reward), "verifier": asdict(cfg.verifier),
+                   "instruction": cfg.instruction(), "precision": cfg.data.precision,
+                   "margin": cfg.train.preflight_margin,
+                   "rows": [{k: r.get(k) for k in ("item_id", "prompt", "series_text", "candidates")} for r in rows]})
 
 
 # ---------------------------------------------------------------------- run

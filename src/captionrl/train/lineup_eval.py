@@ -128,16 +128,13 @@ def stored_captions(store: Path, model: Any, processing: Any, rows: Sequence[Map
     (``weights_digest``), the prompt, the token budget and the input kind. A reference model (the warm start,
     the initial model) that already captioned these prompts in this run folder is not asked again: a rerun
     that finds its warm start done, or a run resumed during its final checks, reads its captions back."""
-    import hashlib
-    import json
-
-    from captionrl.records import RecordWriter
+    from captionrl.records import RecordWriter, digest
 
     made_by = weights_digest(model)
 
     def key(row: Mapping[str, Any]) -> str:
-        what = {"weights": made_by, "prompt": row["prompt"], "max_new_tokens": max_new_tokens, "chart": use_chart}
-        return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
+        return digest({"weights": made_by, "prompt": row["prompt"], "max_new_tokens": max_new_tokens,
+                       "chart": use_chart})
 
     keys = {str(r["item_id"]): key(r) for r in rows}
     with RecordWriter(store) as writer:

@@ -35,6 +35,7 @@ import numpy as np
 from captionrl.config import help_field
 from captionrl.domains.describe import SHORT_DESCRIPTION_ORDERS
 from captionrl.errors import ConfigError
+from captionrl.records import digest
 from captionrl.train.run.bottom_cache import cached_frozen_bottom
 from captionrl.train.run.freezing import check_freeze_layers, frozen_bottom
 
@@ -242,13 +243,6 @@ def warm_start_identity(cfg: Any, records: Sequence[Mapping[str, Any]]) -> dict[
     settings = {k: v for k, v in asdict(cfg.warm_start).items() if k != "from_run"}
     return {"policy": asdict(cfg.policy), "warm_start": settings, "seed": cfg.seed,
             "precision": {"bf16": cfg.train.bf16, "use_cpu": cfg.train.use_cpu}, "targets": digest(list(records))}
-
-
-def digest(obj: Any) -> str:
-    import hashlib
-    import json
-
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def read_finished(folder: Path) -> dict[str, Any] | None:
