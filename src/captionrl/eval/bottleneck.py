@@ -30,7 +30,6 @@ Every (system, task, corpus, seed) result is a record in ``records.jsonl``; reru
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import math
 import time
@@ -45,7 +44,7 @@ from captionrl.config import help_field
 from captionrl.errors import ConfigError, DataError
 from captionrl.eval.common import split_spec
 from captionrl.eval.result import EvalResult, result_text, write_result
-from captionrl.records import RecordWriter, check_caption, read_jsonl
+from captionrl.records import RecordWriter, check_caption, digest, read_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +115,7 @@ class BottleneckConfig:
         keys = ("encoder", "head", "hidden", "lr", "weight_decay", "dropout", "max_epochs", "patience",
                 "val_fraction", "ridge_alpha", "test_fraction", "split_seed", "shuffle_seed")
         d = asdict(self)
-        return hashlib.sha256(json.dumps({k: d[k] for k in keys}, sort_keys=True).encode()).hexdigest()[:10]
+        return digest({k: d[k] for k in keys})[:10]
 
 
 CONFIG = BottleneckConfig

@@ -185,7 +185,6 @@ def warm_start(cfg: Any, rows: Sequence[Mapping[str, Any]], model: Any, processi
     ws: WarmStartConfig = cfg.warm_start
     folder = out / "warm_start"
     folder.mkdir(parents=True, exist_ok=True)
-    targets = folder / "targets.jsonl"
     records = warm_start_records(rows, cfg.data.precision, reverse=ws.reverse, order=ws.order,
                                  extremum_share=ws.extremum_share, rescale_share=ws.rescale_share,
                                  seed=cfg.seed)
@@ -201,7 +200,7 @@ def warm_start(cfg: Any, rows: Sequence[Mapping[str, Any]], model: Any, processi
         return {**done.get("summary", {}), "reused": True}
     if ws.from_run:
         return reuse_finished(Path(ws.from_run), folder, identity, model)
-    write_targets(folder, records)
+    targets = write_targets(folder, records)
     steps_per_epoch = -(-len(records) // ws.batch_size)
     t = cfg.train
     sft_cfg = sft.SFTRunConfig(
@@ -257,14 +256,16 @@ def read_finished(folder: Path) -> dict[str, Any] | None:
 
 
 def differing(done: Mapping[str, Any], identity: Mapping[str, Any]) -> str:
-    """The parts of ``identity`` a finished warm start's record (``DONE``) differs in, as an error names them."""
+    """The parts of ``identity`` a finished warm start's record (``DONE``) differs in, as an error names them;
+    each part is compared as the fingerprint compares it (its ``digest``), not as loaded from JSON."""
     theirs = done.get("identity") or {}
-    return ", ".join(IDENTITY_NAMES[k] for k in IDENTITY_NAMES if theirs.get(k) != identity.get(k)) or "targets"
+    return ", ".join(IDENTITY_NAMES[k] for k in IDENTITY_NAMES
+                     if digest(theirs.get(k)) != digest(identity.get(k))) or "targets"
 
 
-def write_targets(folder: Path, records: Sequence[Mapping[str, Any]]) -> None:
-    """Write the SFT records to ``folder/targets.jsonl``, which the warm start is taught from; refuse when an
-    interrupted warm start there (a checkpoint) was taught other records, which resuming would mix."""
+def write_targets(folder: Path, records: Sequence[Mapping[str, Any]]) -> Path:
+    """Write the SFT records to ``folder/targets.jsonl`` (returned), which the warm start is taught from; refuse
+    when an interrupted warm start there (a checkpoint) was taught other records, which resuming would mix."""
     import json
 
     from captionrl.records import dumps, read_jsonl
@@ -280,6 +281,7 @@ def write_targets(folder: Path, records: Sequence[Mapping[str, Any]]) -> None:
     tmp = path.with_suffix(".jsonl.tmp")
     tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     tmp.replace(path)
+    return path
 
 
 def mark_finished(folder: Path, identity: Mapping[str, Any], summary: Mapping[str, Any]) -> None:
