@@ -419,3 +419,28 @@ def test_warm_start_from_run_is_checked_on_load(override, problem):
     with pytest.raises(ConfigError, match=problem) as err:
         load_config(LineupConfig, CPU, override)
     assert err.value.field == "warm_start.from_run"
+
+
+def test_saved_weights_that_do_not_fit_the_policy_are_not_loaded(tmp_path, tiny_llama):
+    """``load_warm_weights``: no files, a missing weight or another shape leave the policy untouched (False);
+    the policy's own weights load (True)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from captionrl.train.run.loading import load_policy
+    from captionrl.train.warm_start import load_warm_weights
+
+    cfg = load_config(LineupConfig, CPU, [f"policy.model={tiny_llama}"])
+    model, _, _ = load_policy(cfg.policy)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    saved = {k: (v + 1.0).contiguous() for k, v in before.items() if k != "lm_head.weight"}
+    assert not load_warm_weights(model, tmp_path)  # no safetensors file
+    name = next(iter(saved))
+    for broken in ({k: v for k, v in saved.items() if k != name},
+                   {**saved, name: torch.zeros(3, 3)}):
+        save_file(broken, str(tmp_path / "model.safetensors"))
+        assert not load_warm_weights(model, tmp_path)
+        assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    save_file(saved, str(tmp_path / "model.safetensors"))
+    assert load_warm_weights(model, tmp_path)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in saved.items())
