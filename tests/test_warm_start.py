@@ -124,6 +124,32 @@ def test_a_share_of_the_targets_names_the_extreme_the_same_way_every_time():
     assert warm_start_records(rows, 2, extremum_share=0.0) == plain
 
 
+def test_drawn_per_pass_each_window_is_taught_the_extremum_sentence_in_some_passes_not_all():
+    """``extremum_draw="pass"``: one copy of the records per pass, the same prompts in each, the extremum
+    sentence drawn afresh per (window, pass), so about ``extremum_share`` of a window's passes name it and the
+    warm start cannot learn which windows get one; the draws do not depend on the rows' order."""
+    from captionrl.train.warm_start import passes_drawn
+
+    assert passes_drawn(16, "pass", 0.5) == 16 and passes_drawn(2.5, "pass", 0.5) == 3
+    assert passes_drawn(16, "window", 0.5) == passes_drawn(16, "pass", 0.0) == passes_drawn(16, "pass", 1.0) == 1
+    rows = _rows(24)
+    once = warm_start_records(rows, 2, extremum_share=0.5, seed=3, rescale_share=0.5)
+    per_pass = warm_start_records(rows, 2, extremum_share=0.5, seed=3, rescale_share=0.5, passes=8)
+    assert len(per_pass) == 8 * len(rows) and len({r["id"] for r in per_pass}) == len(per_pass)
+    by_window: dict[str, list[bool]] = {}
+    for i, r in enumerate(per_pass):
+        base = once[i % len(rows)]
+        assert r["prompt"] == base["prompt"] and r["id"] == f"{base['id']}#{i // len(rows)}"
+        plain = base["caption"].split(". Its ")[0].rstrip(".") + "."
+        assert r["caption"].startswith(plain)
+        by_window.setdefault(base["id"], []).append(r["caption"] != plain)
+    with_extreme = [named for named in by_window.values() if any(named)]  # windows that have an interior extreme
+    assert with_extreme and all(not all(named) for named in with_extreme)
+    assert 0.3 < np.mean([n for named in with_extreme for n in named]) < 0.7
+    assert warm_start_records(rows[::-1], 2, extremum_share=0.5, seed=3, rescale_share=0.5, passes=8) == [
+        r for p in range(8) for r in per_pass[p * len(rows):(p + 1) * len(rows)][::-1]]
+
+
 @pytest.mark.parametrize(("override", "field"), [
     ("warm_start.epochs=-1", "warm_start.epochs"),
     ("warm_start.learning_rate=0", "warm_start.learning_rate"),
@@ -133,6 +159,7 @@ def test_a_share_of_the_targets_names_the_extreme_the_same_way_every_time():
     ("warm_start.extremum_share=1.5", "warm_start.extremum_share"),
     ("warm_start.extremum_share=-0.1", "warm_start.extremum_share"),
     ("warm_start.rescale_share=2", "warm_start.rescale_share"),
+    ("warm_start.extremum_draw=epoch", "warm_start.extremum_draw"),
 ])
 def test_bad_warm_start_settings_name_the_field(override, field):
     with pytest.raises(ConfigError) as err:
@@ -339,6 +366,25 @@ def test_a_finished_warm_start_is_loaded_not_trained_again_and_keeps_no_checkpoi
     third, processing, _ = load_policy(other.policy)
     assert "reused" not in warm_start(elsewhere, rows, third, processing, tmp_path / "b")
     assert runs == [1]
+
+
+def test_a_warm_start_drawn_per_pass_takes_the_steps_of_its_epochs(tmp_path, tiny_llama):
+    """Per-pass targets are ``epochs`` copies of the windows, trained once: as many steps as ``epochs`` passes
+    over one copy, every copy in the targets file."""
+    from captionrl.train.run.loading import load_policy
+    from captionrl.train.warm_start import warm_start
+    from test_train_lineup import TINY
+
+    over = [*TINY, f"policy.model={tiny_llama}", f"train.out_dir={tmp_path}", "warm_start.epochs=3",
+            "warm_start.batch_size=2", "warm_start.freeze_layers=1", "warm_start.extremum_share=0.5",
+            "warm_start.extremum_draw=pass"]
+    cfg = load_config(LineupConfig, CPU, over)
+    rows = build_lineup_data(cfg.data, cfg.reward.k, cfg.seed).rows["train"]
+    model, processing, _ = load_policy(cfg.policy)
+    summary = warm_start(cfg, rows, model, processing, tmp_path)
+    assert summary["steps"] == 3 * -(-len(rows) // 2)
+    targets = (tmp_path / "warm_start" / "targets.jsonl").read_text().splitlines()
+    assert len(targets) == 3 * len(rows)
 
 
 def test_the_targets_are_rewritten_for_a_new_warm_start_and_an_interrupted_one_is_not_resumed_on_others(tmp_path):

@@ -41,6 +41,10 @@ from captionrl.train.run.freezing import check_freeze_layers, frozen_bottom
 
 logger = logging.getLogger(__name__)
 
+EXTREMUM_DRAWS = ("window", "pass")
+"""``warm_start.extremum_draw``: the extremum sentence drawn once per window, or afresh for each pass."""
+
+
 @dataclass
 class WarmStartConfig:
     """Supervised fine-tuning on the describer's captions of the training windows, before RL."""
@@ -53,6 +57,7 @@ class WarmStartConfig:
     order: str = help_field("direction_first", "the target's order: direction_first (\"Overall, the series rises. It starts at X and ends at Y.\") or values_first (\"It starts at X and ends at Y, so overall the series rises.\": the direction after the two values it mostly follows from)")
     freeze_layers: int = help_field(0, "bottom transformer blocks kept frozen, with the embeddings, during the warm start (RL then trains every weight): 20 of the embedded model's 30 make a CPU step ~20 s instead of ~35")
     extremum_share: float = help_field(0.0, "share of the targets, drawn per window from the run's seed, that add a third sentence naming the interior extreme beyond the start and end (\"Its highest value is 317.9.\"): RL then samples captions that name what a pinned lineup pays for (0 = never, 1 = wherever there is one)")
+    extremum_draw: str = help_field("window", "how the extremum sentence is drawn: window (once per window: every pass teaches a window the same target, so a long warm start learns which windows get one and RL's samples of a window agree) or pass (afresh for each pass over the windows: the sentence is taught as a coin flip of share extremum_share, so RL's samples of one window differ in it and the lineup can pay for naming the extreme)")
     rescale_share: float = help_field(0.0, "share of the records, drawn per window from the run's seed, whose window is shown rescaled to a random level and spread, and mirrored upside down for half of them (its direction then the opposite), so that only the values' order says the direction, not which series the level betrays (0 = every window as it is; at 1 the CPU config's 4 epochs teach no direction: docs/results/warm-start-rescaled-windows.md)")
     from_run: str = help_field("", "a finished warm start to start RL from instead of training one: a run folder (or its warm_start folder) made with the same policy, seed, data and warm_start settings, checked against its warm_start_done.json; its model is copied into this run (e.g. the identification-off control of a run: reward.lam=0 warm_start.from_run=runs/lineup-cpu)")
     reuse_frozen: bool = help_field(True, "with freeze_layers, compute the frozen bottom's output once per window and reuse it in later epochs (the same training up to float rounding; the frozen forward is about a third of a CPU step, and `bench/bench_warm_start_cache.py --ref HEAD --overrides warm_start.reuse_frozen=false` times the cache alone)")
@@ -70,6 +75,9 @@ class WarmStartConfig:
         if not 0.0 <= self.extremum_share <= 1.0:
             raise ConfigError("warm_start.extremum_share", self.extremum_share, "must be within [0, 1]",
                               "use 0 (no target names an extreme) or 0.5 (half of them)")
+        if self.extremum_draw not in EXTREMUM_DRAWS:
+            raise ConfigError("warm_start.extremum_draw", self.extremum_draw, "unknown way to draw the extremum sentence",
+                              f"use one of {', '.join(EXTREMUM_DRAWS)}")
         if not 0.0 <= self.rescale_share <= 1.0:
             raise ConfigError("warm_start.rescale_share", self.rescale_share, "must be within [0, 1]",
                               "use 0 (every window as it is) or 0.5 (half of them rescaled)")
@@ -141,38 +149,53 @@ def rescaled_values(values: Sequence[float], item_id: str, seed: int, precision:
     return [float(x) for x in text.split(", ")], text
 
 
-def names_extremum(item_id: str, share: float, seed: int) -> bool:
-    """Whether the target of ``item_id`` names its interior extreme: a draw from (seed, id) alone, so a
-    resumed or repeated warm start writes the same targets whatever the order of its rows."""
+def names_extremum(item_id: str, share: float, seed: int, pass_index: int | None = None) -> bool:
+    """Whether the target of ``item_id`` names its interior extreme: a draw from (seed, id) alone, or from
+    (seed, id, pass) when each pass draws afresh, so a resumed or repeated warm start writes the same targets
+    whatever the order of its rows."""
     if share <= 0.0:
         return False
+    if pass_index is not None:
+        return draw(item_id, seed, f"extremum:{pass_index}") < share
     return zlib.crc32(f"{seed}:{item_id}".encode()) / 2**32 < share
+
+
+def passes_drawn(epochs: float, extremum_draw: str, extremum_share: float) -> int:
+    """How many passes of targets the warm start writes: one, unless each pass draws its extremum sentences
+    afresh (``extremum_draw="pass"`` with a share strictly between 0 and 1), then one per started epoch."""
+    if extremum_draw != "pass" or not 0.0 < extremum_share < 1.0:
+        return 1
+    return max(1, int(np.ceil(epochs)))
 
 
 def warm_start_records(rows: Sequence[Mapping[str, Any]], precision: int, *,
                        reverse: bool = False, order: str = "direction_first",
                        extremum_share: float = 0.0, rescale_share: float = 0.0,
-                       seed: int = 0) -> list[dict[str, Any]]:
+                       seed: int = 0, passes: int = 1) -> list[dict[str, Any]]:
     """One SFT record per training row: the row's own prompt and the describer's sentence of its values;
     with ``reverse`` a second one per row, its series reversed and described (id ``<id>~reversed``); a
     share ``extremum_share`` of the records (``names_extremum``) also names the interior extreme; a share
-    ``rescale_share`` shows its window rescaled (``rescaled_values``) and describes that."""
+    ``rescale_share`` shows its window rescaled (``rescaled_values``) and describes that.
+
+    ``passes`` > 1 writes that many copies of the records, one per pass over the windows (ids ``<id>#<pass>``),
+    each drawing its extremum sentences afresh; the prompts (and rescalings) are the same in every pass."""
     from captionrl.domains.describe import short_description
 
-    def record(item_id: str, prompt: list[dict[str, Any]], values: list[float]) -> dict[str, Any]:
-        extremum = names_extremum(item_id, extremum_share, seed)
-        return {"id": item_id, "prompt": prompt,
+    def record(item_id: str, prompt: list[dict[str, Any]], values: list[float], pass_index: int | None) -> dict[str, Any]:
+        extremum = names_extremum(item_id, extremum_share, seed, pass_index)
+        return {"id": item_id if pass_index is None else f"{item_id}#{pass_index}", "prompt": prompt,
                 "caption": short_description(values, precision, order=order, extremum=extremum)}
 
     out = []
-    for r in rows:
-        values, prompt = printed_values(r), list(r["prompt"])
-        if draw(str(r["item_id"]), seed, "rescale") < rescale_share:
-            values, text = rescaled_values(values, str(r["item_id"]), seed, precision)
-            prompt = prompt_with_series(r, text)
-        out.append(record(str(r["item_id"]), prompt, values))
-        if reverse:
-            out.append(record(f"{r['item_id']}~reversed", reversed_prompt(r), values[::-1]))
+    for pass_index in (range(passes) if passes > 1 else [None]):
+        for r in rows:
+            values, prompt = printed_values(r), list(r["prompt"])
+            if draw(str(r["item_id"]), seed, "rescale") < rescale_share:
+                values, text = rescaled_values(values, str(r["item_id"]), seed, precision)
+                prompt = prompt_with_series(r, text)
+            out.append(record(str(r["item_id"]), prompt, values, pass_index))
+            if reverse:
+                out.append(record(f"{r['item_id']}~reversed", reversed_prompt(r), values[::-1], pass_index))
     return out
 
 
@@ -185,9 +208,10 @@ def warm_start(cfg: Any, rows: Sequence[Mapping[str, Any]], model: Any, processi
     ws: WarmStartConfig = cfg.warm_start
     folder = out / "warm_start"
     folder.mkdir(parents=True, exist_ok=True)
+    passes = passes_drawn(ws.epochs, ws.extremum_draw, ws.extremum_share)
     records = warm_start_records(rows, cfg.data.precision, reverse=ws.reverse, order=ws.order,
                                  extremum_share=ws.extremum_share, rescale_share=ws.rescale_share,
-                                 seed=cfg.seed)
+                                 seed=cfg.seed, passes=passes)
     identity = warm_start_identity(cfg, records)
     done = read_finished(folder)
     if done is not None and done["fingerprint"] != digest(identity):
@@ -201,13 +225,13 @@ def warm_start(cfg: Any, rows: Sequence[Mapping[str, Any]], model: Any, processi
     if ws.from_run:
         return reuse_finished(Path(ws.from_run), folder, identity, model)
     targets = write_targets(folder, records)
-    steps_per_epoch = -(-len(records) // ws.batch_size)
+    steps_per_epoch = -(-len(records) // passes // ws.batch_size)
     t = cfg.train
     sft_cfg = sft.SFTRunConfig(
         seed=cfg.seed, policy=cfg.policy,
         data=sft.SFTDataConfig(path=str(targets), precision=cfg.data.precision, instruction=cfg.instruction()),
         train=sft.SFTTrainConfig(out_dir=str(folder), learning_rate=ws.learning_rate, lr_scheduler_type=ws.lr_scheduler_type,
-                                 num_train_epochs=ws.epochs,
+                                 num_train_epochs=ws.epochs / passes,  # passes copies: ws.epochs passes in all
                                  per_device_train_batch_size=ws.batch_size, save_steps=steps_per_epoch,
                                  save_total_limit=1, logging_steps=max(1, steps_per_epoch // 4), report_to=[],
                                  threads=t.threads, use_cpu=t.use_cpu, bf16=t.bf16,
