@@ -387,6 +387,24 @@ def test_a_warm_start_drawn_per_pass_takes_the_steps_of_its_epochs(tmp_path, tin
     assert len(targets) == 3 * len(rows)
 
 
+def test_a_warm_start_finished_before_extremum_draw_existed_keeps_its_identity():
+    """The identity leaves out ``extremum_draw`` (it acts through the targets, digested whole): the settings a
+    warm start recorded before the field existed match the default's, while drawing per pass changes the targets."""
+    from dataclasses import asdict
+
+    from captionrl.records import digest
+    from captionrl.train.warm_start import warm_start_identity
+
+    cfg = load_config(LineupConfig, CPU, ["data.n_train=6", "data.n_test=4"])
+    rows = build_lineup_data(cfg.data, cfg.reward.k, cfg.seed).rows["train"]
+    records = warm_start_records(rows, 2, extremum_share=0.5, seed=cfg.seed)
+    identity = warm_start_identity(cfg, records)
+    before = {k: v for k, v in asdict(cfg.warm_start).items() if k not in ("from_run", "extremum_draw")}
+    assert digest(identity["warm_start"]) == digest(before)
+    per_pass = warm_start_records(rows, 2, extremum_share=0.5, seed=cfg.seed, passes=4)
+    assert warm_start_identity(cfg, per_pass)["targets"] != identity["targets"]
+
+
 def test_the_targets_are_rewritten_for_a_new_warm_start_and_an_interrupted_one_is_not_resumed_on_others(tmp_path):
     from captionrl.train.warm_start import write_targets
 

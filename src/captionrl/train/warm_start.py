@@ -257,13 +257,19 @@ IDENTITY_NAMES = {"policy": "policy", "warm_start": "warm_start settings", "seed
 """What a warm start's weights depend on, as an error names each part."""
 
 
+IDENTITY_EXCLUDED_SETTINGS = ("from_run", "extremum_draw")
+"""``warm_start`` settings a finished warm start's identity leaves out: where it is reused from, and what acts
+only through the targets (which the identity digests whole)."""
+
+
 def warm_start_identity(cfg: Any, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """What the warm start's weights depend on: the initial policy, the warm start's settings (not where a
-    finished one is reused from), the seed, the precision it trains in and every target record (prompt and
-    caption, as a digest)."""
+    finished one is reused from, nor ``extremum_draw``, which acts only through the targets, so a warm start
+    finished before that setting existed keeps its identity), the seed, the precision it trains in and every
+    target record (prompt and caption, as a digest)."""
     from dataclasses import asdict
 
-    settings = {k: v for k, v in asdict(cfg.warm_start).items() if k != "from_run"}
+    settings = {k: v for k, v in asdict(cfg.warm_start).items() if k not in IDENTITY_EXCLUDED_SETTINGS}
     return {"policy": asdict(cfg.policy), "warm_start": settings, "seed": cfg.seed,
             "precision": {"bf16": cfg.train.bf16, "use_cpu": cfg.train.use_cpu}, "targets": digest(list(records))}
 
