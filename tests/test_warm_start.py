@@ -133,16 +133,15 @@ def test_drawn_per_pass_each_window_is_taught_the_extremum_sentence_in_some_pass
     assert passes_drawn(16, "pass", 0.5) == 16 and passes_drawn(2.5, "pass", 0.5) == 3
     assert passes_drawn(16, "window", 0.5) == passes_drawn(16, "pass", 0.0) == passes_drawn(16, "pass", 1.0) == 1
     rows = _rows(24)
-    once = warm_start_records(rows, 2, extremum_share=0.5, seed=3, rescale_share=0.5)
+    plain = warm_start_records(rows, 2, seed=3, rescale_share=0.5)  # no extremum sentence
     per_pass = warm_start_records(rows, 2, extremum_share=0.5, seed=3, rescale_share=0.5, passes=8)
     assert len(per_pass) == 8 * len(rows) and len({r["id"] for r in per_pass}) == len(per_pass)
     by_window: dict[str, list[bool]] = {}
     for i, r in enumerate(per_pass):
-        base = once[i % len(rows)]
+        base = plain[i % len(rows)]
         assert r["prompt"] == base["prompt"] and r["id"] == f"{base['id']}#{i // len(rows)}"
-        plain = base["caption"].split(". Its ")[0].rstrip(".") + "."
-        assert r["caption"].startswith(plain)
-        by_window.setdefault(base["id"], []).append(r["caption"] != plain)
+        assert r["caption"].startswith(base["caption"])
+        by_window.setdefault(base["id"], []).append(r["caption"] != base["caption"])
     with_extreme = [named for named in by_window.values() if any(named)]  # windows that have an interior extreme
     assert with_extreme and all(not all(named) for named in with_extreme)
     assert 0.3 < np.mean([n for named in with_extreme for n in named]) < 0.7

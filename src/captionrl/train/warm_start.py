@@ -186,17 +186,18 @@ def warm_start_records(rows: Sequence[Mapping[str, Any]], precision: int, *,
         return {"id": item_id if pass_index is None else f"{item_id}#{pass_index}", "prompt": prompt,
                 "caption": short_description(values, precision, order=order, extremum=extremum)}
 
-    out = []
-    for pass_index in (range(passes) if passes > 1 else [None]):
-        for r in rows:
-            values, prompt = printed_values(r), list(r["prompt"])
-            if draw(str(r["item_id"]), seed, "rescale") < rescale_share:
-                values, text = rescaled_values(values, str(r["item_id"]), seed, precision)
-                prompt = prompt_with_series(r, text)
-            out.append(record(str(r["item_id"]), prompt, values, pass_index))
-            if reverse:
-                out.append(record(f"{r['item_id']}~reversed", reversed_prompt(r), values[::-1], pass_index))
-    return out
+    shown = []  # (id, prompt, values) of every window as the warm start shows it, the same in every pass
+    for r in rows:
+        values, prompt = printed_values(r), list(r["prompt"])
+        if draw(str(r["item_id"]), seed, "rescale") < rescale_share:
+            values, text = rescaled_values(values, str(r["item_id"]), seed, precision)
+            prompt = prompt_with_series(r, text)
+        shown.append((str(r["item_id"]), prompt, values))
+        if reverse:
+            shown.append((f"{r['item_id']}~reversed", reversed_prompt(r), values[::-1]))
+    return [record(item_id, prompt, values, pass_index)
+            for pass_index in (range(passes) if passes > 1 else [None])
+            for item_id, prompt, values in shown]
 
 
 def warm_start(cfg: Any, rows: Sequence[Mapping[str, Any]], model: Any, processing: Any, out: Path,
