@@ -54,6 +54,7 @@ class LineupDataConfig:
     balance: str | None = help_field(None, "direction: draw the training items in equal numbers per overall direction (rises, falls, stays flat; as far as the split has them), so that one direction said of every window is right a third of the time, not as often as the corpus rises; null: a plain seeded sample")
     pin_endpoints: bool = help_field(False, "lay every distractor on its true window's start, end and trend, keeping the distractor's own shape between them (captionrl.domains.pinned), so that naming the start, the end and the direction no longer picks the window out and only what lies between them does; false: the mined windows as they are (the paper's)")
     test_corpora: list[str] | None = help_field(None, "held-out corpora whose windows are the test items, never trained on: names of captionrl.domains.held_out (fertility, stocks, eeg; other domains than the embedded corpus), drawn in equal numbers per corpus and reported per corpus; null: the test split of data.corpus (later windows of the training series)")
+    rl_rescale_share: float = help_field(0.0, "share of the training lineups that RL and its preflight see rescaled to another level and spread, and mirrored for half of them (captionrl.domains.rescale): drawn per window from the run's seed, each window's map the one warm_start.rescale_share shows it under, applied to every candidate alike so the lineup's answer stays; a warm start taught on rescaled windows then meets the same windows in RL. The warm start and the held-out windows are unaffected (0 = every window as it is)")
     chart_size: list[int] = help_field([448, 448], "chart width and height in pixels for a chart-reading policy (policy.input: chart); the LineupRL authors' config draws 600x300")
 
     def __post_init__(self) -> None:
@@ -70,6 +71,13 @@ class LineupDataConfig:
             raise ConfigError("data.normalise", self.normalise, "unknown normalisation", "use null, zscore or minmax")
         if self.balance not in (None, "direction"):
             raise ConfigError("data.balance", self.balance, "unknown balance", "use direction, or null")
+        if not 0.0 <= self.rl_rescale_share <= 1.0:
+            raise ConfigError("data.rl_rescale_share", self.rl_rescale_share, "must be within [0, 1]",
+                              "use 0 (every window as it is) or 1 (every training lineup rescaled)")
+        if self.rl_rescale_share > 0 and self.normalise is not None:
+            raise ConfigError("data.rl_rescale_share", self.rl_rescale_share, f"is set with data.normalise="
+                              f"{self.normalise}, which prints every window at one level and spread already",
+                              "set data.rl_rescale_share: 0, or data.normalise: null")
         check_chart_size(self.chart_size, "data.chart_size")
         if self.test_corpora is not None:
             from captionrl.domains.held_out import HELD_OUT

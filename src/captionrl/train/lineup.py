@@ -176,7 +176,13 @@ class LineupRecipe(Recipe):
         self.progress.finish(WARM_START)
 
     def rows(self, run: Run, split: str = "train") -> list[dict[str, Any]]:
+        """The rows RL (and its preflight) reads: the training lineups under ``data.rl_rescale_share``, with
+        a chart for a chart-reading policy."""
         rows = run.data.rows[split]
+        if split == "train" and self.cfg.data.rl_rescale_share > 0:
+            from captionrl.domains.rescale import rescaled_lineup_rows
+
+            rows = rescaled_lineup_rows(rows, self.cfg.data.rl_rescale_share, self.cfg.seed, self.cfg.data.precision)
         return add_charts(rows, self.cfg.data.instruction, self.cfg.data.chart_size) if self.use_chart else list(rows)
 
     def train_dataset(self, run: Run) -> Any:

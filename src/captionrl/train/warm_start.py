@@ -34,6 +34,7 @@ import numpy as np
 
 from captionrl.config import help_field
 from captionrl.domains.describe import SHORT_DESCRIPTION_ORDERS
+from captionrl.domains.rescale import draw, prompt_with_series, rescaled, rescaled_values
 from captionrl.errors import ConfigError
 from captionrl.records import digest
 from captionrl.train.run.bottom_cache import cached_frozen_bottom
@@ -105,50 +106,6 @@ def reversed_prompt(row: Mapping[str, Any]) -> list[dict[str, Any]]:
     return prompt_with_series(row, ", ".join(reversed(text.split(", "))))
 
 
-def prompt_with_series(row: Mapping[str, Any], new_text: str) -> list[dict[str, Any]]:
-    """The row's prompt with its printed series replaced by ``new_text`` (every other word the same)."""
-    text = str(row["series_text"])
-    messages = [dict(m) for m in row["prompt"]]
-    hits = [m for m in messages if isinstance(m.get("content"), str) and text in m["content"]]
-    if len(hits) != 1:
-        raise ValueError(f"row {row.get('item_id')}: the printed series is in {len(hits)} prompt messages, not 1")
-    hits[0]["content"] = hits[0]["content"].replace(text, new_text)
-    return messages
-
-
-def draw_key(item_id: str, seed: int, purpose: str) -> int:
-    """A 32-bit key from (seed, id, purpose) alone: a resumed or repeated warm start draws the same whatever
-    the order of its rows."""
-    return zlib.crc32(f"{seed}:{item_id}:{purpose}".encode())
-
-
-def draw(item_id: str, seed: int, purpose: str) -> float:
-    """A number in [0, 1) from (seed, id, purpose) alone (``draw_key``)."""
-    return draw_key(item_id, seed, purpose) / 2**32
-
-
-def rescaled_values(values: Sequence[float], item_id: str, seed: int, precision: int) -> tuple[list[float], str]:
-    """``values`` shown at another level and spread: (the values as printed at ``precision``, the printed
-    text the prompt shows). Standardised, mirrored upside down for half of the windows (their direction the
-    opposite), then spread by 0.05-20 around a level within three spreads of 0, plus 1-1000 for half of them.
-    The direction rule reads the trend in standard deviations and the sign of end minus start, so it is
-    unchanged by the rescaling and reversed by the mirror; the target is still written from the printed
-    values. Why: the training corpus's levels say which series a window comes from (co2 near 316, ...) and so
-    its likely direction; rescaled, only the values' order does."""
-    from captionrl.domains.timeseries import render_numbers
-
-    rng = np.random.default_rng(draw_key(item_id, seed, "rescale"))  # the key of the measured runs
-    v = np.asarray(values, dtype=float)
-    if rng.random() < 0.5:
-        v = v.max() + v.min() - v
-    sd = float(v.std())
-    z = (v - v.mean()) / sd if sd > 0 else np.zeros_like(v)
-    spread = 10 ** rng.uniform(-1.3, 1.3)
-    level = spread * rng.uniform(-3.0, 3.0) + (10 ** rng.uniform(0.0, 3.0) if rng.random() < 0.5 else 0.0)
-    text, _ = render_numbers(level + spread * z, precision=precision)
-    return [float(x) for x in text.split(", ")], text
-
-
 def names_extremum(item_id: str, share: float, seed: int, pass_index: int | None = None) -> bool:
     """Whether the target of ``item_id`` names its interior extreme: a draw from (seed, id) alone, or from
     (seed, id, pass) when each pass draws afresh, so a resumed or repeated warm start writes the same targets
@@ -189,7 +146,7 @@ def warm_start_records(rows: Sequence[Mapping[str, Any]], precision: int, *,
     shown = []  # (id, prompt, values) of every window as the warm start shows it, the same in every pass
     for r in rows:
         values, prompt = printed_values(r), list(r["prompt"])
-        if draw(str(r["item_id"]), seed, "rescale") < rescale_share:
+        if rescaled(str(r["item_id"]), seed, rescale_share):
             values, text = rescaled_values(values, str(r["item_id"]), seed, precision)
             prompt = prompt_with_series(r, text)
         shown.append((str(r["item_id"]), prompt, values))
