@@ -57,6 +57,11 @@ The two workers take a file each at a time (``--dist loadfile``, ``--no-loadscop
 order puts files with few tests last, and those are the single long rehearsals, so one worker ran them
 alone for minutes at the end. Heaviest first, the many short files even out the finish."""
 
+HEAVIEST_FIRST_LONG = ("test_gpu_pins.py", "test_resume_all.py", "test_deepspeed_rehearsal.py", "test_faults.py",
+                       "test_train_resume.py", "test_train_distributed.py", "test_train_moco.py")
+"""The long tier's own order (``-m long``; ``--durations``, 2026-12-07): its heaviest files are not the default
+tier's, and the GPU smoke rehearsal (7 minutes on a 2-core AVX2 CPU) started late ran alone at the end."""
+
 
 def pytest_collection_modifyitems(config, items):
     """Heaviest files first (above); the long tier runs only when asked for (``CAPTIONRL_LONG_TESTS=1``),
@@ -65,7 +70,8 @@ def pytest_collection_modifyitems(config, items):
     Each long test is a second test of a joint the default tier tests once (a real-kill resume of another
     recipe or DeepSpeed stage, another preset's dry run, a two-process DDP run beside the DeepSpeed rehearsals): the default
     tier keeps every joint and, with setup, is sized for 30 minutes on 2 cores; the long tier is the whole suite."""
-    rank = {name: i for i, name in enumerate(HEAVIEST_FIRST)}
+    order = HEAVIEST_FIRST_LONG if config.getoption("markexpr", "") == "long" else HEAVIEST_FIRST
+    rank = {name: i for i, name in enumerate(order)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
     if os.environ.get(LONG_TESTS):
         return

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from deepspeed_launch import requires_deepspeed, run_group
+from servers import requires_llama_cpp
 
 ROOT = Path(__file__).resolve().parents[1]
 PINS = ROOT / "scripts" / "gpu-pins.txt"
@@ -128,11 +129,23 @@ def test_gpu_smoke_moco_joint_passes_under_the_gpu_extras_versions(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
 @requires_deepspeed
-def test_gpu_smoke_dry_run_passes_under_the_gpu_extras_versions(tmp_path):
-    """``scripts/gpu_smoke.sh --cpu-rehearsal`` (every joint of the GPU path but the device and vLLM) under the
-    pinned versions (``tests/test_gpu_smoke.py`` runs it under the CPU install's in the long tier)."""
+@requires_llama_cpp
+def test_gpu_smoke_cpu_rehearsal_passes_every_joint_under_the_gpu_extras_versions(tmp_path):
+    """``scripts/gpu_smoke.sh --cpu-rehearsal`` as a whole (every joint of the GPU path but the device and vLLM)
+    under the versions a GPU install resolves, the ones the script meets on a GPU: every joint passes, NCCL is
+    skipped, each recipe trains its 2 steps, and the report and the output say it is NOT the GPU check."""
+    from test_gpu_smoke import NAMES
+
+    out = tmp_path / "smoke"
     report = _smoke_under_pins(tmp_path, ("qwen2.5-vl", "qwen3-vl"))
-    assert len(report["joints"]) >= 6
+    assert [j["name"] for j in report["joints"]] == NAMES
+    assert {j["name"]: j["result"] for j in report["joints"]}["nccl"] == "skip"
+    assert report["rehearsal"] and report["device"].startswith("cpu") and report["date"]
+    assert all(j["seconds"] > 0 for j in report["joints"] if j["result"] != "skip")
+    assert "NOT the GPU check" in (out / "report.md").read_text()
+    for recipe in ("lineup", "rubicap", "moco"):
+        assert json.loads((out / recipe / "result.json").read_text())["steps"] == 2, recipe
+    assert json.loads((out / "gpu_verifier.json").read_text())["tiny"]
 
 
 def _path_without_nvidia_smi(tmp_path: Path, stub: str | None = None) -> str:
