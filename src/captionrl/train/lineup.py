@@ -248,10 +248,11 @@ class LineupRecipe(Recipe):
         return result
 
 
-REFERENCE_SECONDS = {WARM_START: 10.8, "preflight": 18.0, "RL": 35.6, "final checks": 1.5}
-"""Seconds per unit of each stage of the main job on the slowest CPU met (2-core AMD EPYC, AVX2 only, both
-threads, the verifier in float32): a warm-start step, a preflight item, an RL step, a held-out window captioned
-by one system. The progress line scales them by this machine's measured speed."""
+REFERENCE_SECONDS = {WARM_START: 5.6, "preflight": 15.8, "RL": 30.6, "final checks": 0.9}
+"""Seconds per unit of each stage of the main job from a fresh clone on a 2-core AVX2-only AMD EPYC (both
+threads, the verifier in float32; docs/results/main-job-time-fresh-clone-avx2-epyc.md): a warm-start step, a
+preflight item, an RL step, a held-out window captioned by one system. The progress line scales them by this
+machine's measured speed; measured on one CPU, their ratios to each other hold there only approximately elsewhere."""
 
 
 def run_progress(cfg: LineupConfig, data: LineupData) -> RunProgress:
