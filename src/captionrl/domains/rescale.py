@@ -70,6 +70,11 @@ def rescaled_values(values: Sequence[float], item_id: str, seed: int, precision:
     return out[0], texts[0]
 
 
+def printed_values(row: Mapping[str, Any]) -> list[float]:
+    """The values the captioner reads for a row (its printed series: rounded, normalised as printed)."""
+    return [float(x) for x in str(row["series_text"]).split(",")]
+
+
 def prompt_with_series(row: Mapping[str, Any], new_text: str) -> list[dict[str, Any]]:
     """The row's prompt with its printed series replaced by ``new_text`` (every other word the same)."""
     text = str(row["series_text"])
@@ -91,7 +96,7 @@ def rescaled_lineup_rows(rows: Sequence[Mapping[str, Any]], share: float, seed: 
         if not rescaled(str(r["item_id"]), seed, share):
             out.append(dict(r))
             continue
-        shown = [[float(x) for x in str(r["series_text"]).split(",")], *list(r["candidates"])[1:]]
+        shown = [printed_values(r), *list(r["candidates"])[1:]]
         values, texts = rescale_candidates(shown, str(r["item_id"]), seed, precision)
         out.append({**r, "prompt": prompt_with_series(r, texts[0]), "series": values[0], "series_text": texts[0],
                     "candidates": values})

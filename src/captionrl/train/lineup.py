@@ -252,7 +252,7 @@ REFERENCE_SECONDS = {WARM_START: 5.6, "preflight": 15.8, "RL": 30.6, "final chec
 """Seconds per unit of each stage of the main job from a fresh clone on a 2-core AVX2-only AMD EPYC (both
 threads, the verifier in float32; docs/results/main-job-time-fresh-clone-avx2-epyc.md): a warm-start step, a
 preflight item, an RL step, a held-out window captioned by one system. The progress line scales them by this
-machine's measured speed; measured on one CPU, their ratios to each other hold there only approximately elsewhere."""
+machine's measured speed; on another CPU their ratios to each other hold only approximately."""
 
 
 def run_progress(cfg: LineupConfig, data: LineupData) -> RunProgress:

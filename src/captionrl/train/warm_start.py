@@ -34,7 +34,7 @@ import numpy as np
 
 from captionrl.config import help_field
 from captionrl.domains.describe import SHORT_DESCRIPTION_ORDERS
-from captionrl.domains.rescale import draw, prompt_with_series, rescaled, rescaled_values
+from captionrl.domains.rescale import draw, printed_values, prompt_with_series, rescaled, rescaled_values
 from captionrl.errors import ConfigError
 from captionrl.records import digest
 from captionrl.train.run.bottom_cache import cached_frozen_bottom
@@ -93,11 +93,6 @@ class WarmStartConfig:
     @property
     def enabled(self) -> bool:
         return self.epochs > 0
-
-
-def printed_values(row: Mapping[str, Any]) -> list[float]:
-    """The values the captioner reads for a row (its printed series: rounded, normalised as printed)."""
-    return [float(x) for x in str(row["series_text"]).split(",")]
 
 
 def reversed_prompt(row: Mapping[str, Any]) -> list[dict[str, Any]]:
