@@ -40,6 +40,31 @@ def test_eta_is_every_remaining_unit_at_reference_cost_times_the_measured_speed(
     assert "[3/3] RL 1/3" in lines[-1]
 
 
+def test_units_read_back_leave_the_plan_untimed():
+    clock, lines = Clock(), []
+    p = RunProgress([Stage("preflight", 8, 15.0), Stage("RL", 4, 30.0), Stage("final checks", 3, 50.0)],
+                    echo=lines.append, clock=clock)
+    p.start("preflight")
+    clock.now = 1.0  # a preflight passed before: its 8 items are read back in a second
+    p.skip(8)
+    p.complete("preflight")
+    assert p.stages["preflight"].units == 0 and p.speed() == 1.0  # not "120x faster than the reference"
+    assert p.eta_seconds() == 4 * 30 + 3 * 50
+    p.start("RL")
+    clock.now = 61.0  # an RL step in 60 s against 30
+    p.advance()
+    assert p.speed() == 2.0 and p.eta_seconds() == 2.0 * (3 * 30 + 3 * 50)
+    p.finish("RL")
+    p.start("final checks")
+    clock.now = 161.0  # the trained captions in 100 s against 50
+    p.advance()
+    clock.now = 163.0  # a reference model's captions read back
+    p.skip()
+    p.skip(5)  # no more than the stage has left
+    assert p.stages["final checks"].units == 1 and p.speed() == 2.0 and p.eta_seconds() == 0.0
+    assert "final checks 1/1" in lines[-1]
+
+
 def test_callback_counts_a_resumed_trainers_steps_and_leaves_preflight_time_out():
     clock = Clock()
     p = RunProgress([Stage("RL", 16, 30.0)], echo=lambda _: None, clock=clock)

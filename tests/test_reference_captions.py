@@ -57,14 +57,16 @@ def test_stored_captions_are_the_greedy_captions_and_are_not_made_twice(captione
     monkeypatch.setattr(lineup_eval, "generate_captions", counted)
     store = tmp_path / "eval" / "reference_captions.jsonl"
     cut: dict[str, bool] = {}
-    first = lineup_eval.stored_captions(store, model, processing, rows, 12, False, "initial", cut)
-    assert asked == [3]
+    made: list[bool] = []  # what the progress line is told: captioned now, or read back (skipped, untimed)
+    first = lineup_eval.stored_captions(store, model, processing, rows, 12, False, "initial", cut, on_done=made.append)
+    assert asked == [3] and made == [True]
     assert first == generate(model, processing, rows, 12, False, "direct")  # what is kept is what generation says
     assert set(cut) == set(first) and all(isinstance(v, bool) for v in cut.values())
 
     cut_again: dict[str, bool] = {}
-    assert lineup_eval.stored_captions(store, model, processing, rows, 12, False, "initial", cut_again) == first
-    assert asked == [3] and cut_again == cut  # read back, clipping included
+    assert lineup_eval.stored_captions(store, model, processing, rows, 12, False, "initial", cut_again,
+                                       on_done=made.append) == first
+    assert asked == [3] and cut_again == cut and made == [True, False]  # read back, clipping included
 
     lineup_eval.stored_captions(store, model, processing, rows, 16, False, "initial")
     assert asked == [3, 3]  # another token budget: captioned again

@@ -217,8 +217,10 @@ class LineupRecipe(Recipe):
         assert self.reward_function is not None
         if self.progress is not None:
             self.progress.start("preflight")
-        preflight(self.cfg, self.rows(run), self.reward_function.quiet(), run.out)
-        if self.progress is not None:
+        report = preflight(self.cfg, self.rows(run), self.reward_function.quiet(), run.out)
+        if self.progress is not None:  # passed before (None): nothing was scored, so nothing is timed
+            if report is None:
+                self.progress.skip(self.progress.stages["preflight"].units)
             self.progress.complete("preflight")
 
     def close(self, run: Run) -> None:

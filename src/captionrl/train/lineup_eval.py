@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -123,11 +123,13 @@ def weights_digest(model: Any) -> str:
 
 def stored_captions(store: Path, model: Any, processing: Any, rows: Sequence[Mapping[str, Any]],
                     max_new_tokens: int, use_chart: bool, name: str,
-                    clipped: dict[str, bool] | None = None) -> dict[str, str]:
+                    clipped: dict[str, bool] | None = None,
+                    on_done: Callable[[bool], None] | None = None) -> dict[str, str]:
     """``generate_captions``, kept in ``store`` (JSONL) by what made each caption: the model's weights
     (``weights_digest``), the prompt, the token budget and the input kind. A reference model (the warm start,
     the initial model) that already captioned these prompts in this run folder is not asked again: a rerun
-    that finds its warm start done, or a run resumed during its final checks, reads its captions back."""
+    that finds its warm start done, or a run resumed during its final checks, reads its captions back.
+    ``on_done(made)`` is called at the end: ``made`` is False when every caption was read back."""
     from captionrl.records import RecordWriter, digest
 
     made_by = weights_digest(model)
@@ -150,6 +152,8 @@ def stored_captions(store: Path, model: Any, processing: Any, rows: Sequence[Map
         got = {i: writer.get(k) or {} for i, k in keys.items()}
     if clipped is not None:
         clipped.update({i: bool(rec.get("clipped")) for i, rec in got.items()})
+    if on_done is not None:
+        on_done(bool(todo))
     return {i: str(rec.get("caption", "")) for i, rec in got.items()}
 
 
@@ -159,9 +163,9 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
     ``progress`` (a ``train.run.progress.RunProgress``) advances once per system captioned and once for the checks."""
     from captionrl.eval.identification import CaptionSet, IdentifyEvalConfig, run_identification
 
-    def advance() -> None:
+    def advance(made: bool = True) -> None:  # a system's captions read back are skipped, not timed
         if progress is not None:
-            progress.advance(1)
+            progress.advance(1) if made else progress.skip(1)
 
     rows = data.rows["test"]
     if use_chart:
@@ -177,9 +181,8 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
         model = load_checkpoint_policy(cfg, warm)
         clipped[WARM_START] = {}
         systems.append(CaptionSet(WARM_START, stored_captions(store, model, processing, rows, max_new, use_chart,
-                                                              WARM_START, clipped[WARM_START])))
+                                                              WARM_START, clipped[WARM_START], on_done=advance)))
         del model
-        advance()
     if cfg.eval.compare_initial:
         from captionrl.train.run.loading import load_policy
         from captionrl.train.run.sharding import to_inference_device
@@ -187,9 +190,8 @@ def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, 
         base, base_proc, _ = load_policy(cfg.policy)
         base = to_inference_device(base).eval()
         systems.append(CaptionSet("initial", stored_captions(store, base, base_proc, rows, max_new, use_chart, "initial",
-                                                             clipped["initial"])))
+                                                             clipped["initial"], on_done=advance)))
         del base
-        advance()
     items = [data.pool[r["item_id"]] for r in rows]
     distractors = {r["item_id"]: list(r["candidate_ids"][1:]) for r in rows}
     train_name = TRAIN_VERIFIER if cfg.eval.train_verifier else None

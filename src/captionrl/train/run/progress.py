@@ -8,7 +8,8 @@ done). Before any unit is timed the reference costs are taken as they are; from 
 the line says how fast this machine runs against them.
 
 ``ProgressCallback`` advances a stage at every optimizer step of a ``transformers``/TRL trainer; stages
-without a trainer call ``start``/``advance``/``finish`` themselves.
+without a trainer call ``start``/``advance``/``finish`` themselves, and ``skip`` for units a rerun reads back
+(a passed preflight, stored captions), which would otherwise count as work done in no time.
 """
 
 from __future__ import annotations
@@ -86,6 +87,16 @@ class RunProgress:
             self.timed_reference += n * stage.seconds_per_unit
         self._unit_started = now
         stage.done += n
+        self.echo(self.line())
+
+    def skip(self, n: int = 1) -> None:
+        """``n`` units of the current stage need no work (made before and read back): they leave the plan
+        untimed, so a rerun's read-back stages do not make this machine look faster than it is."""
+        stage = self.current
+        if stage is None or n <= 0:
+            return
+        stage.units -= min(n, stage.units - stage.done)
+        self._unit_started = self.clock()
         self.echo(self.line())
 
     def complete(self, name: str) -> None:
