@@ -46,8 +46,7 @@ def test_units_read_back_leave_the_plan_untimed():
                     echo=lines.append, clock=clock)
     p.start("preflight")
     clock.now = 1.0  # a preflight passed before: its 8 items are read back in a second
-    p.skip(8)
-    p.complete("preflight")
+    p.finish("preflight")
     assert p.stages["preflight"].units == 0 and p.speed() == 1.0  # not "120x faster than the reference"
     assert p.eta_seconds() == 4 * 30 + 3 * 50
     p.start("RL")

@@ -218,10 +218,8 @@ class LineupRecipe(Recipe):
         if self.progress is not None:
             self.progress.start("preflight")
         report = preflight(self.cfg, self.rows(run), self.reward_function.quiet(), run.out)
-        if self.progress is not None:  # passed before (None): nothing was scored, so nothing is timed
-            if report is None:
-                self.progress.skip(self.progress.stages["preflight"].units)
-            self.progress.complete("preflight")
+        if self.progress is not None:  # passed before (None): nothing was scored, so its items leave untimed
+            self.progress.finish("preflight") if report is None else self.progress.complete("preflight")
 
     def close(self, run: Run) -> None:
         if self.samples is not None:

@@ -160,7 +160,8 @@ def stored_captions(store: Path, model: Any, processing: Any, rows: Sequence[Map
 def evaluate(cfg: LineupConfig, data: LineupData, policy: Any, processing: Any, verifier: Any,
              out_dir: Path, use_chart: bool, progress: Any = None) -> dict[str, Any]:
     """Held-out identification of the trained captioner (and the untrained one) via ``eval.identification``;
-    ``progress`` (a ``train.run.progress.RunProgress``) advances once per system captioned and once for the checks."""
+    ``progress`` (a ``train.run.progress.RunProgress``) advances once per system captioned (skips one whose captions
+    are read back) and once for the checks."""
     from captionrl.eval.identification import CaptionSet, IdentifyEvalConfig, run_identification
 
     def advance(made: bool = True) -> None:  # a system's captions read back are skipped, not timed

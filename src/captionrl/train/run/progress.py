@@ -8,8 +8,9 @@ done). Before any unit is timed the reference costs are taken as they are; from 
 the line says how fast this machine runs against them.
 
 ``ProgressCallback`` advances a stage at every optimizer step of a ``transformers``/TRL trainer; stages
-without a trainer call ``start``/``advance``/``finish`` themselves, and ``skip`` for units a rerun reads back
-(a passed preflight, stored captions), which would otherwise count as work done in no time.
+without a trainer call ``start``/``advance``/``finish`` themselves. Work a rerun reads back would count as
+done in no time: ``finish`` drops a whole stage's undone units untimed (a preflight passed before), ``skip``
+some units of the current one (a reference model's stored captions).
 """
 
 from __future__ import annotations
