@@ -149,7 +149,41 @@ def test_drawn_per_pass_each_window_is_taught_the_extremum_sentence_in_some_pass
         r for p in range(8) for r in per_pass[p * len(rows):(p + 1) * len(rows)][::-1]]
 
 
+def test_drawn_per_pass_each_window_is_shown_under_a_new_map_every_pass_and_never_under_rls():
+    """``rescale_draw="pass"``: one copy of the records per pass, each window rescaled afresh in each (so the
+    warm start cannot learn a window's caption from its numbers by heart), none under the map RL's rescaled
+    lineups show it under, each target written from the values its own prompt shows; the extremum sentence
+    stays drawn per window (``extremum_draw="window"``), and nothing depends on the rows' order."""
+    from captionrl.domains.rescale import rescaled_lineup_rows
+    from captionrl.domains.timeseries import render_numbers
+    from captionrl.train.warm_start import names_extremum, passes_drawn
+
+    assert passes_drawn(16, "window", 0.0, "pass", 1.0) == 16 and passes_drawn(2.5, "window", 0.0, "pass", 0.5) == 3
+    assert passes_drawn(16, "window", 0.5, "pass", 0.0) == passes_drawn(16, "window", 0.5, "window", 1.0) == 1
+    rows = _rows(24)
+    once = warm_start_records(rows, 2, extremum_share=0.5, seed=3, rescale_share=1.0, extremum_draw="window")
+    per_pass = warm_start_records(rows, 2, extremum_share=0.5, seed=3, rescale_share=1.0, passes=4,
+                                  extremum_draw="window", rescale_draw="pass")
+    assert len(per_pass) == 4 * len(rows) and len({r["id"] for r in per_pass}) == len(per_pass)
+    rl_prompts = [r["prompt"] for r in rescaled_lineup_rows(rows, 1.0, seed=3, precision=2)]
+    for i, rec in enumerate(per_pass):
+        row, pass_index = rows[i % len(rows)], i // len(rows)
+        assert rec["id"] == f"{row['item_id']}#{pass_index}"
+        text = rec["prompt"][-1]["content"].split("\n")[1]
+        shown = [float(x) for x in text.split(", ")]
+        assert text == render_numbers(np.array(shown), precision=2)[0]
+        extremum = names_extremum(str(row["item_id"]), 0.5, 3)  # drawn once per window, as without passes
+        assert rec["caption"] == short_description(shown, 2, extremum=extremum)
+        assert rec["prompt"] != rl_prompts[i % len(rows)] and rec["prompt"] != once[i % len(rows)]["prompt"]
+    for w in range(len(rows)):
+        assert len({per_pass[p * len(rows) + w]["prompt"][-1]["content"] for p in range(4)}) == 4
+    assert warm_start_records(rows[::-1], 2, extremum_share=0.5, seed=3, rescale_share=1.0, passes=4,
+                              extremum_draw="window", rescale_draw="pass") == [
+        r for p in range(4) for r in per_pass[p * len(rows):(p + 1) * len(rows)][::-1]]
+
+
 @pytest.mark.parametrize(("override", "field"), [
+    ("warm_start.rescale_draw=epoch", "warm_start.rescale_draw"),
     ("warm_start.epochs=-1", "warm_start.epochs"),
     ("warm_start.learning_rate=0", "warm_start.learning_rate"),
     ("warm_start.batch_size=0", "warm_start.batch_size"),
@@ -398,7 +432,7 @@ def test_a_warm_start_finished_before_extremum_draw_existed_keeps_its_identity()
     rows = build_lineup_data(cfg.data, cfg.reward.k, cfg.seed).rows["train"]
     records = warm_start_records(rows, 2, extremum_share=0.5, seed=cfg.seed)
     identity = warm_start_identity(cfg, records)
-    before = {k: v for k, v in asdict(cfg.warm_start).items() if k not in ("from_run", "extremum_draw")}
+    before = {k: v for k, v in asdict(cfg.warm_start).items() if k not in ("from_run", "extremum_draw", "rescale_draw")}
     assert digest(identity["warm_start"]) == digest(before)
     per_pass = warm_start_records(rows, 2, extremum_share=0.5, seed=cfg.seed, passes=4)
     assert warm_start_identity(cfg, per_pass)["targets"] != identity["targets"]

@@ -38,12 +38,13 @@ def rescaled(item_id: str, seed: int, share: float) -> bool:
 
 
 def rescale_candidates(candidates: Sequence[Sequence[float]], item_id: str, seed: int,
-                       precision: int) -> tuple[list[list[float]], list[str]]:
+                       precision: int, purpose: str = "rescale") -> tuple[list[list[float]], list[str]]:
     """Every candidate under the first one's map (module doc): (the values as printed at ``precision``, the
-    printed texts), one per candidate."""
+    printed texts), one per candidate. ``purpose`` keys the map's draw: ``rescale`` is the map RL's lineups
+    show; a warm start that draws a map per pass uses ``rescale:<pass>``, none of which is RL's."""
     from captionrl.domains.timeseries import render_numbers
 
-    rng = np.random.default_rng(draw_key(item_id, seed, "rescale"))
+    rng = np.random.default_rng(draw_key(item_id, seed, purpose))
     rows = [np.asarray(c, dtype=float) for c in candidates]
     v = rows[0]
     if rng.random() < 0.5:
@@ -62,11 +63,13 @@ def rescale_candidates(candidates: Sequence[Sequence[float]], item_id: str, seed
     return values, texts
 
 
-def rescaled_values(values: Sequence[float], item_id: str, seed: int, precision: int) -> tuple[list[float], str]:
-    """``values`` under their own map (module doc): (the values as printed at ``precision``, the printed text
-    the prompt shows). The direction rule reads the trend in standard deviations and the sign of end minus
-    start, so it is unchanged by the rescaling and reversed by the mirror."""
-    out, texts = rescale_candidates([values], item_id, seed, precision)
+def rescaled_values(values: Sequence[float], item_id: str, seed: int, precision: int,
+                    purpose: str = "rescale") -> tuple[list[float], str]:
+    """``values`` under their own map (module doc; ``purpose`` as in ``rescale_candidates``): (the values as
+    printed at ``precision``, the printed text the prompt shows). The direction rule reads the trend in
+    standard deviations and the sign of end minus start, so it is unchanged by the rescaling and reversed by
+    the mirror."""
+    out, texts = rescale_candidates([values], item_id, seed, precision, purpose)
     return out[0], texts[0]
 
 

@@ -45,6 +45,9 @@ logger = logging.getLogger(__name__)
 EXTREMUM_DRAWS = ("window", "pass")
 """``warm_start.extremum_draw``: the extremum sentence drawn once per window, or afresh for each pass."""
 
+RESCALE_DRAWS = ("window", "pass")
+"""``warm_start.rescale_draw``: a rescaled window's map drawn once per window, or afresh for each pass."""
+
 
 @dataclass
 class WarmStartConfig:
@@ -60,6 +63,7 @@ class WarmStartConfig:
     extremum_share: float = help_field(0.0, "share of the targets, drawn per window from the run's seed, that add a third sentence naming the interior extreme beyond the start and end (\"Its highest value is 317.9.\"): RL then samples captions that name what a pinned lineup pays for (0 = never, 1 = wherever there is one)")
     extremum_draw: str = help_field("window", "how the extremum sentence is drawn: window (once per window: every pass teaches a window the same target, so a long warm start learns which windows get one and RL's samples of a window agree) or pass (afresh for each pass over the windows: the sentence is taught as a coin flip of share extremum_share, so RL's samples of one window differ in it and the lineup can pay for naming the extreme)")
     rescale_share: float = help_field(0.0, "share of the records, drawn per window from the run's seed, whose window is shown rescaled to a random level and spread, and mirrored upside down for half of them (its direction then the opposite), so that only the values' order says the direction, not which series the level betrays (0 = every window as it is; at 1 the CPU config's 4 epochs teach no direction: docs/results/warm-start-rescaled-windows.md)")
+    rescale_draw: str = help_field("window", "how a rescaled window's level, spread and mirror are drawn: window (once per window, the map RL's rescaled lineups show it under, so a long warm start can learn each window's caption by heart) or pass (afresh for each pass over the windows, none of them the map RL shows: the captioner is taught to read every presentation, not to recall one)")
     from_run: str = help_field("", "a finished warm start to start RL from instead of training one: a run folder (or its warm_start folder) made with the same policy, seed, data and warm_start settings, checked against its warm_start_done.json; its model is copied into this run (e.g. the identification-off control of a run: reward.lam=0 warm_start.from_run=runs/lineup-cpu)")
     reuse_frozen: bool = help_field(True, "with freeze_layers, compute the frozen bottom's output once per window and reuse it in later epochs (the same training up to float rounding; the frozen forward is about a third of a CPU step, and `bench/bench_warm_start_cache.py --ref HEAD --overrides warm_start.reuse_frozen=false` times the cache alone)")
 
@@ -79,6 +83,9 @@ class WarmStartConfig:
         if self.extremum_draw not in EXTREMUM_DRAWS:
             raise ConfigError("warm_start.extremum_draw", self.extremum_draw, "unknown way to draw the extremum sentence",
                               f"use one of {', '.join(EXTREMUM_DRAWS)}")
+        if self.rescale_draw not in RESCALE_DRAWS:
+            raise ConfigError("warm_start.rescale_draw", self.rescale_draw, "unknown way to draw the rescaling",
+                              f"use one of {', '.join(RESCALE_DRAWS)}")
         if not 0.0 <= self.rescale_share <= 1.0:
             raise ConfigError("warm_start.rescale_share", self.rescale_share, "must be within [0, 1]",
                               "use 0 (every window as it is) or 0.5 (half of them rescaled)")
@@ -112,10 +119,22 @@ def names_extremum(item_id: str, share: float, seed: int, pass_index: int | None
     return zlib.crc32(f"{seed}:{item_id}".encode()) / 2**32 < share
 
 
-def passes_drawn(epochs: float, extremum_draw: str, extremum_share: float) -> int:
+def extremum_per_pass(extremum_draw: str, extremum_share: float) -> bool:
+    """Whether each pass draws its extremum sentences afresh: ``pass`` with a share strictly between 0 and 1
+    (at 0 or 1 every draw gives the same)."""
+    return extremum_draw == "pass" and 0.0 < extremum_share < 1.0
+
+
+def rescale_per_pass(rescale_draw: str, rescale_share: float) -> bool:
+    """Whether each pass draws its rescaled windows' maps afresh: ``pass`` with some window rescaled."""
+    return rescale_draw == "pass" and rescale_share > 0.0
+
+
+def passes_drawn(epochs: float, extremum_draw: str, extremum_share: float,
+                 rescale_draw: str = "window", rescale_share: float = 0.0) -> int:
     """How many passes of targets the warm start writes: one, unless each pass draws its extremum sentences
-    afresh (``extremum_draw="pass"`` with a share strictly between 0 and 1), then one per started epoch."""
-    if extremum_draw != "pass" or not 0.0 < extremum_share < 1.0:
+    (``extremum_per_pass``) or its rescalings (``rescale_per_pass``) afresh, then one per started epoch."""
+    if not (extremum_per_pass(extremum_draw, extremum_share) or rescale_per_pass(rescale_draw, rescale_share)):
         return 1
     return max(1, int(np.ceil(epochs)))
 
@@ -123,33 +142,41 @@ def passes_drawn(epochs: float, extremum_draw: str, extremum_share: float) -> in
 def warm_start_records(rows: Sequence[Mapping[str, Any]], precision: int, *,
                        reverse: bool = False, order: str = "direction_first",
                        extremum_share: float = 0.0, rescale_share: float = 0.0,
-                       seed: int = 0, passes: int = 1) -> list[dict[str, Any]]:
+                       seed: int = 0, passes: int = 1, extremum_draw: str = "pass",
+                       rescale_draw: str = "window") -> list[dict[str, Any]]:
     """One SFT record per training row: the row's own prompt and the describer's sentence of its values;
     with ``reverse`` a second one per row, its series reversed and described (id ``<id>~reversed``); a
     share ``extremum_share`` of the records (``names_extremum``) also names the interior extreme; a share
     ``rescale_share`` shows its window rescaled (``rescaled_values``) and describes that.
 
-    ``passes`` > 1 writes that many copies of the records, one per pass over the windows (ids ``<id>#<pass>``),
-    each drawing its extremum sentences afresh; the prompts (and rescalings) are the same in every pass."""
+    ``passes`` > 1 writes that many copies of the records, one per pass over the windows (ids ``<id>#<pass>``).
+    A draw set to ``pass`` is made afresh in each: the extremum sentences (``extremum_draw``), the rescaled
+    windows' maps (``rescale_draw``, keyed ``rescale:<pass>``, so no pass shows a window as RL's lineups do);
+    a draw set to ``window`` is the same in every pass."""
     from captionrl.domains.describe import short_description
 
     def record(item_id: str, prompt: list[dict[str, Any]], values: list[float], pass_index: int | None) -> dict[str, Any]:
-        extremum = names_extremum(item_id, extremum_share, seed, pass_index)
+        extremum = names_extremum(item_id, extremum_share, seed, pass_index if extremum_draw == "pass" else None)
         return {"id": item_id if pass_index is None else f"{item_id}#{pass_index}", "prompt": prompt,
                 "caption": short_description(values, precision, order=order, extremum=extremum)}
 
-    shown = []  # (id, prompt, values) of every window as the warm start shows it, the same in every pass
-    for r in rows:
-        values, prompt = printed_values(r), list(r["prompt"])
-        if rescaled(str(r["item_id"]), seed, rescale_share):
-            values, text = rescaled_values(values, str(r["item_id"]), seed, precision)
-            prompt = prompt_with_series(r, text)
-        shown.append((str(r["item_id"]), prompt, values))
-        if reverse:
-            shown.append((f"{r['item_id']}~reversed", reversed_prompt(r), values[::-1]))
+    def shown(pass_index: int | None) -> list[tuple[str, list[dict[str, Any]], list[float]]]:
+        """(id, prompt, values) of every window as the warm start shows it in pass ``pass_index``."""
+        purpose = "rescale" if rescale_draw == "window" or pass_index is None else f"rescale:{pass_index}"
+        out = []
+        for r in rows:
+            values, prompt = printed_values(r), list(r["prompt"])
+            if rescaled(str(r["item_id"]), seed, rescale_share):
+                values, text = rescaled_values(values, str(r["item_id"]), seed, precision, purpose)
+                prompt = prompt_with_series(r, text)
+            out.append((str(r["item_id"]), prompt, values))
+            if reverse:
+                out.append((f"{r['item_id']}~reversed", reversed_prompt(r), values[::-1]))
+        return out
+
     return [record(item_id, prompt, values, pass_index)
             for pass_index in (range(passes) if passes > 1 else [None])
-            for item_id, prompt, values in shown]
+            for item_id, prompt, values in shown(pass_index)]
 
 
 def warm_start(cfg: Any, rows: Sequence[Mapping[str, Any]], model: Any, processing: Any, out: Path,
@@ -161,10 +188,11 @@ def warm_start(cfg: Any, rows: Sequence[Mapping[str, Any]], model: Any, processi
     ws: WarmStartConfig = cfg.warm_start
     folder = out / "warm_start"
     folder.mkdir(parents=True, exist_ok=True)
-    passes = passes_drawn(ws.epochs, ws.extremum_draw, ws.extremum_share)
+    passes = passes_drawn(ws.epochs, ws.extremum_draw, ws.extremum_share, ws.rescale_draw, ws.rescale_share)
     records = warm_start_records(rows, cfg.data.precision, reverse=ws.reverse, order=ws.order,
                                  extremum_share=ws.extremum_share, rescale_share=ws.rescale_share,
-                                 seed=cfg.seed, passes=passes)
+                                 seed=cfg.seed, passes=passes, extremum_draw=ws.extremum_draw,
+                                 rescale_draw=ws.rescale_draw)
     identity = warm_start_identity(cfg, records)
     done = read_finished(folder)
     if done is not None and done["fingerprint"] != digest(identity):
@@ -210,15 +238,15 @@ IDENTITY_NAMES = {"policy": "policy", "warm_start": "warm_start settings", "seed
 """What a warm start's weights depend on, as an error names each part."""
 
 
-IDENTITY_EXCLUDED_SETTINGS = ("from_run", "extremum_draw")
+IDENTITY_EXCLUDED_SETTINGS = ("from_run", "extremum_draw", "rescale_draw")
 """``warm_start`` settings a finished warm start's identity leaves out: where it is reused from, and what acts
 only through the targets (which the identity digests whole)."""
 
 
 def warm_start_identity(cfg: Any, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """What the warm start's weights depend on: the initial policy, the warm start's settings (not where a
-    finished one is reused from, nor ``extremum_draw``, which acts only through the targets, so a warm start
-    finished before that setting existed keeps its identity), the seed, the precision it trains in and every
+    finished one is reused from, nor ``extremum_draw`` and ``rescale_draw``, which act only through the
+    targets, so a warm start finished before those settings existed keeps its identity), the seed, the precision it trains in and every
     target record (prompt and caption, as a digest)."""
     from dataclasses import asdict
 
