@@ -432,7 +432,7 @@ def test_a_warm_start_finished_before_extremum_draw_existed_keeps_its_identity()
     rows = build_lineup_data(cfg.data, cfg.reward.k, cfg.seed).rows["train"]
     records = warm_start_records(rows, 2, extremum_share=0.5, seed=cfg.seed)
     identity = warm_start_identity(cfg, records)
-    before = {k: v for k, v in asdict(cfg.warm_start).items() if k not in ("from_run", "extremum_draw", "rescale_draw")}
+    before = {k: v for k, v in asdict(cfg.warm_start).items() if k not in ("from_run", "from_run_any_seed", "extremum_draw", "rescale_draw")}
     assert digest(identity["warm_start"]) == digest(before)
     per_pass = warm_start_records(rows, 2, extremum_share=0.5, seed=cfg.seed, passes=4)
     assert warm_start_identity(cfg, per_pass)["targets"] != identity["targets"]
@@ -501,6 +501,23 @@ def test_a_run_starts_from_another_runs_finished_warm_start_only_when_it_was_mad
     with pytest.raises(ConfigError) as err:
         warm_start(other_seed, seed_rows, fresh, processing, tmp_path / "y")
     assert err.value.problem.startswith("its warm start differs in its seed, training windows")
+
+    shared = load_config(LineupConfig, CPU, [*base, f"train.out_dir={tmp_path / 'y'}", "seed=1",
+                                             f"warm_start.from_run={first_out}", "warm_start.from_run_any_seed=true"])
+    other, processing, _ = load_policy(shared.policy)
+    got = warm_start(shared, seed_rows, other, processing, tmp_path / "y")  # one warm start shared across seeds
+    assert runs == [] and got["from_run"] == str(first_out / "warm_start")
+    assert all(torch.equal(v, trained[k]) for k, v in other.state_dict().items())
+    record = json.loads((tmp_path / "y" / "warm_start" / DONE).read_text())
+    assert record["identity"]["seed"] == 1 and record["summary"]["from_seed"] == 0  # this run's, and whose it is
+    again, processing, _ = load_policy(shared.policy)
+    assert warm_start(shared, seed_rows, again, processing, tmp_path / "y")["reused"] and runs == []  # a rerun
+    shared_other_rate = load_config(LineupConfig, CPU, [*base, f"train.out_dir={tmp_path / 'w'}", "seed=1",
+                                                        "warm_start.learning_rate=5.0e-3", f"warm_start.from_run={first_out}",
+                                                        "warm_start.from_run_any_seed=true"])
+    with pytest.raises(ConfigError, match="differs in its warm_start settings") as err:
+        warm_start(shared_other_rate, seed_rows, fresh, processing, tmp_path / "w")
+    assert err.value.field == "warm_start.from_run"
     (tmp_path / "empty").mkdir()
     nothing = load_config(LineupConfig, CPU, [*base, f"warm_start.from_run={tmp_path / 'empty'}"])
     with pytest.raises(ConfigError, match="no finished warm start"):
@@ -511,11 +528,12 @@ def test_a_run_starts_from_another_runs_finished_warm_start_only_when_it_was_mad
 @pytest.mark.parametrize("override, problem", [
     (["warm_start.epochs=0", "warm_start.from_run=."], "is set but the warm start is off"),
     (["warm_start.from_run=/no/such/run"], "is not a folder"),
+    (["warm_start.from_run_any_seed=true"], "is set without from_run"),
 ])
 def test_warm_start_from_run_is_checked_on_load(override, problem):
     with pytest.raises(ConfigError, match=problem) as err:
         load_config(LineupConfig, CPU, override)
-    assert err.value.field == "warm_start.from_run"
+    assert err.value.field == override[-1].split("=")[0]
 
 
 def test_saved_weights_that_do_not_fit_the_policy_are_not_loaded(tmp_path, tiny_llama):

@@ -65,6 +65,7 @@ class WarmStartConfig:
     rescale_share: float = help_field(0.0, "share of the records, drawn per window from the run's seed, whose window is shown rescaled to a random level and spread, and mirrored upside down for half of them (its direction then the opposite), so that only the values' order says the direction, not which series the level betrays (0 = every window as it is; at 1 the CPU config's 4 epochs teach no direction: docs/results/warm-start-rescaled-windows.md)")
     rescale_draw: str = help_field("window", "how a rescaled window's level, spread and mirror are drawn: window (once per window, the map RL's rescaled lineups show it under, so a long warm start can learn each window's caption by heart) or pass (afresh for each pass over the windows, none of them the map RL shows: the captioner is taught to read every presentation, not to recall one)")
     from_run: str = help_field("", "a finished warm start to start RL from instead of training one: a run folder (or its warm_start folder) made with the same policy, seed, data and warm_start settings, checked against its warm_start_done.json; its model is copied into this run (e.g. the identification-off control of a run: reward.lam=0 warm_start.from_run=runs/lineup-cpu)")
+    from_run_any_seed: bool = help_field(False, "with from_run: accept a warm start made at another seed, so one warm start serves several seeds' RL (a shared warm start; its policy, warm_start settings and precision must still match, and the run records which it used). RL's lineups and held-out windows follow this run's seed; the warm start's training windows and rescalings followed its own")
     reuse_frozen: bool = help_field(True, "with freeze_layers, compute the frozen bottom's output once per window and reuse it in later epochs (the same training up to float rounding; the frozen forward is about a third of a CPU step, and `bench/bench_warm_start_cache.py --ref HEAD --overrides warm_start.reuse_frozen=false` times the cache alone)")
 
     def __post_init__(self) -> None:
@@ -93,6 +94,9 @@ class WarmStartConfig:
         if self.from_run and self.epochs <= 0:
             raise ConfigError("warm_start.from_run", self.from_run, "is set but the warm start is off (epochs 0)",
                               "set warm_start.epochs as in that run, or leave from_run empty")
+        if self.from_run_any_seed and not self.from_run:
+            raise ConfigError("warm_start.from_run_any_seed", self.from_run_any_seed, "is set without from_run",
+                              "set warm_start.from_run to the run whose warm start the seeds share")
         if self.from_run and not Path(self.from_run).is_dir():
             raise ConfigError("warm_start.from_run", self.from_run, "is not a folder",
                               "give the folder of a run whose warm start finished (its train.out_dir)")
@@ -204,7 +208,7 @@ def warm_start(cfg: Any, rows: Sequence[Mapping[str, Any]], model: Any, processi
                     "not trained again")
         return {**done.get("summary", {}), "reused": True}
     if ws.from_run:
-        return reuse_finished(Path(ws.from_run), folder, identity, model)
+        return reuse_finished(Path(ws.from_run), folder, identity, model, any_seed=ws.from_run_any_seed)
     targets = write_targets(folder, records)
     steps_per_epoch = -(-len(records) // passes // ws.batch_size)
     t = cfg.train
@@ -238,14 +242,18 @@ IDENTITY_NAMES = {"policy": "policy", "warm_start": "warm_start settings", "seed
 """What a warm start's weights depend on, as an error names each part."""
 
 
-IDENTITY_EXCLUDED_SETTINGS = ("from_run", "extremum_draw", "rescale_draw")
-"""``warm_start`` settings a finished warm start's identity leaves out: where it is reused from, and what acts
-only through the targets (which the identity digests whole)."""
+IDENTITY_EXCLUDED_SETTINGS = ("from_run", "from_run_any_seed", "extremum_draw", "rescale_draw")
+"""``warm_start`` settings a finished warm start's identity leaves out: where it is reused from and from which
+seeds, and what acts only through the targets (which the identity digests whole)."""
+
+SEED_PARTS = ("seed", "targets")
+"""The identity's parts a warm start shared across seeds (``from_run_any_seed``) may differ in: the seed and
+the training windows and targets drawn from it."""
 
 
 def warm_start_identity(cfg: Any, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """What the warm start's weights depend on: the initial policy, the warm start's settings (not where a
-    finished one is reused from, nor ``extremum_draw`` and ``rescale_draw``, which act only through the
+    finished one is reused from or from which seeds, nor ``extremum_draw`` and ``rescale_draw``, which act only through the
     targets, so a warm start finished before those settings existed keeps its identity), the seed, the precision it trains in and every
     target record (prompt and caption, as a digest)."""
     from dataclasses import asdict
@@ -311,10 +319,12 @@ def mark_finished(folder: Path, identity: Mapping[str, Any], summary: Mapping[st
     shutil.rmtree(folder / "checkpoints", ignore_errors=True)
 
 
-def reuse_finished(source: Path, folder: Path, identity: Mapping[str, Any], model: Any) -> dict[str, Any]:
+def reuse_finished(source: Path, folder: Path, identity: Mapping[str, Any], model: Any,
+                   any_seed: bool = False) -> dict[str, Any]:
     """Start from the warm start finished in ``source`` (a run folder or its ``warm_start`` folder): check it
-    was trained from the same ``identity``, copy its model into ``folder`` (this run's RL start point, read by
-    the final checks and the KL anchor), record it there and load its weights into ``model``."""
+    was trained from the same ``identity`` (with ``any_seed``, up to its ``SEED_PARTS``), copy its model into
+    ``folder`` (this run's RL start point, read by the final checks and the KL anchor), record it there under
+    this run's identity (so a rerun finds it done) and load its weights into ``model``."""
     import os
     import shutil
 
@@ -325,18 +335,29 @@ def reuse_finished(source: Path, folder: Path, identity: Mapping[str, Any], mode
         raise ConfigError(field, str(source), f"holds no finished warm start (no readable {DONE} in it or in its "
                           "warm_start folder; a warm start writes it when it finishes)",
                           "point it at the folder of a run whose warm start finished, or leave it empty to train one")
-    if done["fingerprint"] != digest(dict(identity)):
+    if any_seed:
+        theirs = done.get("identity") or {}
+        apart = [IDENTITY_NAMES[k] for k in IDENTITY_NAMES
+                 if k not in SEED_PARTS and digest(theirs.get(k)) != digest(identity.get(k))]
+        if apart or not theirs:
+            raise ConfigError(field, str(source), f"its warm start differs in its {', '.join(apart) or 'record'} "
+                              "(with warm_start.from_run_any_seed only the seed and training windows may differ)",
+                              "use that run's policy, precision and warm_start settings, or leave it empty to train one")
+    elif done["fingerprint"] != digest(dict(identity)):
         raise ConfigError(field, str(source), f"its warm start differs in its {differing(done, identity)}",
-                          "use that run's policy, seed, data and warm_start settings, or leave it empty to train one")
+                          "use that run's policy, seed, data and warm_start settings (or set "
+                          "warm_start.from_run_any_seed to share one across seeds), or leave it empty to train one")
     if src.resolve() != folder.resolve() and int(os.environ.get("RANK", "0")) == 0:
         shutil.rmtree(folder / "model", ignore_errors=True)
         shutil.copytree(src / "model", folder / "model")  # a copy: a later save here must not write into theirs
-        mark_finished(folder, identity, {**done.get("summary", {}), "from_run": str(src)})
+        shared = {"from_seed": (done.get("identity") or {}).get("seed")} if any_seed else {}
+        mark_finished(folder, identity, {**done.get("summary", {}), "from_run": str(src), **shared})
     _wait_for(folder / DONE)
     if not load_warm_weights(model, folder / "model"):
         raise ConfigError(field, str(source), "its saved model does not fit the policy's parameters",
                           "point it at a run of the same policy, or leave it empty to train one")
-    logger.info(f"warm start: the one finished in {src} (same settings and targets), copied into {folder}")
+    same = "same settings, seed " + str((done.get("identity") or {}).get("seed")) if any_seed else "same settings and targets"
+    logger.info(f"warm start: the one finished in {src} ({same}), copied into {folder}")
     return {**done.get("summary", {}), "reused": True, "from_run": str(src)}
 
 
