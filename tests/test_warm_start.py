@@ -401,16 +401,18 @@ def test_a_finished_warm_start_is_loaded_not_trained_again_and_keeps_no_checkpoi
     assert runs == [1]
 
 
-def test_a_warm_start_drawn_per_pass_takes_the_steps_of_its_epochs(tmp_path, tiny_llama):
+@pytest.mark.parametrize("draw", [["warm_start.extremum_share=0.5", "warm_start.extremum_draw=pass"],
+                                  ["warm_start.rescale_share=1.0", "warm_start.rescale_draw=pass"]])
+def test_a_warm_start_drawn_per_pass_takes_the_steps_of_its_epochs(tmp_path, tiny_llama, draw):
     """Per-pass targets are ``epochs`` copies of the windows, trained once: as many steps as ``epochs`` passes
-    over one copy, every copy in the targets file."""
+    over one copy, every copy in the targets file. The frozen bottom's cache serves the prompts a pass shows
+    again (the extremum drawn per pass) and is not built where every pass shows every window anew."""
     from captionrl.train.run.loading import load_policy
     from captionrl.train.warm_start import warm_start
     from test_train_lineup import TINY
 
     over = [*TINY, f"policy.model={tiny_llama}", f"train.out_dir={tmp_path}", "warm_start.epochs=3",
-            "warm_start.batch_size=2", "warm_start.freeze_layers=1", "warm_start.extremum_share=0.5",
-            "warm_start.extremum_draw=pass"]
+            "warm_start.batch_size=2", "warm_start.freeze_layers=1", *draw]
     cfg = load_config(LineupConfig, CPU, over)
     rows = build_lineup_data(cfg.data, cfg.reward.k, cfg.seed).rows["train"]
     model, processing, _ = load_policy(cfg.policy)
@@ -418,6 +420,8 @@ def test_a_warm_start_drawn_per_pass_takes_the_steps_of_its_epochs(tmp_path, tin
     assert summary["steps"] == 3 * -(-len(rows) // 2)
     targets = (tmp_path / "warm_start" / "targets.jsonl").read_text().splitlines()
     assert len(targets) == 3 * len(rows)
+    cache = summary["frozen_bottom_cache"]
+    assert (cache["served_batches"] > 0) if "warm_start.extremum_draw=pass" in draw else cache is None
 
 
 def test_a_warm_start_finished_before_extremum_draw_existed_keeps_its_identity():

@@ -224,8 +224,10 @@ def warm_start(cfg: Any, rows: Sequence[Mapping[str, Any]], model: Any, processi
     logger.info(f"warm start: {ws.epochs:g} epoch(s) of the describer's captions on {len(rows)} training windows"
                 f"{' and their reverses' if ws.reverse else ''} at lr {ws.learning_rate:g}"
                 f"{f', bottom {ws.freeze_layers} blocks frozen' if ws.freeze_layers else ''} ({folder})")
+    # the cache pays only where a prompt is shown twice: not when every pass shows every window anew
+    repeats = ws.epochs / passes > 1 or len({digest(r["prompt"]) for r in records}) < len(records)
     with (frozen_bottom(model, ws.freeze_layers, field="warm_start.freeze_layers"),
-          cached_frozen_bottom(model, ws.freeze_layers if ws.reuse_frozen else 0) as cache):
+          cached_frozen_bottom(model, ws.freeze_layers if ws.reuse_frozen and repeats else 0) as cache):
         result = sft.run(sft_cfg, model=model, processing=processing, callbacks=callbacks)
     summary = {"folder": str(folder), "steps": result.get("steps"), "train_loss": result.get("train_loss"),
                "seconds": result.get("train_seconds"), "frozen_bottom_cache": cache.summary() if cache else None}
@@ -274,12 +276,18 @@ def read_finished(folder: Path) -> dict[str, Any] | None:
     return done if isinstance(done, dict) and isinstance(done.get("fingerprint"), str) else None
 
 
-def differing(done: Mapping[str, Any], identity: Mapping[str, Any]) -> str:
-    """The parts of ``identity`` a finished warm start's record (``DONE``) differs in, as an error names them;
-    each part is compared as the fingerprint compares it (its ``digest``), not as loaded from JSON."""
+def differing_parts(done: Mapping[str, Any], identity: Mapping[str, Any], ignore: Sequence[str] = ()) -> list[str]:
+    """The parts of ``identity`` (but ``ignore``) a finished warm start's record (``DONE``) differs in, as an
+    error names them; each part is compared as the fingerprint compares it (its ``digest``), not as loaded
+    from JSON."""
     theirs = done.get("identity") or {}
-    return ", ".join(IDENTITY_NAMES[k] for k in IDENTITY_NAMES
-                     if digest(theirs.get(k)) != digest(identity.get(k))) or "targets"
+    return [IDENTITY_NAMES[k] for k in IDENTITY_NAMES
+            if k not in ignore and digest(theirs.get(k)) != digest(identity.get(k))]
+
+
+def differing(done: Mapping[str, Any], identity: Mapping[str, Any]) -> str:
+    """``differing_parts`` as one phrase (``targets`` when only the fingerprint differs)."""
+    return ", ".join(differing_parts(done, identity)) or "targets"
 
 
 def write_targets(folder: Path, records: Sequence[Mapping[str, Any]]) -> Path:
@@ -335,11 +343,10 @@ def reuse_finished(source: Path, folder: Path, identity: Mapping[str, Any], mode
         raise ConfigError(field, str(source), f"holds no finished warm start (no readable {DONE} in it or in its "
                           "warm_start folder; a warm start writes it when it finishes)",
                           "point it at the folder of a run whose warm start finished, or leave it empty to train one")
+    their_seed = (done.get("identity") or {}).get("seed")
     if any_seed:
-        theirs = done.get("identity") or {}
-        apart = [IDENTITY_NAMES[k] for k in IDENTITY_NAMES
-                 if k not in SEED_PARTS and digest(theirs.get(k)) != digest(identity.get(k))]
-        if apart or not theirs:
+        apart = differing_parts(done, identity, ignore=SEED_PARTS)
+        if apart or not done.get("identity"):
             raise ConfigError(field, str(source), f"its warm start differs in its {', '.join(apart) or 'record'} "
                               "(with warm_start.from_run_any_seed only the seed and training windows may differ)",
                               "use that run's policy, precision and warm_start settings, or leave it empty to train one")
@@ -350,13 +357,13 @@ def reuse_finished(source: Path, folder: Path, identity: Mapping[str, Any], mode
     if src.resolve() != folder.resolve() and int(os.environ.get("RANK", "0")) == 0:
         shutil.rmtree(folder / "model", ignore_errors=True)
         shutil.copytree(src / "model", folder / "model")  # a copy: a later save here must not write into theirs
-        shared = {"from_seed": (done.get("identity") or {}).get("seed")} if any_seed else {}
+        shared = {"from_seed": their_seed} if any_seed else {}
         mark_finished(folder, identity, {**done.get("summary", {}), "from_run": str(src), **shared})
     _wait_for(folder / DONE)
     if not load_warm_weights(model, folder / "model"):
         raise ConfigError(field, str(source), "its saved model does not fit the policy's parameters",
                           "point it at a run of the same policy, or leave it empty to train one")
-    same = "same settings, seed " + str((done.get("identity") or {}).get("seed")) if any_seed else "same settings and targets"
+    same = f"same settings, seed {their_seed}" if any_seed else "same settings and targets"
     logger.info(f"warm start: the one finished in {src} ({same}), copied into {folder}")
     return {**done.get("summary", {}), "reused": True, "from_run": str(src)}
 
