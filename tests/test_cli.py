@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from captionrl.cli import main
+from captionrl.cli import COMMANDS, main
 
 
 def test_help_lists_commands(capsys):
@@ -17,6 +17,23 @@ def test_help_lists_commands(capsys):
     out = capsys.readouterr().out
     for word in ("train", "eval", "models", "report"):
         assert word in out
+
+
+@pytest.mark.parametrize("group", sorted({words[0] for words in COMMANDS if len(words) > 1}))
+def test_every_command_group_help_prints(group, capsys):
+    """A group's --help lists its subcommands with their help, which may contain a literal '%'."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([group, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for words, (_module, help_text) in COMMANDS.items():
+        if words[0] == group and len(words) > 1:
+            assert words[1] in out
+            assert help_text.split()[0] in out
+    if group == "eval":
+        with pytest.raises(SystemExit):
+            main(["eval", "recheck", "--help"])
+        assert "95% interval" in capsys.readouterr().out.replace("\n", " ")
 
 
 def test_user_errors_are_one_line_messages(tmp_path, capsys):

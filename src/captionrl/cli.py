@@ -95,14 +95,15 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], argpa
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     groups: dict[str, argparse._SubParsersAction] = {}
     leaves: dict[tuple[str, ...], argparse.ArgumentParser] = {}
-    for words, (_module, help_text) in COMMANDS.items():
+    for words, (_module, text) in COMMANDS.items():
+        help_text = text.replace("%", "%%")  # argparse %-formats help strings ("95% interval" would crash --help)
         if len(words) == 1:
-            leaves[words] = sub.add_parser(words[0], help=help_text, description=help_text)
+            leaves[words] = sub.add_parser(words[0], help=help_text, description=text)
             continue
         if words[0] not in groups:
             grp = sub.add_parser(words[0], help=f"{words[0]} subcommands")
             groups[words[0]] = grp.add_subparsers(dest="subcommand", metavar="SUBCOMMAND")
-        leaves[words] = groups[words[0]].add_parser(words[1], help=help_text, description=help_text)
+        leaves[words] = groups[words[0]].add_parser(words[1], help=help_text, description=text)
     return parser, leaves
 
 
