@@ -39,9 +39,10 @@ def held_out() -> dict[str, np.ndarray]:
 
 
 def finished_run(folder: Path, held_out: dict[str, np.ndarray], captions: dict[str, dict[str, str]],
-                 then: str) -> Path:
+                 then: str, settings: tuple[str, ...] = ()) -> Path:
     """A LineupRL run folder with the files its end writes; its saved verdict says ``then``."""
-    cfg = load_config(LineupConfig, ROOT / "configs" / "lineup-cpu.yaml", [*SETTINGS, f"train.out_dir={folder}"])
+    cfg = load_config(LineupConfig, ROOT / "configs" / "lineup-cpu.yaml",
+                      [*SETTINGS, *settings, f"train.out_dir={folder}"])
     save_config(cfg, folder / "config.yaml")
     data = build_lineup_data(cfg.data, cfg.reward.k, cfg.seed)
     items = [data.pool[r["item_id"]] for r in data.rows["test"]]
@@ -104,3 +105,52 @@ def test_a_folder_that_is_no_finished_run_is_named(tmp_path, capsys):
     assert err.startswith("error: DataError: RUN_DIR=") and "eval/records.jsonl" in err and len(err.splitlines()) == 1
     assert main(["eval", "recheck"]) == 2
     assert "RUN_DIR" in capsys.readouterr().err
+
+
+def test_each_run_is_compared_with_its_control_on_the_same_windows(tmp_path, held_out, capsys):
+    """With controls, the run's trained captions are paired per window with its control's: an honest captioner
+    over a control that says only start and end gains direction skill, in each run and over the runs."""
+    silent = dict.fromkeys(held_out, SILENT)
+    flat = {i: f"Overall, the series stays roughly flat. It starts at {v[0]:.2f} and ends at {v[-1]:.2f}."
+            for i, v in held_out.items()}
+    honest = {i: describe_series(v) for i, v in held_out.items()}
+    runs, controls = [], []
+    for s in range(2):
+        runs.append(finished_run(tmp_path / f"s{s}", held_out, {"trained": honest, "initial": silent, "warm start": flat},
+                                 then="better"))
+        controls.append(finished_run(tmp_path / f"s{s}-ctl", held_out, {"trained": flat, "initial": silent,
+                                                                         "warm start": flat}, then="not better",
+                                     settings=("reward.lam=0.0",)))
+    assert main(["eval", "recheck", *map(str, runs), f"controls=[{controls[0]},{controls[1]}]",
+                 f"out={tmp_path / 'rechecked'}"]) == 0
+    printed = capsys.readouterr().out
+    assert "trained - control" in printed
+    summary = json.loads((tmp_path / "rechecked" / "recheck.json").read_text())
+    first = summary["runs"][0]
+    assert first["control"] == str(controls[0])
+    assert first["differences"]["trained - control"]["direction_skill"] > 0.3
+    lo, hi = first["intervals"]["trained - control"]["direction_skill"]
+    assert 0 < lo <= first["differences"]["trained - control"]["direction_skill"] <= hi
+    assert summary["over_runs"]["trained - control"]["direction_skill"]["lo"] > 0.3
+    # the control judged by the control's own records: trained minus control equals warm start minus control's
+    # trained here, which say the same flat sentence
+    assert first["differences"]["trained - control"] == first["differences"]["trained - warm start"]
+
+
+def test_a_control_on_other_windows_or_a_missing_control_is_named(tmp_path, held_out, capsys):
+    silent = dict.fromkeys(held_out, SILENT)
+    run = finished_run(tmp_path / "s3", held_out, {"trained": silent, "initial": silent}, then="not better")
+    cfg = load_config(LineupConfig, ROOT / "configs" / "lineup-cpu.yaml", [*SETTINGS, "seed=4"])
+    other = build_lineup_data(cfg.data, cfg.reward.k, cfg.seed)
+    theirs = {r["item_id"]: np.asarray(other.pool[r["item_id"]].values, dtype=float) for r in other.rows["test"]}
+    assert set(theirs) != set(held_out) or any((theirs[i] != held_out[i]).any() for i in theirs)
+    elsewhere = finished_run(tmp_path / "s4", theirs, {"trained": dict.fromkeys(theirs, SILENT),
+                                                        "initial": dict.fromkeys(theirs, SILENT)},
+                             then="not better", settings=("seed=4",))
+    capsys.readouterr()  # the progress bars of writing the two runs
+    assert main(["eval", "recheck", str(run), f"controls=[{elsewhere}]"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: DataError: controls=") and "same seed" in err
+    assert main(["eval", "recheck", str(run), str(run), f"controls=[{elsewhere}]"]) == 2
+    err = capsys.readouterr().err
+    assert "controls" in err and "one control per run" in err
