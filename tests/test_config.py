@@ -46,6 +46,28 @@ def test_yaml_plus_overrides(tmp_path):
     assert cfg.tags == ["x", "y"]
 
 
+def test_a_config_extends_another_and_states_only_what_it_changes(tmp_path):
+    """``extends`` starts from another file (relative to this one): sections merge key by key, lists and
+    values replace, overrides still come last; a circle or a missing base is named."""
+    (tmp_path / "base.yaml").write_text("name: base\ntags: [a, b]\ninner:\n  k: 6\n  lr: 1.0e-4\n")
+    (tmp_path / "variants").mkdir()
+    (tmp_path / "variants" / "v.yaml").write_text("extends: ../base.yaml\ntags: [c]\ninner:\n  k: 8\n")
+    (tmp_path / "variants" / "vv.yaml").write_text("extends: v.yaml\nfast: false\n")
+    cfg = load_config(Outer, tmp_path / "variants" / "vv.yaml", ["inner.k=9"])
+    assert (cfg.name, cfg.tags, cfg.fast, cfg.inner.lr, cfg.inner.k) == ("base", ["c"], False, 1e-4, 9)
+    assert load_config(Outer, tmp_path / "variants" / "v.yaml").inner.k == 8
+
+    (tmp_path / "a.yaml").write_text("extends: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("extends: a.yaml\nname: b\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(Outer, tmp_path / "a.yaml")
+    assert info.value.field == "extends" and "circle" in str(info.value)
+    (tmp_path / "c.yaml").write_text("extends: missing.yaml\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(Outer, tmp_path / "c.yaml")
+    assert info.value.field == "extends" and "missing.yaml" in str(info.value) and "relative" in str(info.value)
+
+
 def test_unknown_keys_and_wrong_types_name_the_field_and_a_fix():
     with pytest.raises(ConfigError, match=r"inner\.kk.*did you mean 'k'"):
         from_dict(Outer, {"inner": {"kk": 3}})
@@ -146,3 +168,18 @@ def test_a_renamed_setting_fails_naming_the_old_key_its_value_and_the_new_key(tm
             _parse(Renamed, argv)
     parser, cfg = _parse(Renamed, ["--limit", "3"])
     assert cfg.limit == 3 and "max-items" not in parser.format_help()
+
+
+def test_the_rl_effect_config_is_the_cpu_config_with_a_rescaled_per_pass_warm_start():
+    """configs/lineup-cpu-rl-effect.yaml is the measured arrangement: the CPU config with exactly these changes."""
+    from pathlib import Path
+
+    from captionrl.train.lineup_config import LineupConfig
+
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    changes = ["warm_start.epochs=16", "warm_start.rescale_share=1.0", "warm_start.rescale_draw=pass",
+               "warm_start.order=values_first", "data.rl_rescale_share=1.0", "verifier.dtype=float32",
+               "train.out_dir=runs/lineup-cpu-rl-effect"]
+    effect = load_config(LineupConfig, configs / "lineup-cpu-rl-effect.yaml")
+    assert effect == load_config(LineupConfig, configs / "lineup-cpu.yaml", changes)
+    assert effect != load_config(LineupConfig, configs / "lineup-cpu.yaml", changes[1:])

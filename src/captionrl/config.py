@@ -75,7 +75,41 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
     return data
 
 
-def load_yaml(path: str | Path) -> dict[str, Any]:
+def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A YAML config file as a mapping. A top-level ``extends: OTHER.yaml`` (relative to this file) starts
+    from that file's settings and overrides them section by section with this file's, so a variant of a
+    config states only what it changes."""
+    data = _read_yaml(path)
+    base = data.pop("extends", None)
+    if base is None:
+        return data
+    here = Path(path).resolve()
+    if not isinstance(base, str) or not base.strip():
+        raise ConfigError("extends", base, f"in {path} is not a file name", "write extends: OTHER.yaml (a path "
+                          "relative to this file)")
+    parent = (here.parent / base).resolve()
+    if parent in (*_seen, here):
+        chain = " -> ".join(str(q) for q in (*_seen, here, parent))
+        raise ConfigError("extends", base, f"makes a circle ({chain})", "let one of these files stop extending "
+                          "the other")
+    if not parent.exists():
+        raise ConfigError("extends", base, f"in {path}: {parent} not found", "give a path relative to the file "
+                          "that extends it, e.g. extends: lineup-cpu.yaml")
+    return _merged(load_yaml(parent, (*_seen, here)), data)
+
+
+def _merged(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``over``'s keys set on it; mappings merge key by key, anything else (lists too) replaces."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _read_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.exists():
         raise ConfigError("config", str(path), "file not found", "give the path of a YAML file, e.g. configs/lineup-cpu.yaml")
