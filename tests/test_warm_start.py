@@ -134,7 +134,8 @@ def test_drawn_per_pass_each_window_is_taught_the_extremum_sentence_in_some_pass
     assert passes_drawn(16, "window", 0.5) == passes_drawn(16, "pass", 0.0) == passes_drawn(16, "pass", 1.0) == 1
     rows = _rows(24)
     plain = warm_start_records(rows, 2, seed=3, rescale_share=0.5)  # no extremum sentence
-    per_pass = warm_start_records(rows, 2, extremum_share=0.5, seed=3, rescale_share=0.5, passes=8)
+    per_pass = warm_start_records(rows, 2, extremum_share=0.5, seed=3, rescale_share=0.5, passes=8,
+                                  extremum_draw="pass")
     assert len(per_pass) == 8 * len(rows) and len({r["id"] for r in per_pass}) == len(per_pass)
     by_window: dict[str, list[bool]] = {}
     for i, r in enumerate(per_pass):
@@ -145,7 +146,8 @@ def test_drawn_per_pass_each_window_is_taught_the_extremum_sentence_in_some_pass
     with_extreme = [named for named in by_window.values() if any(named)]  # windows that have an interior extreme
     assert with_extreme and all(not all(named) for named in with_extreme)
     assert 0.3 < np.mean([n for named in with_extreme for n in named]) < 0.7
-    assert warm_start_records(rows[::-1], 2, extremum_share=0.5, seed=3, rescale_share=0.5, passes=8) == [
+    assert warm_start_records(rows[::-1], 2, extremum_share=0.5, seed=3, rescale_share=0.5, passes=8,
+                              extremum_draw="pass") == [
         r for p in range(8) for r in per_pass[p * len(rows):(p + 1) * len(rows)][::-1]]
 
 
@@ -438,7 +440,7 @@ def test_a_warm_start_finished_before_extremum_draw_existed_keeps_its_identity()
     identity = warm_start_identity(cfg, records)
     before = {k: v for k, v in asdict(cfg.warm_start).items() if k not in ("from_run", "from_run_any_seed", "extremum_draw", "rescale_draw")}
     assert digest(identity["warm_start"]) == digest(before)
-    per_pass = warm_start_records(rows, 2, extremum_share=0.5, seed=cfg.seed, passes=4)
+    per_pass = warm_start_records(rows, 2, extremum_share=0.5, seed=cfg.seed, passes=4, extremum_draw="pass")
     assert warm_start_identity(cfg, per_pass)["targets"] != identity["targets"]
 
 

@@ -146,7 +146,7 @@ def passes_drawn(epochs: float, extremum_draw: str, extremum_share: float,
 def warm_start_records(rows: Sequence[Mapping[str, Any]], precision: int, *,
                        reverse: bool = False, order: str = "direction_first",
                        extremum_share: float = 0.0, rescale_share: float = 0.0,
-                       seed: int = 0, passes: int = 1, extremum_draw: str = "pass",
+                       seed: int = 0, passes: int = 1, extremum_draw: str = "window",
                        rescale_draw: str = "window") -> list[dict[str, Any]]:
     """One SFT record per training row: the row's own prompt and the describer's sentence of its values;
     with ``reverse`` a second one per row, its series reversed and described (id ``<id>~reversed``); a
