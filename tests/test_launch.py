@@ -434,7 +434,10 @@ def _finish(proc: subprocess.Popen, timeout: float) -> str:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         _stop(proc)
-        out, _ = proc.communicate()
+        try:
+            out, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:  # a process the script left behind still holds its output
+            out = "(no output: a process the script started still holds it open)"
         pytest.fail(f"the launch script ran past {timeout} s:\n{out[-4000:]}")
     return out
 
@@ -534,6 +537,28 @@ def test_sigterm_during_training_stops_training_and_servers(tmp_path, launches):
     assert proc.returncode == 143, out[-3000:]
     assert "terminated: stopping training and servers" in out
     assert not _left(f"--port {port}", str(run)), _left(f"--port {port}", str(run))
+
+
+@requires_llama_cpp
+@pytest.mark.server
+def test_a_worker_in_a_session_of_its_own_is_stopped_too(tmp_path, launches):
+    """torch's elastic launcher starts each worker in a session of its own: with no grace the launcher is killed
+    before it can pass SIGTERM on, and the stop still finds the worker (by the tag in its environment)."""
+    port, run = free_port(), tmp_path / "run"
+    proc = _start(launches, tmp_path, port, run, CAPTIONRL_STOP_GRACE="0")
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("launch: running:"):
+            break
+    deadline = time.monotonic() + 120
+    while not (workers := [x for x in _left(str(run)) if "captionrl.cli train" in x and "accelerate" not in x]):
+        assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out = "".join(lines) + _finish(proc, 300)
+    assert proc.returncode == 143, out[-3000:]
+    assert not _left(f"--port {port}", str(run)), (workers, _left(f"--port {port}", str(run)), out[-3000:])
 
 
 @pytest.mark.long

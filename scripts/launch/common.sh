@@ -67,6 +67,9 @@ RUN_ARGS=()        # key=value overrides given to the script: passed to every ca
 SERVER_NAMES=() SERVER_FIELDS=() SERVER_GPUS=() SERVER_MODELS=() SERVER_FLAGS=() SERVER_KINDS=() SERVER_PLAN_MODELS=()
 STARTED_PIDS=() STARTED_NAMES=()
 TRAIN_PID=""
+# every process of the training carries this in its environment: torch's elastic launcher starts each worker in a
+# session of its own, out of reach of the training's process group, so the stop finds the workers by it
+TRAIN_TAG="CAPTIONRL_LAUNCH=$$-$RANDOM$RANDOM"
 
 launch_help() {
   # The header comment of the launch script itself (its lines after the shebang, up to the first blank one).
@@ -379,7 +382,7 @@ run_captionrl() {
   shift 2
   local how
   read -r -a how <<< "$launcher"
-  local cmd=(env "CUDA_VISIBLE_DEVICES=$gpus" "$PY")
+  local cmd=(env "$TRAIN_TAG" "CUDA_VISIBLE_DEVICES=$gpus" "$PY")
   if [ "${how[0]}" = accelerate ]; then
     local acfg=${CAPTIONRL_ACCELERATE_CONFIG:-${how[1]}} nproc=${CAPTIONRL_NUM_PROCESSES:-${how[2]}}
     cmd+=(-m accelerate.commands.launch --config_file "$acfg" --num_processes "$nproc")
@@ -399,8 +402,7 @@ run_captionrl() {
       if ! kill -0 "${STARTED_PIDS[$i]}" 2> /dev/null; then
         say "server ${STARTED_NAMES[$i]} stopped while captionrl was running; last lines of $LOG_DIR/${STARTED_NAMES[$i]}.log:"
         tail -n 30 "$LOG_DIR/${STARTED_NAMES[$i]}.log" >&2 || true
-        stop_group "$TRAIN_PID" captionrl
-        TRAIN_PID=""
+        stop_training
         exit 1
       fi
     done
@@ -431,6 +433,29 @@ stop_group() {  # stop_group PID NAME: SIGTERM to the process group PID leads, t
   wait "$pid" 2> /dev/null || true
 }
 
+tagged_pids() {  # the processes whose environment holds TRAIN_TAG: the training and each worker, wherever they run
+  grep -lszx -- "$TRAIN_TAG" /proc/[0-9]*/environ 2> /dev/null | cut -d/ -f3 || true
+}
+
+stop_training() {  # the training's process group, then any of its workers left in sessions of their own
+  local t=0 left
+  stop_group "$TRAIN_PID" captionrl
+  TRAIN_PID=""
+  left=$(tagged_pids)
+  [ -z "$left" ] && return 0
+  say "stopping captionrl workers outside its process group: $(echo $left)"
+  kill -TERM $left 2> /dev/null || true
+  while [ -n "$(tagged_pids)" ] && [ "$t" -lt $((STOP_GRACE * 10)) ]; do
+    sleep 0.1
+    t=$((t + 1))
+  done
+  left=$(tagged_pids)
+  if [ -n "$left" ]; then
+    say "captionrl workers did not stop within $STOP_GRACE s: SIGKILL"
+    kill -KILL $left 2> /dev/null || true
+  fi
+}
+
 stop_servers() {  # stop every server started so far (the next phase starts its own)
   if [ "$DRY_RUN" = 1 ]; then
     [ "${#SERVER_NAMES[@]}" -gt 0 ] && echo "# stop ${SERVER_NAMES[*]} (SIGTERM to each server's process group, SIGKILL after ${STOP_GRACE} s)"
@@ -446,7 +471,7 @@ stop_servers() {  # stop every server started so far (the next phase starts its 
 cleanup() {  # the EXIT trap: whatever happened, leave no process of ours behind
   local rc=$?
   trap - EXIT INT TERM HUP
-  if [ -n "$TRAIN_PID" ]; then stop_group "$TRAIN_PID" captionrl; fi
+  if [ -n "$TRAIN_PID" ]; then stop_training; fi
   stop_servers
   exit "$rc"
 }
