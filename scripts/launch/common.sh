@@ -382,7 +382,7 @@ run_captionrl() {
   shift 2
   local how
   read -r -a how <<< "$launcher"
-  local cmd=(env "$TRAIN_TAG" "CUDA_VISIBLE_DEVICES=$gpus" "$PY")
+  local cmd=(env "CUDA_VISIBLE_DEVICES=$gpus" "$PY")
   if [ "${how[0]}" = accelerate ]; then
     local acfg=${CAPTIONRL_ACCELERATE_CONFIG:-${how[1]}} nproc=${CAPTIONRL_NUM_PROCESSES:-${how[2]}}
     cmd+=(-m accelerate.commands.launch --config_file "$acfg" --num_processes "$nproc")
@@ -394,7 +394,7 @@ run_captionrl() {
     return 0
   fi
   say "running: $(show "${cmd[@]}")"
-  setsid "${cmd[@]}" < /dev/null &
+  setsid env "$TRAIN_TAG" "${cmd[@]}" < /dev/null &
   TRAIN_PID=$!
   local i
   while kill -0 "$TRAIN_PID" 2> /dev/null; do
