@@ -137,11 +137,12 @@ def _judged(captions: Mapping[str, Mapping[str, str]], series: Mapping[str, Any]
 
     settings = final.get("config") or {}
     tolerance = float(settings.get("tolerance", 0.35))
+    guard = _guard(settings)
     identification = identification_items(read_jsonl(records_path, appended=True))
     per_item: dict[str, dict[str, dict[str, float]]] = {}
     for name in names:
         red: dict[str, float] = {}
-        caption_checks(captions[name], series, guard=_guard(settings), tolerance=tolerance, red_items=red)
+        caption_checks(captions[name], series, guard=guard, tolerance=tolerance, red_items=red)
         checks = description_checks(captions[name], series, instruction=settings.get("instruction"),
                                     tolerance=tolerance)
         kept = (final.get("per_item") or {}).get(name, {}).get("bottleneck_mse")
